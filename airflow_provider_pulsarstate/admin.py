@@ -1,0 +1,78 @@
+"""A small client for the Pulsar admin REST API (the endpoints this project needs).
+
+No maintained Python admin library exists (see REFERENCE §3); ``requests`` is enough. Every call
+is bounded by the connection's operation time-out and raises our own errors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+import requests
+
+from airflow_provider_pulsarstate.errors import BackendUnavailableError, ConfigurationError
+
+
+class PulsarAdmin:
+    """Admin REST calls for topics of one broker.
+
+    :param url: the admin base URL, e.g. ``http://127.0.0.1:8080``.
+    :param auth_token: sent as a Bearer token when given.
+    :param tls_trust_certs_file_path: CA bundle for https.
+    :param timeout: seconds per request.
+    """
+
+    def __init__(
+        self, url: str, *, auth_token: str | None = None, tls_trust_certs_file_path: str | None = None, timeout: float = 30.0
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self._session = requests.Session()
+        if auth_token:
+            self._session.headers["Authorization"] = f"Bearer {auth_token}"
+        if tls_trust_certs_file_path:
+            self._session.verify = tls_trust_certs_file_path
+
+    @staticmethod
+    def topic_path(topic: str) -> str:
+        """``persistent://t/ns/name`` -> ``persistent/t/ns/name`` (URL-quoted)."""
+        domain, sep, rest = topic.partition("://")
+        if not sep or rest.count("/") != 2:
+            raise ConfigurationError(f"topic {topic!r} is not fully qualified (persistent://tenant/namespace/name)")
+        return domain + "/" + "/".join(quote(part, safe="") for part in rest.split("/"))
+
+    def request(self, method: str, path: str, *, ok: tuple[int, ...] = (200, 204), **kwargs: Any) -> requests.Response:
+        """One request; raises BackendUnavailableError naming the URL and status on failure."""
+        url = f"{self.url}/admin/v2/{path}"
+        try:
+            resp = self._session.request(method, url, timeout=self.timeout, **kwargs)
+        except requests.RequestException as exc:
+            raise BackendUnavailableError(f"Pulsar admin API {self.url} unreachable ({method} {url}): {exc}") from exc
+        if resp.status_code not in ok:
+            raise BackendUnavailableError(
+                f"Pulsar admin API {method} {url} answered {resp.status_code}: {resp.text[:300]}"
+            )
+        return resp
+
+    def topic_stats(self, topic: str) -> dict[str, Any]:
+        """``GET .../stats``: publishers, topicEpoch, waitingPublishers, counters."""
+        return self.request("GET", f"{self.topic_path(topic)}/stats").json()
+
+    def internal_stats(self, topic: str) -> dict[str, Any]:
+        """``GET .../internalStats``: ledgers, lastConfirmedEntry, cursors."""
+        return self.request("GET", f"{self.topic_path(topic)}/internalStats").json()
+
+    def health(self) -> bool:
+        """Whether ``/admin/v2/brokers/health`` answers ok."""
+        try:
+            return self.request("GET", "brokers/health").text.strip().lower() == "ok"
+        except BackendUnavailableError:
+            return False
+
+    def delete_topic(self, topic: str, *, force: bool = True) -> None:
+        """Delete a topic (404 is fine)."""
+        self.request("DELETE", self.topic_path(topic), ok=(200, 204, 404), params={"force": str(force).lower()})
+
+    def close(self) -> None:
+        self._session.close()

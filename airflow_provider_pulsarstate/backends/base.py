@@ -1,0 +1,116 @@
+"""The contract both back ends implement: an exclusive fenced writer, readers, and the tail.
+
+The contract is deliberately small and byte-oriented. Framing, offsets, epoch markers, zombie
+filtering and atomic multi-part records live one level up (:mod:`airflow_provider_pulsarstate.log`)
+and are shared by both back ends, so they behave the same by construction.
+
+Guarantees every back end gives:
+
+* at most one writer per topic holds an epoch at a time; epochs only grow;
+* a writer whose epoch was superseded can never append again (its append raises
+  :class:`~airflow_provider_pulsarstate.errors.WriterFencedError`);
+* :meth:`RawWriter.append` is all-or-nothing per call from the caller's point of view only when
+  the back end is transactional (embedded); on Pulsar, frames of one call may land partially,
+  which the framing layer makes harmless;
+* readers see entries in append order, from the start or from a remembered position;
+* the writer lock is released when the holding process dies.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+
+class AcquireMode(str, enum.Enum):
+    """How to get the exclusive writer of a topic."""
+
+    FAIL_FAST = "fail_fast"
+    """Fail with WriterBusyError at once when another writer holds it."""
+    WAIT = "wait"
+    """Wait, bounded by the caller's timeout, until it is free."""
+    FENCE = "fence"
+    """Take it over: the current holder is fenced and can never append again."""
+
+
+EARLIEST = "earliest"
+"""Start position: the first entry of the topic."""
+
+
+@dataclass(frozen=True, slots=True)
+class RawEntry:
+    """An entry as stored: its back-end position, bytes and publish time (seconds)."""
+
+    position: Any
+    payload: bytes
+    publish_time: float
+
+
+class RawWriter(ABC):
+    """The exclusive writer of one topic, holding one epoch."""
+
+    topic: str
+    epoch: int
+
+    @abstractmethod
+    def append(self, payloads: Sequence[bytes], *, timeout: float) -> list[Any]:
+        """Append entries in order and wait until all are durable; returns their positions.
+
+        :raises WriterFencedError: a newer epoch exists; this writer is dead for good.
+        :raises UnknownOutcomeError: some entries may or may not have landed.
+        """
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the writer (idempotent)."""
+
+
+class RawReader(ABC):
+    """A cursor over one topic. Not thread-safe: one thread at a time."""
+
+    topic: str
+
+    @abstractmethod
+    def read_next(self, *, timeout: float) -> RawEntry | None:
+        """The next entry, or None when none arrives within ``timeout`` seconds."""
+
+    @abstractmethod
+    def has_next(self) -> bool:
+        """Whether entries exist past this cursor, checked against the tail *now*."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the cursor (idempotent)."""
+
+
+class Backend(ABC):
+    """A connection to one store of topics."""
+
+    @abstractmethod
+    def acquire_writer(self, topic: str, *, mode: AcquireMode, timeout: float) -> RawWriter:
+        """Get the exclusive writer of ``topic`` with a new, higher epoch.
+
+        :raises WriterBusyError: FAIL_FAST and another writer holds it.
+        :raises OperationTimeoutError: WAIT and it did not come free within ``timeout``.
+        :raises BackendUnavailableError: the store cannot be reached.
+        """
+
+    @abstractmethod
+    def create_reader(self, topic: str, *, start: Any = EARLIEST) -> RawReader:
+        """A cursor positioned before ``start`` (EARLIEST or a position from a RawEntry, exclusive)."""
+
+    @abstractmethod
+    def topic_url(self, topic: str) -> str:
+        """A human-readable address of the topic (for messages and logs)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Close every writer, reader and connection (idempotent)."""
+
+    def __enter__(self) -> "Backend":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,327 @@
+"""The embedded back end: one SQLite file (WAL mode) shared by the processes of one host.
+
+How the contract is kept:
+
+* **Epochs.** ``topics.epoch`` is the topic's current epoch. Taking the writer bumps it with a
+  compare-and-set in an IMMEDIATE transaction; every append re-reads it inside its own
+  transaction and refuses to commit unless it still equals the writer's epoch (fencing is checked
+  inside the append transaction, so a fenced writer can never append).
+* **Liveness.** The holder of epoch ``E`` keeps an ``flock`` on ``<db>.locks/<topic>.<E>``. The
+  kernel drops it when the process dies (SIGKILL included), which is how others learn the writer
+  is free, just as Pulsar frees an exclusive producer when its connection drops. A FENCE takeover
+  bumps the epoch without waiting for the old holder.
+* **Durability.** A committed append survives the crash of any process (WAL, ``synchronous=NORMAL``);
+  pass ``synchronous="FULL"`` to also survive power loss.
+* **Readers** poll the file; they see committed entries only, in append order.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from airflow_provider_pulsarstate.backends.base import (
+    EARLIEST,
+    AcquireMode,
+    Backend,
+    RawEntry,
+    RawReader,
+    RawWriter,
+)
+from airflow_provider_pulsarstate.errors import (
+    BackendUnavailableError,
+    ClosedError,
+    OperationTimeoutError,
+    WriterBusyError,
+    WriterFencedError,
+)
+from airflow_provider_pulsarstate.retry import Backoff
+
+log = logging.getLogger(__name__)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS topics (
+    name  TEXT PRIMARY KEY,
+    epoch INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS entries (
+    topic        TEXT    NOT NULL,
+    pos          INTEGER NOT NULL,
+    payload      BLOB    NOT NULL,
+    publish_time REAL    NOT NULL,
+    PRIMARY KEY (topic, pos)
+) WITHOUT ROWID;
+"""
+_READ_BATCH = 512
+
+
+class EmbeddedBackend(Backend):
+    """The embedded single-host log.
+
+    :param path: the SQLite file (created with its folder when missing).
+    :param busy_timeout: seconds a transaction waits for another process's lock.
+    :param synchronous: SQLite ``synchronous`` pragma: NORMAL (process-crash safe) or FULL.
+    :param poll_interval: longest sleep of a reader waiting for new entries.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        busy_timeout: float = 30.0,
+        synchronous: str = "NORMAL",
+        poll_interval: float = 0.02,
+    ) -> None:
+        if synchronous.upper() not in ("NORMAL", "FULL", "EXTRA"):
+            raise ValueError(f"synchronous must be NORMAL, FULL or EXTRA, got {synchronous!r}")
+        self.path = Path(path)
+        self.busy_timeout = busy_timeout
+        self.synchronous = synchronous.upper()
+        self.poll_interval = poll_interval
+        self._lock_dir = self.path.with_name(self.path.name + ".locks")
+        self._closed = False
+        self._children: list[RawWriter | RawReader] = []
+        self._children_lock = threading.Lock()
+        self._initialized = False
+
+    # -- connections ------------------------------------------------------------------------
+    def connect(self) -> sqlite3.Connection:
+        """A new connection to the file, schema ensured (one per writer or reader)."""
+        if self._closed:
+            raise ClosedError(f"embedded back end {self.path} is closed")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(
+                self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
+            )
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={self.synchronous}")
+            if not self._initialized:
+                conn.executescript(_SCHEMA)
+                self._initialized = True
+        except (sqlite3.Error, OSError) as exc:
+            raise BackendUnavailableError(f"cannot open embedded state file {self.path}: {exc}") from exc
+        return conn
+
+    def _track(self, child: Any) -> Any:
+        with self._children_lock:
+            self._children.append(child)
+        return child
+
+    def topic_url(self, topic: str) -> str:
+        return f"{topic} (embedded {self.path})"
+
+    def lock_path(self, topic: str, epoch: int) -> Path:
+        digest = hashlib.sha1(topic.encode()).hexdigest()[:16]
+        return self._lock_dir / f"{digest}.{epoch}.lock"
+
+    # -- writer -----------------------------------------------------------------------------
+    def acquire_writer(self, topic: str, *, mode: AcquireMode, timeout: float) -> RawWriter:
+        mode = AcquireMode(mode)
+        deadline = time.monotonic() + timeout
+        backoff = Backoff(initial=0.01, maximum=0.25)
+        conn = self.connect()
+        try:
+            while True:
+                writer = self._try_acquire(conn, topic, fence=mode is AcquireMode.FENCE)
+                if writer is not None:
+                    log.debug("acquired writer of %s at epoch %d", topic, writer.epoch)
+                    return self._track(writer)
+                if mode is AcquireMode.FAIL_FAST:
+                    raise WriterBusyError(f"another process holds the writer of {self.topic_url(topic)}")
+                if time.monotonic() >= deadline:
+                    raise OperationTimeoutError(
+                        f"waited {timeout:.1f}s for the writer of {self.topic_url(topic)}; it is still held"
+                    )
+                backoff.sleep(deadline)
+        except BaseException:
+            conn.close()
+            raise
+
+    def _current_epoch(self, conn: sqlite3.Connection, topic: str) -> int:
+        row = conn.execute("SELECT epoch FROM topics WHERE name = ?", (topic,)).fetchone()
+        return row[0] if row else 0
+
+    def _try_acquire(self, conn: sqlite3.Connection, topic: str, *, fence: bool) -> "EmbeddedWriter | None":
+        self._lock_dir.mkdir(parents=True, exist_ok=True)
+        current = self._current_epoch(conn, topic)
+        if not fence and current > 0 and _lock_is_held(self.lock_path(topic, current)):
+            return None
+        # Hold the next epoch's liveness lock before publishing that epoch, so nobody ever sees
+        # an epoch whose lock is free while its holder is alive.
+        new_epoch = current + 1
+        fd = _try_flock(self.lock_path(topic, new_epoch))
+        if fd is None:
+            return None  # a concurrent acquirer is taking this very epoch
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            if self._current_epoch(conn, topic) != current:
+                conn.execute("ROLLBACK")
+                _release_flock(fd, self.lock_path(topic, new_epoch))
+                return None
+            conn.execute(
+                "INSERT INTO topics(name, epoch) VALUES (?, ?) "
+                "ON CONFLICT(name) DO UPDATE SET epoch = excluded.epoch",
+                (topic, new_epoch),
+            )
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            _release_flock(fd, self.lock_path(topic, new_epoch))
+            raise BackendUnavailableError(f"cannot take the writer of {self.topic_url(topic)}: {exc}") from exc
+        for stale in self._lock_dir.glob(self.lock_path(topic, 0).name.rsplit(".", 2)[0] + ".*.lock"):
+            if stale.name != self.lock_path(topic, new_epoch).name and not _lock_is_held(stale):
+                stale.unlink(missing_ok=True)
+        return EmbeddedWriter(self, conn, topic, new_epoch, fd)
+
+    # -- readers ----------------------------------------------------------------------------
+    def create_reader(self, topic: str, *, start: Any = EARLIEST) -> RawReader:
+        after = -1 if start == EARLIEST else int(start)
+        return self._track(EmbeddedReader(self, self.connect(), topic, after))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        with self._children_lock:
+            children, self._children = self._children, []
+        for child in children:
+            child.close()
+        self._closed = True
+
+
+class EmbeddedWriter(RawWriter):
+    """The exclusive writer of one topic in the embedded log."""
+
+    def __init__(self, backend: EmbeddedBackend, conn: sqlite3.Connection, topic: str, epoch: int, fd: int) -> None:
+        self.backend = backend
+        self.topic = topic
+        self.epoch = epoch
+        self._conn = conn
+        self._fd: int | None = fd
+        self._lock = threading.Lock()
+
+    def append(self, payloads: Sequence[bytes], *, timeout: float) -> list[Any]:
+        with self._lock:
+            if self._fd is None:
+                raise WriterFencedError(
+                    f"writer of {self.topic} at epoch {self.epoch} is closed", topic=self.topic, epoch=self.epoch
+                )
+            conn = self._conn
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                current = self.backend._current_epoch(conn, self.topic)
+                if current != self.epoch:
+                    conn.execute("ROLLBACK")
+                    self._release()
+                    raise WriterFencedError(
+                        f"writer of {self.backend.topic_url(self.topic)} at epoch {self.epoch} was fenced "
+                        f"by epoch {current}",
+                        topic=self.topic,
+                        epoch=self.epoch,
+                    )
+                row = conn.execute("SELECT MAX(pos) FROM entries WHERE topic = ?", (self.topic,)).fetchone()
+                first = (row[0] if row[0] is not None else -1) + 1
+                now = time.time()
+                conn.executemany(
+                    "INSERT INTO entries(topic, pos, payload, publish_time) VALUES (?, ?, ?, ?)",
+                    [(self.topic, first + i, p, now) for i, p in enumerate(payloads)],
+                )
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise BackendUnavailableError(
+                    f"append to {self.backend.topic_url(self.topic)} failed, nothing was written: {exc}"
+                ) from exc
+            return list(range(first, first + len(payloads)))
+
+    def _release(self) -> None:
+        if self._fd is not None:
+            _release_flock(self._fd, self.backend.lock_path(self.topic, self.epoch))
+            self._fd = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._release()
+            self._conn.close()
+
+
+class EmbeddedReader(RawReader):
+    """A polling cursor over one topic of the embedded log."""
+
+    def __init__(self, backend: EmbeddedBackend, conn: sqlite3.Connection, topic: str, after: int) -> None:
+        self.backend = backend
+        self.topic = topic
+        self._conn = conn
+        self._after = after
+        self._buffer: list[tuple[int, bytes, float]] = []
+        self._closed = False
+
+    def _fetch(self) -> None:
+        if self._closed:
+            raise ClosedError(f"reader of {self.topic} is closed")
+        self._buffer = self._conn.execute(
+            "SELECT pos, payload, publish_time FROM entries WHERE topic = ? AND pos > ? ORDER BY pos LIMIT ?",
+            (self.topic, self._after, _READ_BATCH),
+        ).fetchall()
+        self._buffer.reverse()
+
+    def read_next(self, *, timeout: float) -> RawEntry | None:
+        if not self._buffer:
+            deadline = time.monotonic() + timeout
+            backoff = Backoff(initial=0.001, maximum=self.backend.poll_interval)
+            self._fetch()
+            while not self._buffer and time.monotonic() < deadline:
+                backoff.sleep(deadline)
+                self._fetch()
+            if not self._buffer:
+                return None
+        pos, payload, publish_time = self._buffer.pop()
+        self._after = pos
+        return RawEntry(pos, payload, publish_time)
+
+    def has_next(self) -> bool:
+        if self._buffer:
+            return True
+        self._fetch()
+        return bool(self._buffer)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._conn.close()
+
+
+def _try_flock(path: Path) -> int | None:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _release_flock(fd: int, path: Path) -> None:
+    path.unlink(missing_ok=True)
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+
+def _lock_is_held(path: Path) -> bool:
+    if not path.exists():
+        return False
+    fd = _try_flock(path)
+    if fd is None:
+        return True
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+    return False

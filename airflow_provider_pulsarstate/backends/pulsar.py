@@ -1,0 +1,282 @@
+"""The Pulsar back end: an exclusive producer per writer, a Reader per cursor, admin REST for epochs.
+
+How the contract is kept:
+
+* **Exclusive writer.** ``ProducerAccessMode.Exclusive`` (FAIL_FAST and WAIT) or
+  ``ExclusiveWithFencing`` (FENCE). WAIT polls Exclusive with back-off until the deadline instead
+  of using ``WaitForExclusive``, which can block forever (apache/pulsar#24516) and, when abandoned,
+  leaves an orphaned producer behind.
+* **Epochs** are the broker's topic epoch (``topicEpoch`` in the topic stats), read right after the
+  producer is created. The broker bumps it for every new exclusive producer and rejects the sends
+  of a fenced one, so a fenced writer can never append again.
+* **Unknown outcomes.** A send that times out, or a connection that drops, may or may not have
+  landed: it surfaces as UnknownOutcomeError and the layer above looks for the write in the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Sequence
+
+import pulsar
+
+from airflow_provider_pulsarstate.admin import PulsarAdmin
+from airflow_provider_pulsarstate.backends.base import (
+    EARLIEST,
+    AcquireMode,
+    Backend,
+    RawEntry,
+    RawReader,
+    RawWriter,
+)
+from airflow_provider_pulsarstate.config import ConnectionConfig
+from airflow_provider_pulsarstate.errors import (
+    BackendUnavailableError,
+    ClosedError,
+    OperationTimeoutError,
+    UnknownOutcomeError,
+    WriterBusyError,
+    WriterFencedError,
+)
+from airflow_provider_pulsarstate.retry import Backoff
+
+log = logging.getLogger(__name__)
+_client_log = logging.getLogger("airflow_provider_pulsarstate.pulsar_client")
+if _client_log.level == logging.NOTSET:
+    _client_log.setLevel(logging.WARNING)
+
+_BUSY = (pulsar.ProducerFenced, pulsar.ProducerBusy)
+_UNREACHABLE = (pulsar.ConnectError, pulsar.Timeout, pulsar.LookupError, pulsar.ServiceUnitNotReady)
+
+
+class PulsarBackend(Backend):
+    """A real Pulsar broker.
+
+    The client connects lazily: constructing this object does no network I/O.
+
+    :param config: the connection settings (``kind`` must be ``"pulsar"``).
+    """
+
+    def __init__(self, config: ConnectionConfig) -> None:
+        if config.kind != "pulsar":
+            raise ValueError(f"{config.url!r} is not a pulsar:// URL")
+        self.config = config
+        self.admin = PulsarAdmin(
+            config.resolved_admin_url,
+            auth_token=config.auth_token,
+            tls_trust_certs_file_path=config.tls_trust_certs_file_path,
+            timeout=config.operation_timeout,
+        )
+        self._client: pulsar.Client | None = None
+        self._lock = threading.Lock()
+        self._children: list[RawWriter | RawReader] = []
+        self._closed = False
+
+    @property
+    def client(self) -> pulsar.Client:
+        """The pulsar-client Client (created on first use)."""
+        with self._lock:
+            if self._closed:
+                raise ClosedError(f"Pulsar back end {self.config.url} is closed")
+            if self._client is None:
+                cfg = self.config
+                kwargs: dict[str, Any] = dict(
+                    operation_timeout_seconds=max(1, round(cfg.operation_timeout)),
+                    connection_timeout_ms=max(1, int(cfg.operation_timeout * 1000)),
+                    logger=_client_log,
+                )
+                if cfg.auth_token:
+                    kwargs["authentication"] = pulsar.AuthenticationToken(cfg.auth_token)
+                if cfg.tls_trust_certs_file_path:
+                    kwargs["tls_trust_certs_file_path"] = cfg.tls_trust_certs_file_path
+                try:
+                    self._client = pulsar.Client(cfg.url, **kwargs)
+                except pulsar.PulsarException as exc:
+                    raise BackendUnavailableError(f"cannot create a Pulsar client for {cfg.url}: {exc}") from exc
+            return self._client
+
+    def topic_url(self, topic: str) -> str:
+        return f"{topic} (broker {self.config.url})"
+
+    def _unreachable(self, what: str, topic: str, exc: Exception) -> BackendUnavailableError:
+        return BackendUnavailableError(
+            f"{what} {self.topic_url(topic)} failed within {self.config.operation_timeout:.0f}s: "
+            f"{type(exc).__name__}: {exc}"
+        )
+
+    def _track(self, child: Any) -> Any:
+        with self._lock:
+            self._children.append(child)
+        return child
+
+    # -- writer -----------------------------------------------------------------------------
+    def acquire_writer(self, topic: str, *, mode: AcquireMode, timeout: float) -> RawWriter:
+        mode = AcquireMode(mode)
+        access = (
+            pulsar.ProducerAccessMode.ExclusiveWithFencing
+            if mode is AcquireMode.FENCE
+            else pulsar.ProducerAccessMode.Exclusive
+        )
+        deadline = time.monotonic() + timeout
+        backoff = Backoff(initial=0.05, maximum=0.5)
+        while True:
+            try:
+                producer = self.client.create_producer(
+                    topic,
+                    access_mode=access,
+                    batching_enabled=False,
+                    chunking_enabled=False,
+                    block_if_queue_full=True,
+                    max_pending_messages=10000,
+                    send_timeout_millis=max(1, int(self.config.operation_timeout * 1000)),
+                )
+                break
+            except _BUSY as exc:
+                if mode is AcquireMode.FAIL_FAST:
+                    raise WriterBusyError(f"another writer holds {self.topic_url(topic)} ({type(exc).__name__})") from exc
+                if time.monotonic() >= deadline:
+                    raise OperationTimeoutError(
+                        f"waited {timeout:.1f}s for the writer of {self.topic_url(topic)}; it is still held"
+                    ) from exc
+                backoff.sleep(deadline)
+            except _UNREACHABLE as exc:
+                raise self._unreachable("creating the exclusive producer of", topic, exc) from exc
+        try:
+            epoch = int(self.admin.topic_stats(topic)["topicEpoch"])
+        except Exception:
+            producer.close()
+            raise
+        log.debug("acquired writer of %s at epoch %d", topic, epoch)
+        return self._track(PulsarWriter(self, topic, epoch, producer))
+
+    # -- readers ----------------------------------------------------------------------------
+    def create_reader(self, topic: str, *, start: Any = EARLIEST) -> RawReader:
+        start_id = pulsar.MessageId.earliest if start == EARLIEST else start
+        try:
+            reader = self.client.create_reader(
+                topic, start_id, receiver_queue_size=2000, start_message_id_inclusive=False
+            )
+        except _UNREACHABLE as exc:
+            raise self._unreachable("creating a reader of", topic, exc) from exc
+        return self._track(PulsarReader(self, topic, reader))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            children, self._children = self._children, []
+            self._closed = True
+        for child in children:
+            child.close()
+        if self._client is not None:
+            try:
+                self._client.close()
+            except pulsar.PulsarException:
+                pass
+        self.admin.close()
+
+
+class PulsarWriter(RawWriter):
+    """An exclusive producer holding one topic epoch."""
+
+    def __init__(self, backend: PulsarBackend, topic: str, epoch: int, producer: pulsar.Producer) -> None:
+        self.backend = backend
+        self.topic = topic
+        self.epoch = epoch
+        self._producer: pulsar.Producer | None = producer
+
+    def _fenced(self, detail: str) -> WriterFencedError:
+        self.close()
+        return WriterFencedError(
+            f"writer of {self.backend.topic_url(self.topic)} at epoch {self.epoch} was fenced: {detail}",
+            topic=self.topic,
+            epoch=self.epoch,
+        )
+
+    def append(self, payloads: Sequence[bytes], *, timeout: float) -> list[Any]:
+        producer = self._producer
+        if producer is None:
+            raise WriterFencedError(f"writer of {self.topic} at epoch {self.epoch} is closed", topic=self.topic, epoch=self.epoch)
+        n = len(payloads)
+        results: list[Any] = [None] * n
+        done = threading.Event()
+        remaining = [n]
+        guard = threading.Lock()
+
+        def callback_for(i: int):
+            def callback(res: pulsar.Result, msg_id: pulsar.MessageId) -> None:
+                results[i] = (res, msg_id)
+                with guard:
+                    remaining[0] -= 1
+                    if remaining[0] == 0:
+                        done.set()
+
+            return callback
+
+        try:
+            for i, payload in enumerate(payloads):
+                producer.send_async(payload, callback_for(i))
+        except pulsar.ProducerFenced as exc:
+            raise self._fenced(str(exc)) from exc
+        except pulsar.PulsarException as exc:
+            self.close()
+            raise UnknownOutcomeError(f"send to {self.topic} failed part-way ({type(exc).__name__}: {exc})") from exc
+        if not done.wait(timeout + 5.0):
+            self.close()
+            raise UnknownOutcomeError(f"no acknowledgement from {self.topic} within {timeout:.1f}s")
+        positions = []
+        for res, msg_id in results:
+            if res == pulsar.Result.ProducerFenced:
+                raise self._fenced("the broker rejected the send")
+            if res != pulsar.Result.Ok:
+                self.close()
+                raise UnknownOutcomeError(f"send to {self.topic} ended with {res}; it may or may not have landed")
+            positions.append(msg_id)
+        return positions
+
+    def close(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            try:
+                producer.close()
+            except pulsar.PulsarException:
+                pass
+
+
+class PulsarReader(RawReader):
+    """A pulsar-client Reader."""
+
+    def __init__(self, backend: PulsarBackend, topic: str, reader: pulsar.Reader) -> None:
+        self.backend = backend
+        self.topic = topic
+        self._reader: pulsar.Reader | None = reader
+
+    def _get(self) -> pulsar.Reader:
+        if self._reader is None:
+            raise ClosedError(f"reader of {self.topic} is closed")
+        return self._reader
+
+    def read_next(self, *, timeout: float) -> RawEntry | None:
+        try:
+            msg = self._get().read_next(max(1, int(timeout * 1000)))
+        except pulsar.Timeout:
+            return None
+        except pulsar.PulsarException as exc:
+            raise self.backend._unreachable("reading", self.topic, exc) from exc
+        return RawEntry(msg.message_id(), msg.data(), msg.publish_timestamp() / 1000.0)
+
+    def has_next(self) -> bool:
+        try:
+            return self._get().has_message_available()
+        except pulsar.PulsarException as exc:
+            raise self.backend._unreachable("checking the tail of", self.topic, exc) from exc
+
+    def close(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            try:
+                reader.close()
+            except pulsar.PulsarException:
+                pass

@@ -1,0 +1,125 @@
+"""The frame format every back end stores: a fixed binary header, then a slice of a record body.
+
+A *record* is the unit of atomicity in the log. Large records are cut into *frames* (parts) that
+fit the back end's message size; readers apply a record only once its last frame has arrived, so
+a writer that dies half-way leaves frames nobody applies. Every frame carries the writer's epoch
+(fencing on the read side), the writer's id and the record's offset.
+
+Header layout (big-endian, 44 bytes)::
+
+    magic "PS" | version u8 | kind u8 | epoch i64 | offset i64 | writer id 16 bytes
+    | part index u32 | part count u32
+
+The body of a DATA record is a sequence of writes, each ``seq u64 | op count u32`` followed by
+``len u32 | op bytes`` per op (see :func:`encode_writes`).
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+MAGIC = b"PS"
+VERSION = 1
+HEADER = struct.Struct(">2sBBqq16sII")
+_WRITE_HEAD = struct.Struct(">QI")
+_OP_LEN = struct.Struct(">I")
+NO_OFFSET = -1
+
+
+class RecordKind(enum.IntEnum):
+    """What a record is for."""
+
+    EPOCH = 1
+    """Written first by every new writer; readers that reach it know everything before it."""
+    DATA = 2
+    """A group of writes (each a list of ops); the only kind with an offset."""
+    BARRIER = 3
+    """An empty record that proves the writer still holds its epoch (linearizable reads)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One decoded frame: header fields plus its slice of the record body."""
+
+    kind: RecordKind
+    epoch: int
+    offset: int
+    writer_id: bytes
+    part_index: int
+    part_count: int
+    chunk: bytes
+
+
+class FrameError(ValueError):
+    """A frame does not follow the format (the message says which field)."""
+
+
+def encode_frames(
+    *, kind: RecordKind, epoch: int, offset: int, writer_id: bytes, body: bytes, max_frame_bytes: int
+) -> list[bytes]:
+    """Cut ``body`` into frames of at most ``max_frame_bytes`` (header included)."""
+    room = max_frame_bytes - HEADER.size
+    if room <= 0:
+        raise ValueError(f"max_frame_bytes must exceed the {HEADER.size}-byte header")
+    count = max(1, -(-len(body) // room))
+    view = memoryview(body)
+    return [
+        HEADER.pack(MAGIC, VERSION, kind, epoch, offset, writer_id, i, count)
+        + bytes(view[i * room : (i + 1) * room])
+        for i in range(count)
+    ]
+
+
+def decode_frame(payload: bytes) -> Frame:
+    """Decode one frame; raises :class:`FrameError` naming the bad field."""
+    if len(payload) < HEADER.size:
+        raise FrameError(f"frame of {len(payload)} bytes is shorter than the {HEADER.size}-byte header")
+    magic, version, kind, epoch, offset, writer_id, index, count = HEADER.unpack_from(payload)
+    if magic != MAGIC:
+        raise FrameError(f"bad magic {magic!r} (not written by airflow_provider_pulsarstate)")
+    if version != VERSION:
+        raise FrameError(f"unsupported frame version {version}")
+    try:
+        record_kind = RecordKind(kind)
+    except ValueError:
+        raise FrameError(f"unknown record kind {kind}") from None
+    if count < 1 or index >= count:
+        raise FrameError(f"part index {index} out of range for part count {count}")
+    return Frame(record_kind, epoch, offset, writer_id, index, count, payload[HEADER.size :])
+
+
+def encode_writes(writes: Iterable[tuple[int, Sequence[bytes]]]) -> bytes:
+    """Encode ``[(seq, [op bytes, ...]), ...]`` as a DATA record body."""
+    out = bytearray()
+    for seq, ops in writes:
+        out += _WRITE_HEAD.pack(seq, len(ops))
+        for op in ops:
+            out += _OP_LEN.pack(len(op))
+            out += op
+    return bytes(out)
+
+
+def decode_writes(body: bytes) -> list[tuple[int, list[bytes]]]:
+    """Inverse of :func:`encode_writes`; raises :class:`FrameError` on a truncated body."""
+    writes: list[tuple[int, list[bytes]]] = []
+    pos, end = 0, len(body)
+    view = memoryview(body)
+    try:
+        while pos < end:
+            seq, n = _WRITE_HEAD.unpack_from(body, pos)
+            pos += _WRITE_HEAD.size
+            ops = []
+            for _ in range(n):
+                (length,) = _OP_LEN.unpack_from(body, pos)
+                pos += _OP_LEN.size
+                if pos + length > end:
+                    raise FrameError(f"op of {length} bytes runs past the end of the record body")
+                ops.append(bytes(view[pos : pos + length]))
+                pos += length
+            writes.append((seq, ops))
+    except struct.error as exc:
+        raise FrameError(f"truncated record body at byte {pos}: {exc}") from None
+    return writes

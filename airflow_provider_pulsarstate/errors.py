@@ -1,0 +1,78 @@
+"""The exception hierarchy of the state engine.
+
+Everything the engine raises on purpose derives from :class:`PulsarStateError`, so callers can
+catch one root. The subclasses say what went wrong precisely enough to decide what to do next:
+retry (:class:`WriterBusyError`, :class:`OperationTimeoutError`), give up on this writer
+(:class:`WriterFencedError`), fix the data (:class:`CorruptEntryError`, :class:`SerializationError`)
+or fix the configuration (:class:`ConfigurationError`, :class:`BackendUnavailableError`).
+"""
+
+from __future__ import annotations
+
+
+class PulsarStateError(Exception):
+    """Root of every error raised by airflow_provider_pulsarstate."""
+
+
+class ConfigurationError(PulsarStateError, ValueError):
+    """A connection URL, option or argument is invalid (the message names it)."""
+
+
+class BackendUnavailableError(PulsarStateError):
+    """The back end (broker, admin API or state file) could not be reached in time."""
+
+
+class OperationTimeoutError(PulsarStateError, TimeoutError):
+    """A bounded wait ran out (acquiring the writer, catching up, a send)."""
+
+
+class WriterBusyError(PulsarStateError):
+    """Another process holds the exclusive writer of the topic and the caller chose not to wait."""
+
+
+class WriterFencedError(PulsarStateError):
+    """This writer was fenced (a newer epoch took over); it can never append again.
+
+    :ivar topic: the topic whose writer was fenced.
+    :ivar epoch: the epoch this writer held.
+    """
+
+    def __init__(self, message: str, *, topic: str = "", epoch: int | None = None) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.epoch = epoch
+
+
+class UnknownOutcomeError(PulsarStateError):
+    """An append may or may not have reached the log (send time-out, dropped connection).
+
+    The engine resolves this itself by looking for the write's (writer id, sequence) in the log
+    before retrying; it only surfaces when the caller asked for no retries.
+    """
+
+
+class CorruptEntryError(PulsarStateError):
+    """A log entry could not be decoded or applied.
+
+    :ivar topic: the topic holding the entry.
+    :ivar position: where it is (an offset, or the back end's position when no offset is known).
+    :ivar cause: why it was rejected.
+    """
+
+    def __init__(self, *, topic: str, position: object, cause: str) -> None:
+        super().__init__(f"corrupt entry in topic {topic!r} at {position}: {cause}")
+        self.topic = topic
+        self.position = position
+        self.cause = cause
+
+
+class SerializationError(PulsarStateError, ValueError):
+    """A key, value or op could not be serialized; nothing was appended."""
+
+
+class ValueTooLargeError(SerializationError):
+    """A serialized value exceeds the configured limit; nothing was appended."""
+
+
+class ClosedError(PulsarStateError):
+    """The object was closed and cannot be used any more."""

@@ -1,0 +1,318 @@
+"""PulsarStateHook: the one place that turns an Airflow connection into a state back end.
+
+Everything else in the Airflow layer (operators, sensors, triggers, the XCom backend) asks this
+hook for its :class:`~airflow_provider_pulsarstate.config.ConnectionConfig`, back end, state
+managers and maps, so a connection means the same thing everywhere, including the UI's Test button.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+from typing import Any
+
+from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
+
+from airflow_provider_pulsarstate.backends import Backend, open_backend
+from airflow_provider_pulsarstate.config import ConnectionConfig
+from airflow_provider_pulsarstate.errors import ConfigurationError
+from airflow_provider_pulsarstate.hooks.connection_form import (
+    CONN_TYPE,
+    FIELD_NAMES,
+    HOOK_NAME,
+    LEGACY_EXTRA_PREFIX,
+)
+from airflow_provider_pulsarstate.manager import SharedStateManager
+from airflow_provider_pulsarstate.recipes.map import PulsarMap
+
+log = logging.getLogger(__name__)
+
+HEALTHCHECK_TOPIC = "__pulsarstate_healthcheck"
+"""Short name of the topic :meth:`PulsarStateHook.test_connection` opens a reader on."""
+
+_STRING_FIELDS = ("service_url", "admin_url", "tenant", "namespace", "auth_token", "tls_trust_certs_file_path")
+_default_logged = threading.Event()
+
+
+class PulsarStateHook(BaseHook):
+    """Reach the shared-state back end an Airflow connection of type ``pulsarstate`` names.
+
+    The connection's extra carries the fields of the connection form (see
+    :mod:`~airflow_provider_pulsarstate.hooks.connection_form`): ``service_url``, ``admin_url``,
+    ``tenant``, ``namespace``, ``auth_token``, ``tls_trust_certs_file_path`` and
+    ``operation_timeout`` (seconds). The connection's host stands in for ``service_url`` when it
+    is a URL or path, its password for ``auth_token``. For example::
+
+        AIRFLOW_CONN_PULSARSTATE_DEFAULT='{"conn_type": "pulsarstate", "extra": {"service_url": "pulsar://localhost:6650"}}'
+
+    When ``pulsarstate_default`` is not defined at all, the hook uses the embedded single-host log
+    under ``$AIRFLOW_HOME/pulsarstate/state.db``; any other missing connection is an error.
+
+    Usage::
+
+        with PulsarStateHook() as hook:
+            assignments = hook.get_map("assignments")  # persistent://public/default/assignments
+            assignments.put("shard-1", {"owner": "worker-a"})
+
+    Constructing the hook does no I/O; the back end opens on first use and stays open until
+    :meth:`close`, which also closes every manager and map the hook handed out.
+
+    :param pulsarstate_conn_id: the Airflow connection to use.
+    """
+
+    conn_name_attr = "pulsarstate_conn_id"
+    default_conn_name = "pulsarstate_default"
+    conn_type = CONN_TYPE
+    hook_name = HOOK_NAME
+
+    def __init__(self, pulsarstate_conn_id: str = default_conn_name, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pulsarstate_conn_id = pulsarstate_conn_id
+        self._lock = threading.Lock()
+        self._config: ConnectionConfig | None = None
+        self._backend: Backend | None = None
+        self._owned: list[SharedStateManager[Any, Any] | PulsarMap[Any, Any]] = []
+
+    # ------------------------------------------------------------------ configuration
+    def get_config(self) -> ConnectionConfig:
+        """The connection settings, read from the Airflow connection on every call.
+
+        :raises ConfigurationError: the connection is missing (and is not the default one), or a
+            field is invalid; the message names the connection id and the field.
+        """
+        conn_id = self.pulsarstate_conn_id
+        try:
+            conn = self.get_connection(conn_id)
+        except AirflowNotFoundException:
+            if conn_id != self.default_conn_name:
+                raise ConfigurationError(
+                    f"Airflow connection {conn_id!r} is not defined: create it (type {CONN_TYPE!r}) or set "
+                    f"AIRFLOW_CONN_{conn_id.upper()}"
+                ) from None
+            config = ConnectionConfig()
+            if not _default_logged.is_set():
+                _default_logged.set()
+                self.log.info(
+                    "Airflow connection %r is not defined: using the embedded state log at %s",
+                    conn_id,
+                    config.embedded_path,
+                )
+            return config
+        return config_from_connection(
+            conn_id,
+            conn_type=conn.conn_type,
+            host=conn.host,
+            password=conn.password,
+            extra=conn.extra,
+        )
+
+    # ------------------------------------------------------------------ back end
+    def get_conn(self) -> Backend:
+        """The back end of the connection, opened on first call and kept until :meth:`close`.
+
+        Opening does no network I/O; the broker or file is reached on first use.
+
+        :raises ConfigurationError: see :meth:`get_config`.
+        """
+        return self._open()[1]
+
+    def _open(self) -> tuple[ConnectionConfig, Backend]:
+        with self._lock:
+            if self._backend is None or self._config is None:
+                config = self.get_config()
+                self._backend = open_backend(config)
+                self._config = config
+            return self._config, self._backend
+
+    def close(self) -> None:
+        """Close the managers and maps this hook created, then the back end (idempotent)."""
+        with self._lock:
+            owned, self._owned = self._owned, []
+            backend, self._backend, self._config = self._backend, None, None
+        for obj in reversed(owned):
+            obj.close()
+        if backend is not None:
+            backend.close()
+
+    def __enter__(self) -> "PulsarStateHook":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ factories
+    def topic_name(self, topic: str) -> str:
+        """The fully qualified topic for ``topic`` (short names use the connection's tenant/namespace)."""
+        return self._open()[0].topic_name(topic)
+
+    def get_state_manager(self, topic: str, **options: Any) -> SharedStateManager[Any, Any]:
+        """A :class:`~airflow_provider_pulsarstate.manager.SharedStateManager` on ``topic``.
+
+        :param topic: a short name (resolved with the connection's tenant and namespace) or a full
+            ``persistent://tenant/namespace/name``.
+        :param options: keyword arguments of SharedStateManager (``initializer`` and ``applier`` are
+            required); ``operation_timeout`` defaults to the connection's.
+        :raises ConfigurationError: invalid connection or topic name.
+        """
+        config, backend = self._open()
+        options.setdefault("operation_timeout", config.operation_timeout)
+        return self._own(SharedStateManager(backend, config.topic_name(topic), **options))
+
+    def get_map(self, topic: str, **options: Any) -> PulsarMap[Any, Any]:
+        """A :class:`~airflow_provider_pulsarstate.recipes.map.PulsarMap` on ``topic``.
+
+        :param topic: a short name or a full ``persistent://tenant/namespace/name``.
+        :param options: keyword arguments of PulsarMap (``key_serde``, ``value_serde``,
+            ``max_value_bytes``, manager options); ``operation_timeout`` defaults to the connection's.
+        :raises ConfigurationError: invalid connection or topic name.
+        """
+        config, backend = self._open()
+        options.setdefault("operation_timeout", config.operation_timeout)
+        return self._own(PulsarMap(backend, config.topic_name(topic), **options))
+
+    def _own(self, obj: Any) -> Any:
+        with self._lock:
+            self._owned.append(obj)
+        return obj
+
+    # ------------------------------------------------------------------ UI
+    def test_connection(self) -> tuple[bool, str]:
+        """One cheap round trip with exactly the config real use builds; never raises.
+
+        Pulsar: the admin API's broker health check, then a reader created and closed on
+        ``__pulsarstate_healthcheck``. Embedded: the state file opened and read.
+
+        :return: ``(True, what was reached)`` or ``(False, what failed and why)``.
+        """
+        try:
+            config = self.get_config()
+        except Exception as exc:
+            return False, f"{type(exc).__name__}: {exc}"
+        target = (
+            f"Pulsar broker {config.url} (admin {config.resolved_admin_url})"
+            if config.kind == "pulsar"
+            else f"embedded state file {config.embedded_path}"
+        )
+        backend: Backend | None = None
+        try:
+            backend = open_backend(config)
+            topic = config.topic_name(HEALTHCHECK_TOPIC)
+            if config.kind == "pulsar":
+                answer = backend.admin.request("GET", "brokers/health").text.strip()  # type: ignore[attr-defined]
+                if answer.lower() != "ok":
+                    return False, f"{target}: the broker health check answered {answer[:200]!r}"
+            reader = backend.create_reader(topic)
+            try:
+                reader.has_next()
+            finally:
+                reader.close()
+        except Exception as exc:
+            return False, f"{target}: {type(exc).__name__}: {exc}"
+        finally:
+            if backend is not None:
+                try:
+                    backend.close()
+                except Exception:
+                    log.debug("closing the back end after test_connection failed", exc_info=True)
+        return True, f"Connected to {target}"
+
+
+def config_from_connection(
+    conn_id: str,
+    *,
+    conn_type: str | None = None,
+    host: str | None = None,
+    password: str | None = None,
+    extra: str | dict[str, Any] | None = None,
+) -> ConnectionConfig:
+    """Build the config from the parts of an Airflow connection.
+
+    :param conn_id: named in every error message.
+    :param conn_type: only checked for a warning (a connection of another type is still read).
+    :param host: stands in for ``service_url`` when it is a URL or a path.
+    :param password: stands in for ``auth_token``.
+    :param extra: the extra, as the JSON text Airflow stores or as a dict.
+    :raises ConfigurationError: the extra is not a JSON object, has an unknown key, or a value is
+        invalid; the message names ``conn_id`` and the field.
+    """
+
+    def fail(field: str, problem: str) -> ConfigurationError:
+        return ConfigurationError(f"connection {conn_id!r}, field {field!r}: {problem}")
+
+    if conn_type and conn_type != CONN_TYPE:
+        log.warning("connection %r has type %r, reading it as %r", conn_id, conn_type, CONN_TYPE)
+
+    fields = _parse_extra(extra, fail)
+    values: dict[str, Any] = {}
+    for name in _STRING_FIELDS:
+        raw = fields.get(name)
+        if raw is None:
+            continue
+        if not isinstance(raw, str):
+            raise fail(name, f"must be a string, got {type(raw).__name__} {raw!r}")
+        if raw.strip():
+            values[name] = raw.strip()
+
+    url_field = "service_url"
+    if "service_url" not in values and host and host.strip():
+        candidate = host.strip()
+        if "://" not in candidate and not candidate.startswith(("/", "~", ".")):
+            raise fail(
+                "host",
+                f"{candidate!r} is neither a URL nor a path; set service_url to e.g. pulsar://{candidate}:6650",
+            )
+        values["service_url"], url_field = candidate, "host"
+    if "auth_token" not in values and password:
+        values["auth_token"] = password
+
+    timeout = fields.get("operation_timeout")
+    if timeout is not None and not (isinstance(timeout, str) and not timeout.strip()):
+        values["operation_timeout"] = _parse_seconds(timeout, lambda problem: fail("operation_timeout", problem))
+
+    config_args: dict[str, Any] = {("url" if k == "service_url" else k): v for k, v in values.items()}
+    try:
+        ConnectionConfig(url=config_args.get("url", ""))  # the URL scheme, on its own
+    except ConfigurationError as exc:
+        raise fail(url_field, str(exc)) from None
+    try:
+        return ConnectionConfig(**config_args)
+    except ConfigurationError as exc:  # pragma: no cover - every field is checked above
+        raise ConfigurationError(f"connection {conn_id!r}: {exc}") from None
+
+
+def _parse_extra(extra: str | dict[str, Any] | None, fail: Any) -> dict[str, Any]:
+    if extra is None or extra == "":
+        return {}
+    if isinstance(extra, str):
+        try:
+            data = json.loads(extra)
+        except json.JSONDecodeError as exc:
+            raise fail("extra", f"is not valid JSON ({exc})") from None
+    else:
+        data = extra
+    if not isinstance(data, dict):
+        raise fail("extra", f"must be a JSON object, got {type(data).__name__}")
+    fields: dict[str, Any] = {}
+    for key, value in data.items():
+        name = key[len(LEGACY_EXTRA_PREFIX) :] if key.startswith(LEGACY_EXTRA_PREFIX) else key
+        if name not in FIELD_NAMES:
+            raise fail(key, f"unknown extra field; expected one of {', '.join(sorted(FIELD_NAMES))}")
+        if name in fields and key.startswith(LEGACY_EXTRA_PREFIX):
+            continue  # the unprefixed spelling wins
+        fields[name] = value
+    return fields
+
+
+def _parse_seconds(raw: Any, fail: Any) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+        raise fail(f"must be a number of seconds, got {type(raw).__name__} {raw!r}")
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise fail(f"must be a number of seconds, got {raw!r}") from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise fail(f"must be a positive number of seconds, got {raw!r}")
+    return seconds

@@ -1,0 +1,575 @@
+"""SharedStateManager: a shared in-memory object kept consistent through an op log (PIP-137).
+
+Every instance replays the topic into its own copy of the state. Writes go through the topic's
+single exclusive writer; an instance takes it, catches up to the tail while holding it, generates
+the ops from that state, appends them as one record, then applies them locally.
+
+Guarantees:
+
+* **Atomic writes.** The ops of one write reach the log as one record (cut into frames when large);
+  readers apply a record only when all of it arrived, so a write lands whole or not at all.
+* **Ops from the latest state.** ``ops_generator`` runs only after the instance holds the writer
+  and has read up to its own EPOCH record, i.e. after every earlier write is applied.
+* **No double application.** An appended record is applied once, locally, when its append is
+  acknowledged; replay skips offsets already applied.
+* **Exactly once.** Every write carries (writer id, sequence). After an unknown outcome (time-out,
+  dropped connection) the state is rebuilt from the log and a write found there completes
+  without being sent again; only writes not found are regenerated and retried.
+* **Fencing.** A fenced writer never appends again. The write is retried on a new epoch with ops
+  regenerated from the new state, or fails with WriterFencedError when ``retry=False``.
+* **Reads.** ``read(latest=False)`` answers from local state; ``latest=True`` first reads up to the
+  tail as of the call; ``linearizable=True`` goes through the writer and appends a BARRIER record
+  (the PIP's "dummy write"), proving no newer writer exists.
+* **Group commit.** Writes submitted while another is in flight share one writer acquisition and
+  one record; each still gets its own result, computed right after its own ops are applied.
+* **Bounded waits.** Taking the writer waits at most ``acquire_timeout``; an idle writer is
+  released after ``writer_idle_timeout`` so other instances are not starved.
+
+While ops are staged and the append is in flight, the lock that readers take is held, so no
+read ever sees state that is not in the log. If an append fails after ops were applied locally,
+the state is rebuilt from the log before anything else happens.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, Iterable, TypeVar
+
+from airflow_provider_pulsarstate.backends.base import AcquireMode, Backend
+from airflow_provider_pulsarstate.envelope import FrameError, RecordKind, decode_writes, encode_writes
+from airflow_provider_pulsarstate.errors import (
+    ClosedError,
+    CorruptEntryError,
+    OperationTimeoutError,
+    PulsarStateError,
+    SerializationError,
+    UnknownOutcomeError,
+    WriterFencedError,
+)
+from airflow_provider_pulsarstate.log import DEFAULT_MAX_FRAME_BYTES, CorruptPolicy, LogReader, LogRecord, LogWriter, open_writer
+from airflow_provider_pulsarstate.progress import Progress
+
+log = logging.getLogger(__name__)
+
+S = TypeVar("S")
+O = TypeVar("O")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class Change(Generic[O]):
+    """One applied op, as change listeners receive it."""
+
+    offset: int
+    op: O
+    publish_time: float
+
+
+def json_op_serializer(op: Any) -> bytes:
+    """Default op serializer: compact JSON with sorted keys."""
+    return json.dumps(op, separators=(",", ":"), sort_keys=True).encode()
+
+
+def json_op_deserializer(data: bytes) -> Any:
+    """Default op deserializer."""
+    return json.loads(data)
+
+
+@dataclass(eq=False)
+class _Write:
+    seq: int
+    generator: Callable[[Any], Iterable[Any]] | None
+    reader: Callable[[Any], Any] | None
+    retry: bool
+    barrier: bool
+    future: Future = field(default_factory=Future)
+    result: Any = None
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(exc)
+
+    def succeed(self) -> None:
+        if not self.future.done():
+            self.future.set_result(self.result)
+
+
+class SharedStateManager(Generic[S, O]):
+    """Read and write a shared object through an op log on one topic.
+
+    Example::
+
+        backend = open_backend(ConnectionConfig(url="pulsar://localhost:6650"))
+        counters = SharedStateManager(
+            backend, "persistent://public/default/counters",
+            initializer=dict,
+            applier=lambda state, op: state.__setitem__(op["k"], op["v"]),
+        )
+        counters.write(lambda s: [{"k": "runs", "v": s.get("runs", 0) + 1}])
+        counters.read(lambda s: s.get("runs"), latest=True)
+
+    Construction does no I/O: the log is replayed on first use (or :meth:`start`).
+
+    :param backend: where the log lives (:func:`~airflow_provider_pulsarstate.backends.open_backend`).
+    :param topic: the fully qualified topic.
+    :param initializer: returns a new empty state.
+    :param applier: applies one op to the state; returns the new state, or None when it
+        mutated the state in place. It must not fail on an op the deserializer accepted.
+    :param op_serializer: op -> bytes (JSON by default).
+    :param op_deserializer: bytes -> op; raise to reject an entry (it is reported as corrupt).
+    :param acquire_mode: how to take the writer (wait by default; FENCE takes it over).
+    :param acquire_timeout: seconds to wait for the writer.
+    :param operation_timeout: seconds a single append or catch-up may take.
+    :param writer_idle_timeout: release the writer after this many idle seconds (None: keep it).
+    :param max_retries: retries of a write after fencing or an unknown outcome.
+    :param max_group_writes: most writes committed together in one record.
+    :param max_frame_bytes: largest frame sent to the back end.
+    :param on_corrupt: "raise" stops on an undecodable entry; "skip" logs it and goes on.
+    :param follow_interval: when set, a background thread reads new entries this often, so
+        the local state and change listeners follow other writers without a read(latest=True).
+    :param progress_interval: seconds between progress lines while replaying a long log.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        topic: str,
+        *,
+        initializer: Callable[[], S],
+        applier: Callable[[S, O], S | None],
+        op_serializer: Callable[[O], bytes] = json_op_serializer,
+        op_deserializer: Callable[[bytes], O] = json_op_deserializer,
+        acquire_mode: AcquireMode | str = AcquireMode.WAIT,
+        acquire_timeout: float = 30.0,
+        operation_timeout: float = 30.0,
+        writer_idle_timeout: float | None = 10.0,
+        max_retries: int = 5,
+        max_group_writes: int = 1000,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        on_corrupt: CorruptPolicy = "raise",
+        follow_interval: float | None = None,
+        progress_interval: float = 5.0,
+    ) -> None:
+        self.backend = backend
+        self.topic = topic
+        self.writer_id = uuid.uuid4().bytes
+        self._initializer = initializer
+        self._applier = applier
+        self._serialize_op = op_serializer
+        self._deserialize_op = op_deserializer
+        self.acquire_mode = AcquireMode(acquire_mode)
+        self.acquire_timeout = acquire_timeout
+        self.operation_timeout = operation_timeout
+        self.writer_idle_timeout = writer_idle_timeout
+        self.max_retries = max_retries
+        self.max_group_writes = max_group_writes
+        self.max_frame_bytes = max_frame_bytes
+        self.on_corrupt = on_corrupt
+        self.progress_interval = progress_interval
+
+        self._lock = threading.RLock()  # state, reader, writer, offsets
+        self._state: Any = None
+        self._reader: LogReader | None = None
+        self._writer: LogWriter | None = None
+        self._applied_offset = -1
+        self._notified_offset = -1
+        self._broken = True  # no state yet: (re)build on first use
+        self._inflight: dict[int, _Write] = {}
+        self._listeners: list[Callable[[Change[O]], None]] = []
+
+        self._seq = itertools.count(1)
+        self._queue: deque[_Write] = deque()
+        self._cv = threading.Condition()
+        self._committer: threading.Thread | None = None
+        self._last_write = time.monotonic()
+        self._closed = False
+        self._read_pool: ThreadPoolExecutor | None = None
+        self._follow_interval = follow_interval
+        self._follower: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.stats = {"records_appended": 0, "writes_committed": 0, "acquisitions": 0, "rebuilds": 0, "retries": 0}
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> "SharedStateManager[S, O]":
+        """Replay the log now (otherwise it happens on first use) and start following if asked."""
+        with self._lock:
+            self._ensure_state()
+        if self._follow_interval is not None and self._follower is None:
+            self._follower = threading.Thread(target=self._follow, name=f"pulsarstate-follow-{self.topic}", daemon=True)
+            self._follower.start()
+        return self
+
+    def close(self) -> None:
+        """Stop background threads, fail queued writes with ClosedError, release writer and reader."""
+        with self._cv:
+            if self._closed:
+                return
+            self._closed = True
+            self._cv.notify_all()
+        self._stop.set()
+        for thread in (self._committer, self._follower):
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout=self.operation_timeout + self.acquire_timeout)
+        with self._cv:
+            pending, self._queue = list(self._queue), deque()
+        for w in pending:
+            w.fail(ClosedError(f"state manager of {self.topic} closed before the write was committed"))
+        with self._lock:
+            self._drop_writer()
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
+        if self._read_pool is not None:
+            self._read_pool.shutdown(wait=False)
+
+    def __enter__(self) -> "SharedStateManager[S, O]":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def add_listener(self, listener: Callable[[Change[O]], None]) -> None:
+        """Call ``listener`` once per op applied from now on, in log order, after it is committed.
+
+        Listeners run on the thread that applied the op, with the state lock held: keep them short
+        and do not call back into this manager from them.
+        """
+        self._listeners.append(listener)
+
+    @property
+    def applied_offset(self) -> int:
+        """Offset of the last record applied to the local state (-1 before any)."""
+        return self._applied_offset
+
+    @property
+    def holds_writer(self) -> bool:
+        """Whether this instance currently holds the exclusive writer."""
+        return self._writer is not None
+
+    # ------------------------------------------------------------------ reads
+    def read(self, reader: Callable[[S], R], *, latest: bool = False, linearizable: bool = False) -> R:
+        """Run ``reader`` on the state and return its result.
+
+        :param latest: first read up to the tail as it is at the time of the call.
+        :param linearizable: go through the exclusive writer (appends a BARRIER record): the
+            answer reflects every write acknowledged to anyone before the call.
+        :raises CorruptEntryError: a log entry could not be applied (``on_corrupt="raise"``).
+        """
+        if linearizable:
+            return self._submit(None, reader, retry=True, barrier=True).result()
+        with self._lock:
+            self._ensure_state()
+            if latest:
+                self._catch_up()
+            return reader(self._state)
+
+    def read_async(self, reader: Callable[[S], R], *, latest: bool = False, linearizable: bool = False) -> Future:
+        """:meth:`read` on a helper thread; returns a Future of the result."""
+        if linearizable:
+            return self._submit(None, reader, retry=True, barrier=True)
+        with self._cv:
+            if self._read_pool is None:
+                self._read_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pulsarstate-read")
+        return self._read_pool.submit(self.read, reader, latest=latest)
+
+    # ------------------------------------------------------------------ writes
+    def write(
+        self, ops_generator: Callable[[S], Iterable[O]], reader: Callable[[S], R] | None = None, *, retry: bool = True
+    ) -> R | None:
+        """Generate ops from the latest state, append them atomically, apply them; return ``reader(state)``.
+
+        ``ops_generator`` may run more than once (after fencing or an unknown outcome); it must
+        not have side effects other than capturing values for the caller.
+
+        :param retry: retry on a new epoch after fencing (default); False raises WriterFencedError.
+        :raises WriterFencedError: fenced and ``retry=False`` (or retries exhausted).
+        :raises WriterBusyError: FAIL_FAST mode and another instance holds the writer.
+        :raises OperationTimeoutError: the writer did not come free within ``acquire_timeout``.
+        :raises SerializationError: an op could not be serialized; nothing was appended.
+        """
+        return self.write_async(ops_generator, reader, retry=retry).result()
+
+    def write_async(
+        self, ops_generator: Callable[[S], Iterable[O]], reader: Callable[[S], R] | None = None, *, retry: bool = True
+    ) -> Future:
+        """:meth:`write` without waiting: returns a Future. Writes queued together share one record."""
+        return self._submit(ops_generator, reader, retry=retry, barrier=False)
+
+    def _submit(self, generator: Any, reader: Any, *, retry: bool, barrier: bool) -> Future:
+        w = _Write(next(self._seq), generator, reader, retry, barrier)
+        with self._cv:
+            if self._closed:
+                raise ClosedError(f"state manager of {self.topic} is closed")
+            self._queue.append(w)
+            if self._committer is None:
+                self._committer = threading.Thread(
+                    target=self._commit_loop, name=f"pulsarstate-commit-{self.topic}", daemon=True
+                )
+                self._committer.start()
+            self._cv.notify()
+        return w.future
+
+    # ------------------------------------------------------------------ committer
+    def _commit_loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._closed:
+                    if self._writer is not None and self.writer_idle_timeout is not None:
+                        idle_left = self._last_write + self.writer_idle_timeout - time.monotonic()
+                        if idle_left <= 0:
+                            self._release_idle_writer()
+                            continue
+                        self._cv.wait(timeout=idle_left)
+                    else:
+                        self._cv.wait()
+                if self._closed:
+                    return
+                batch = [self._queue.popleft() for _ in range(min(len(self._queue), self.max_group_writes))]
+            self._commit(batch)
+            self._last_write = time.monotonic()
+
+    def _release_idle_writer(self) -> None:
+        with self._lock:
+            if self._writer is not None:
+                log.info("%s: releasing the idle writer (epoch %d)", self.topic, self._writer.epoch)
+                self._drop_writer()
+
+    def _commit(self, batch: list[_Write]) -> None:
+        attempt = 0
+        while True:
+            batch = [w for w in batch if not w.future.done()]
+            if not batch:
+                return
+            try:
+                with self._lock:
+                    self._ensure_state()
+                    self._ensure_writer()
+                    self._stage_and_append(batch)
+                return
+            except _Restage:
+                continue  # the state is marked broken: rebuild it and stage the other writes again
+            except (WriterFencedError, UnknownOutcomeError) as exc:
+                attempt += 1
+                self.stats["retries"] += 1
+                log.warning("%s: write attempt %d failed (%s); looking for it in the log", self.topic, attempt, exc)
+                with self._lock:
+                    self._drop_writer()
+                    try:
+                        self._ensure_state()  # rebuilds if ops were applied; finds writes that did land
+                    except PulsarStateError as rebuild_exc:
+                        log.warning("%s: could not re-read the log yet: %s", self.topic, rebuild_exc)
+                for w in batch:
+                    if not w.retry or attempt > self.max_retries:
+                        self._inflight.pop(w.seq, None)
+                        w.fail(exc)
+            except BaseException as exc:  # noqa: BLE001 - every write must complete
+                with self._lock:
+                    self._drop_writer()
+                for w in batch:
+                    self._inflight.pop(w.seq, None)
+                    w.fail(exc)
+                if not isinstance(exc, Exception):
+                    raise
+                return
+
+    def _stage_and_append(self, batch: list[_Write]) -> None:
+        """Generate, serialize and apply each write's ops, then append them as one record."""
+        staged: list[tuple[_Write, list[O], list[bytes]]] = []
+        for w in batch:
+            if w.future.done():
+                continue
+            try:
+                ops = list(w.generator(self._state)) if w.generator is not None else []
+                payloads = [self._serialize(op) for op in ops]
+            except Exception as exc:  # the caller's generator or serializer: fail this write only
+                w.fail(exc)
+                continue
+            if ops:
+                self._broken = True  # until the append is acknowledged
+                try:
+                    for op in ops:
+                        self._apply_op(op)
+                    w.result = w.reader(self._state) if w.reader is not None else None
+                except Exception as exc:
+                    w.fail(exc)
+                    raise _Restage() from exc
+            else:
+                try:
+                    w.result = w.reader(self._state) if w.reader is not None else None
+                except Exception as exc:
+                    w.fail(exc)
+                    continue
+            staged.append((w, ops, payloads))
+        if not staged:
+            return
+        writer = self._writer
+        assert writer is not None
+        data = [(w.seq, payloads) for w, ops, payloads in staged if payloads]
+        if data:
+            offset = self._applied_offset + 1
+            for w, _, payloads in staged:
+                if payloads:
+                    self._inflight[w.seq] = w
+            writer.append(RecordKind.DATA, encode_writes(data), offset=offset, timeout=self.operation_timeout)
+            self._applied_offset = offset
+            self._broken = False
+            self.stats["records_appended"] += 1
+            now = time.time()
+            self._notify(offset, [op for _, ops, _ in staged for op in ops], now)
+        elif any(w.barrier for w, _, _ in staged):
+            writer.append(RecordKind.BARRIER, timeout=self.operation_timeout)
+        for w, _, _ in staged:
+            self._inflight.pop(w.seq, None)
+            w.succeed()
+        self.stats["writes_committed"] += len(staged)
+
+    def _serialize(self, op: O) -> bytes:
+        try:
+            data = self._serialize_op(op)
+        except SerializationError:
+            raise
+        except Exception as exc:
+            raise SerializationError(f"cannot serialize op {op!r} for {self.topic}: {exc}") from exc
+        if not isinstance(data, (bytes, bytearray)):
+            raise SerializationError(f"op serializer returned {type(data).__name__}, not bytes, for {op!r}")
+        return bytes(data)
+
+    # ------------------------------------------------------------------ state & log
+    def _apply_op(self, op: O) -> None:
+        new_state = self._applier(self._state, op)
+        if new_state is not None:
+            self._state = new_state
+
+    def _ensure_state(self) -> None:
+        """Build the state by replaying the log from the start when there is none (or it is suspect)."""
+        if self._closed:
+            raise ClosedError(f"state manager of {self.topic} is closed")
+        if not self._broken:
+            return
+        if self._reader is not None:
+            self._reader.close()
+            self.stats["rebuilds"] += 1
+        self._drop_writer()
+        self._reader = LogReader(self.backend, self.topic, on_corrupt=self.on_corrupt)
+        self._state = self._initializer()
+        self._applied_offset = -1
+        self._broken = False
+        try:
+            self._catch_up(bootstrap=True)
+        except BaseException:
+            self._broken = True
+            raise
+
+    def _ensure_writer(self) -> None:
+        """Take the writer if not held, then read up to our own EPOCH record."""
+        if self._writer is not None:
+            return
+        self._writer = open_writer(
+            self.backend, self.topic, writer_id=self.writer_id, mode=self.acquire_mode,
+            timeout=self.acquire_timeout, max_frame_bytes=self.max_frame_bytes,
+        )
+        self.stats["acquisitions"] += 1
+        epoch = self._writer.epoch
+        reader = self._reader
+        assert reader is not None
+        deadline = time.monotonic() + self.operation_timeout
+        while True:
+            record = reader.read_next(timeout=max(0.001, deadline - time.monotonic()))
+            if record is None:
+                self._drop_writer()
+                raise OperationTimeoutError(
+                    f"{self.topic}: did not read back our own epoch {epoch} record within {self.operation_timeout:.1f}s"
+                )
+            if record.kind is RecordKind.EPOCH and record.writer_id == self.writer_id and record.epoch == epoch:
+                log.debug("%s: writer at epoch %d caught up to offset %d", self.topic, epoch, self._applied_offset)
+                return
+            self._apply_record(record)
+
+    def _drop_writer(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def _catch_up(self, *, bootstrap: bool = False) -> None:
+        """Read and apply everything up to the tail as it is now."""
+        reader = self._reader
+        assert reader is not None
+        progress = Progress(
+            log, f"replaying {self.topic}" if bootstrap else f"catching up {self.topic}",
+            interval=self.progress_interval, unit="records", quiet=not bootstrap,
+        )
+        while (record := reader.read_next(timeout=self.operation_timeout, drain=True)) is not None:
+            self._apply_record(record)
+            progress.tick(offset=self._applied_offset)
+        progress.done(offset=self._applied_offset)
+
+    def _apply_record(self, record: LogRecord) -> None:
+        if record.kind is not RecordKind.DATA or record.offset <= self._applied_offset:
+            return
+        try:
+            writes = [(seq, [self._deserialize_op(p) for p in ops]) for seq, ops in decode_writes(record.body)]
+        except Exception as exc:  # FrameError or the op deserializer rejecting the entry
+            err = CorruptEntryError(topic=self.topic, position=f"offset {record.offset}", cause=_describe(exc))
+            if self.on_corrupt == "raise":
+                self._broken = True  # stop here; the next use replays again and stops again
+                raise err from exc
+            log.error("skipping %s (on_corrupt='skip')", err)
+            self._applied_offset = record.offset
+            return
+        mine = record.writer_id == self.writer_id
+        for seq, ops in writes:
+            try:
+                for op in ops:
+                    self._apply_op(op)
+            except Exception as exc:
+                self._broken = True
+                raise CorruptEntryError(
+                    topic=self.topic, position=f"offset {record.offset}", cause=f"applier failed: {_describe(exc)}"
+                ) from exc
+            w = self._inflight.pop(seq, None) if mine else None
+            if w is not None:  # our own write whose acknowledgement was lost: it did land
+                log.info("%s: write %d found in the log at offset %d; not sending it again", self.topic, seq, record.offset)
+                try:
+                    w.result = w.reader(self._state) if w.reader is not None else None
+                    w.succeed()
+                except Exception as exc:
+                    w.fail(exc)
+        self._applied_offset = record.offset
+        self._notify(record.offset, [op for _, ops in writes for op in ops], record.publish_time)
+
+    def _notify(self, offset: int, ops: list[O], publish_time: float) -> None:
+        if offset <= self._notified_offset:
+            return
+        self._notified_offset = offset
+        for listener in self._listeners:
+            for op in ops:
+                try:
+                    listener(Change(offset, op, publish_time))
+                except Exception:
+                    log.exception("%s: change listener %r failed at offset %d", self.topic, listener, offset)
+
+    def _follow(self) -> None:
+        interval = self._follow_interval or 0.1
+        while not self._stop.wait(interval):
+            try:
+                with self._lock:
+                    self._ensure_state()
+                    self._catch_up()
+            except PulsarStateError as exc:
+                log.warning("%s: follower could not catch up: %s", self.topic, exc)
+
+
+class _Restage(PulsarStateError):
+    """Internal: the applier failed on a freshly generated op; rebuild and stage again."""
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

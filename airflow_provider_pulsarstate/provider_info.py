@@ -1,0 +1,50 @@
+"""The provider metadata Airflow reads through the ``apache_airflow_provider`` entry point."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from airflow_provider_pulsarstate import __version__
+from airflow_provider_pulsarstate.hooks.connection_form import (
+    CONN_FIELDS,
+    CONN_TYPE,
+    HOOK_CLASS_NAME,
+    HOOK_NAME,
+    UI_FIELD_BEHAVIOUR,
+)
+
+PACKAGE_NAME = "airflow-provider-pulsarstate"
+
+
+def provider_info() -> dict[str, Any]:
+    """The dict ``get_provider_info()`` returns (connection types, hooks, operators, ...)."""
+    return {
+        "package-name": PACKAGE_NAME,
+        "name": "Pulsar State",
+        "description": "Consistent shared state for pipelines, kept in an Apache Pulsar topic.",
+        "versions": [__version__],
+        "integrations": [
+            {
+                "integration-name": "Pulsar State",
+                "external-doc-url": "https://pulsar.apache.org/",
+                "tags": ["software"],
+            }
+        ],
+        "hooks": [
+            {
+                "integration-name": "Pulsar State",
+                "python-modules": ["airflow_provider_pulsarstate.hooks.pulsarstate"],
+            }
+        ],
+        "connection-types": [
+            {
+                "connection-type": CONN_TYPE,
+                "hook-class-name": HOOK_CLASS_NAME,
+                "hook-name": HOOK_NAME,
+                # copies: Airflow may mutate what it is given
+                "conn-fields": copy.deepcopy(CONN_FIELDS),
+                "ui-field-behaviour": copy.deepcopy(UI_FIELD_BEHAVIOUR),
+            }
+        ],
+    }

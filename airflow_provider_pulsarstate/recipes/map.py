@@ -1,0 +1,294 @@
+"""PulsarMap: a replicated key-value table on one topic (the PIP-137 PulsarMap, Pythonic)."""
+
+from __future__ import annotations
+
+import struct
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Hashable, Literal, TypeVar
+
+from airflow_provider_pulsarstate.backends.base import Backend
+from airflow_provider_pulsarstate.errors import SerializationError, ValueTooLargeError
+from airflow_provider_pulsarstate.manager import Change, SharedStateManager
+from airflow_provider_pulsarstate.serde import JSON, STR, Serde
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+_PUT, _DELETE, _CLEAR = 1, 2, 3
+_KEY_LEN = struct.Struct(">I")
+DEFAULT_MAX_VALUE_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class MapChange(Generic[K, V]):
+    """One committed change, as listeners receive it."""
+
+    type: Literal["set", "delete", "clear"]
+    key: K | None
+    value: V | None
+    offset: int
+    publish_time: float
+
+
+class PulsarMap(Generic[K, V]):
+    """A key-value table every instance replicates from the log; writes go through one writer.
+
+    Example::
+
+        from airflow_provider_pulsarstate import ConnectionConfig, PulsarMap, open_backend
+
+        backend = open_backend(ConnectionConfig(url="pulsar://localhost:6650"))
+        with PulsarMap(backend, "persistent://public/default/assignments") as assignments:
+            assignments.put("shard-1", {"owner": "worker-a"})
+            assignments.update("runs", lambda k, v: (v or 0) + 1)  # atomic read-modify-write
+            assignments.get("shard-1", latest=True)                 # -> {"owner": "worker-a"}
+
+    Consistency: ``get``/``scan`` answer from the local replica (``latest=True`` first reads up
+    to the tail; ``linearizable=True`` also proves no newer writer exists). Every write is a
+    read-modify-write on the latest state under the exclusive writer, so ``update`` is atomic
+    across instances. Return values follow the PIP: a single-key write returns the key's value
+    after the write (None when absent); :meth:`pop` returns the value before.
+
+    A write whose result equals the current value appends nothing.
+
+    :param backend: where the log lives.
+    :param topic: the fully qualified topic.
+    :param key_serde: keys <-> bytes (UTF-8 strings by default).
+    :param value_serde: values <-> bytes (JSON by default).
+    :param max_value_bytes: larger serialized values are refused with ValueTooLargeError
+        before anything is appended.
+    :param manager_options: passed to :class:`SharedStateManager` (acquire_mode, timeouts, ...).
+    :raises SerializationError: a key or value cannot be serialized (nothing is appended).
+    :raises CorruptEntryError: the log holds an entry that is not a valid map op.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        topic: str,
+        *,
+        key_serde: Serde[K] = STR,  # type: ignore[assignment]
+        value_serde: Serde[V] = JSON,
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+        **manager_options: Any,
+    ) -> None:
+        self.topic = topic
+        self.key_serde = key_serde
+        self.value_serde = value_serde
+        self.max_value_bytes = max_value_bytes
+        self.manager: SharedStateManager[dict[K, V], tuple[int, Any, Any]] = SharedStateManager(
+            backend,
+            topic,
+            initializer=dict,
+            applier=_apply,
+            op_serializer=self._serialize_op,
+            op_deserializer=self._deserialize_op,
+            **manager_options,
+        )
+
+    # ------------------------------------------------------------------ op codec
+    def _serialize_op(self, op: tuple[int, Any, Any]) -> bytes:
+        kind, key, value = op
+        if kind == _CLEAR:
+            return bytes([_CLEAR])
+        try:
+            key_bytes = self.key_serde.serialize(key)
+        except Exception as exc:
+            raise SerializationError(f"{self.topic}: cannot serialize key {key!r}: {exc}") from exc
+        if kind == _DELETE:
+            return bytes([_DELETE]) + key_bytes
+        try:
+            value_bytes = self.value_serde.serialize(value)
+        except Exception as exc:
+            raise SerializationError(f"{self.topic}: cannot serialize the value of key {key!r}: {exc}") from exc
+        if len(value_bytes) > self.max_value_bytes:
+            raise ValueTooLargeError(
+                f"{self.topic}: value of key {key!r} is {len(value_bytes):,} bytes, over the "
+                f"{self.max_value_bytes:,}-byte limit (max_value_bytes)"
+            )
+        return bytes([_PUT]) + _KEY_LEN.pack(len(key_bytes)) + key_bytes + value_bytes
+
+    def _deserialize_op(self, data: bytes) -> tuple[int, Any, Any]:
+        if not data:
+            raise ValueError("empty map op")
+        kind = data[0]
+        if kind == _CLEAR:
+            return (_CLEAR, None, None)
+        if kind == _DELETE:
+            return (_DELETE, self.key_serde.deserialize(data[1:]), None)
+        if kind == _PUT:
+            (n,) = _KEY_LEN.unpack_from(data, 1)
+            key = self.key_serde.deserialize(data[5 : 5 + n])
+            return (_PUT, key, self.value_serde.deserialize(data[5 + n :]))
+        raise ValueError(f"unknown map op type {kind}")
+
+    # ------------------------------------------------------------------ reads
+    def get(self, key: K, *, latest: bool = False, linearizable: bool = False) -> V | None:
+        """The value of ``key``, or None."""
+        return self.get_or_default(key, None, latest=latest, linearizable=linearizable)
+
+    def get_or_default(self, key: K, default: V | None, *, latest: bool = False, linearizable: bool = False) -> V | None:
+        """The value of ``key``, or ``default``."""
+        return self.manager.read(lambda m: m.get(key, default), latest=latest, linearizable=linearizable)
+
+    def scan(
+        self, filter: Callable[[K], bool], processor: Callable[[K, V], None], *, latest: bool = False
+    ) -> int:
+        """Call ``processor(key, value)`` for every key that ``filter`` accepts; returns how many.
+
+        Runs on one consistent snapshot (no write is applied in the middle of a scan).
+        """
+
+        def run(m: dict[K, V]) -> int:
+            n = 0
+            for k, v in m.items():
+                if filter(k):
+                    processor(k, v)
+                    n += 1
+            return n
+
+        return self.manager.read(run, latest=latest)
+
+    def list_keys(self, *, latest: bool = False) -> list[K]:
+        """All keys, in insertion order."""
+        return self.manager.read(lambda m: list(m), latest=latest)
+
+    def to_dict(self, *, latest: bool = False) -> dict[K, V]:
+        """A shallow copy of the whole table."""
+        return self.manager.read(dict, latest=latest)
+
+    def size(self, *, latest: bool = False) -> int:
+        """Number of keys."""
+        return self.manager.read(len, latest=latest)
+
+    # ------------------------------------------------------------------ writes
+    def update(self, key: K, operation: Callable[[K, V | None], V | None], *, retry: bool = True) -> V | None:
+        """Atomically set ``key`` to ``operation(key, current)``; None deletes it. Returns the new value.
+
+        ``operation`` may run more than once (after fencing); it must be free of side effects.
+        """
+        return self.update_async(key, operation, retry=retry).result()
+
+    def update_async(self, key: K, operation: Callable[[K, V | None], V | None], *, retry: bool = True) -> Future:
+        """:meth:`update` returning a Future; concurrent updates share one commit."""
+
+        def ops(m: dict[K, V]) -> list[tuple[int, Any, Any]]:
+            present = key in m
+            current = m.get(key)
+            new = operation(key, current)
+            if new is None:
+                return [(_DELETE, key, None)] if present else []
+            if present and new == current:
+                return []
+            return [(_PUT, key, new)]
+
+        return self.manager.write_async(ops, lambda m: m.get(key), retry=retry)
+
+    def update_multiple(
+        self, filter: Callable[[K], bool], operation: Callable[[K, V], V | None], *, retry: bool = True
+    ) -> int:
+        """Apply ``operation`` to every key ``filter`` accepts, all in one atomic write.
+
+        None deletes the key. Returns the number of keys changed.
+        """
+        changed: list[int] = [0]
+
+        def ops(m: dict[K, V]) -> list[tuple[int, Any, Any]]:
+            out = []
+            for k, v in m.items():
+                if not filter(k):
+                    continue
+                new = operation(k, v)
+                if new is None:
+                    out.append((_DELETE, k, None))
+                elif new != v:
+                    out.append((_PUT, k, new))
+            changed[0] = len(out)
+            return out
+
+        self.manager.write(ops, retry=retry)
+        return changed[0]
+
+    def put(self, key: K, value: V, *, retry: bool = True) -> V | None:
+        """Set ``key`` to ``value``; returns the value after the write (``value``)."""
+        return self.update(key, lambda k, v: value, retry=retry)
+
+    def put_async(self, key: K, value: V, *, retry: bool = True) -> Future:
+        """:meth:`put` returning a Future."""
+        return self.update_async(key, lambda k, v: value, retry=retry)
+
+    def put_if_absent(self, key: K, value: V, *, retry: bool = True) -> V | None:
+        """Set ``key`` only when it has no value; returns the value after (existing or ``value``)."""
+        return self.update(key, lambda k, v: value if v is None else v, retry=retry)
+
+    def replace(self, key: K, expected: V | None, value: V, *, retry: bool = True) -> V | None:
+        """Compare-and-set: set ``key`` to ``value`` only when it currently equals ``expected``
+        (None: absent). Returns the value after the write."""
+        return self.update(key, lambda k, v: value if v == expected else v, retry=retry)
+
+    def delete(self, key: K, *, retry: bool = True) -> None:
+        """Remove ``key`` (PIP semantics: returns the value after, i.e. None)."""
+        self.update(key, lambda k, v: None, retry=retry)
+
+    def pop(self, key: K, *, retry: bool = True) -> V | None:
+        """Remove ``key`` and return the value it had."""
+        before: list[Any] = [None]
+
+        def ops(m: dict[K, V]) -> list[tuple[int, Any, Any]]:
+            before[0] = m.get(key)
+            return [(_DELETE, key, None)] if key in m else []
+
+        self.manager.write(ops, retry=retry)
+        return before[0]
+
+    def clear(self, *, retry: bool = True) -> int:
+        """Remove every key in one atomic write; returns how many there were."""
+        count: list[int] = [0]
+
+        def ops(m: dict[K, V]) -> list[tuple[int, Any, Any]]:
+            count[0] = len(m)
+            return [(_CLEAR, None, None)] if m else []
+
+        self.manager.write(ops, retry=retry)
+        return count[0]
+
+    # ------------------------------------------------------------------ listeners & lifecycle
+    def add_listener(self, listener: Callable[[MapChange[K, V]], None]) -> None:
+        """Call ``listener`` for every committed change from now on (like TableView's listen).
+
+        Changes by other instances arrive on the next read with ``latest=True``, or by
+        themselves when the map was created with ``follow_interval``.
+        """
+
+        def on_change(change: Change[tuple[int, Any, Any]]) -> None:
+            kind, key, value = change.op
+            name = {_PUT: "set", _DELETE: "delete", _CLEAR: "clear"}[kind]
+            listener(MapChange(name, key, value, change.offset, change.publish_time))  # type: ignore[arg-type]
+
+        self.manager.add_listener(on_change)
+
+    def start(self) -> "PulsarMap[K, V]":
+        """Replay the log now instead of on first use."""
+        self.manager.start()
+        return self
+
+    def close(self) -> None:
+        """Release the writer and the reader (the back end stays open)."""
+        self.manager.close()
+
+    def __enter__(self) -> "PulsarMap[K, V]":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _apply(state: dict[Any, Any], op: tuple[int, Any, Any]) -> None:
+    kind, key, value = op
+    if kind == _PUT:
+        state[key] = value
+    elif kind == _DELETE:
+        state.pop(key, None)
+    else:
+        state.clear()

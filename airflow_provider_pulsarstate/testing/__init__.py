@@ -1,0 +1,10 @@
+"""Test support shipped with the provider (like ``kazoo.testing``): use it in your own DAG tests.
+
+* :mod:`.harness`: a fault-injecting back end (lose an acknowledgement, die half-way through a
+  record) and :func:`~.harness.wait_until`, a polling wait with a deadline.
+* :mod:`.broker`: a real Pulsar standalone broker from Maven Central, no Docker.
+"""
+
+from airflow_provider_pulsarstate.testing.harness import FaultInjectingBackend, wait_until
+
+__all__ = ["FaultInjectingBackend", "wait_until"]

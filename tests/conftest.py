@@ -1,0 +1,70 @@
+"""Session fixtures: one real Pulsar broker for the whole run, and per-test back ends.
+
+The broker is started by the test session itself (no Docker). Set PULSARSTATE_TEST_SERVICE_URL
+and PULSARSTATE_TEST_ADMIN_URL to use a broker you started yourself instead. A broker that does
+not come up is an error, never a skip: deselect Pulsar tests explicitly with ``-m "not pulsar"``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Iterator
+
+import pytest
+
+from airflow_provider_pulsarstate import ConnectionConfig, open_backend
+from airflow_provider_pulsarstate.backends.base import Backend
+
+ARTIFACTS = Path(os.environ.get("PULSARSTATE_ARTIFACTS", Path(__file__).resolve().parent.parent / ".artifacts"))
+
+
+@pytest.fixture(scope="session")
+def pulsar_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """The session's real Pulsar broker (``service_url``, ``admin_url``)."""
+    url = os.environ.get("PULSARSTATE_TEST_SERVICE_URL")
+    if url:
+        yield SimpleNamespace(service_url=url, admin_url=os.environ.get("PULSARSTATE_TEST_ADMIN_URL", ""))
+        return
+    from airflow_provider_pulsarstate.testing.broker import PulsarStandalone
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    broker = PulsarStandalone(
+        data_dir=tmp_path_factory.mktemp("pulsar-data"), log_file=ARTIFACTS / "pulsar-broker.log"
+    )
+    broker.start()
+    logging.getLogger(__name__).info("test broker up at %s / %s", broker.service_url, broker.admin_url)
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def pulsar_config(broker: object, **options: object) -> ConnectionConfig:
+    """A ConnectionConfig for the test broker."""
+    opts: dict = {"operation_timeout": 15.0, **options}
+    return ConnectionConfig(url=broker.service_url, admin_url=broker.admin_url, **opts)  # type: ignore[attr-defined]
+
+
+@pytest.fixture(params=["embedded", pytest.param("pulsar", marks=pytest.mark.pulsar)])
+def backend_config(request: pytest.FixtureRequest, tmp_path: Path) -> ConnectionConfig:
+    """Each test using this runs once per back end."""
+    if request.param == "embedded":
+        return ConnectionConfig(url=str(tmp_path / "state.db"), operation_timeout=15.0)
+    return pulsar_config(request.getfixturevalue("pulsar_broker"))
+
+
+@pytest.fixture
+def backend(backend_config: ConnectionConfig) -> Iterator[Backend]:
+    b = open_backend(backend_config)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def topic() -> str:
+    """A fresh topic per test (the per-test namespace)."""
+    return f"persistent://public/default/test-{uuid.uuid4().hex[:12]}"
