@@ -39,7 +39,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterable, TypeVar
 
@@ -187,6 +187,7 @@ class SharedStateManager(Generic[S, O]):
 
         self._seq = itertools.count(1)
         self._queue: deque[_Write] = deque()
+        self._last_submitted: Future | None = None
         self._cv = threading.Condition()
         self._committer: threading.Thread | None = None
         self._last_write = time.monotonic()
@@ -258,13 +259,17 @@ class SharedStateManager(Generic[S, O]):
     def read(self, reader: Callable[[S], R], *, latest: bool = False, linearizable: bool = False) -> R:
         """Run ``reader`` on the state and return its result.
 
-        :param latest: first read up to the tail as it is at the time of the call.
+        :param latest: first read up to the tail as it is at the time of the call, after this
+            instance's own earlier writes (even un-awaited ``write_async`` ones) completed:
+            read-your-writes.
         :param linearizable: go through the exclusive writer (appends a BARRIER record): the
             answer reflects every write acknowledged to anyone before the call.
         :raises CorruptEntryError: a log entry could not be applied (``on_corrupt="raise"``).
         """
         if linearizable:
             return self._submit(None, reader, retry=True, barrier=True).result()
+        if latest and (last := self._last_submitted) is not None:
+            wait([last])  # writes complete in submission order; its outcome is the writer's business
         with self._lock:
             self._ensure_state()
             if latest:
@@ -309,6 +314,7 @@ class SharedStateManager(Generic[S, O]):
             if self._closed:
                 raise ClosedError(f"state manager of {self.topic} is closed")
             self._queue.append(w)
+            self._last_submitted = w.future
             if self._committer is None:
                 self._committer = threading.Thread(
                     target=self._commit_loop, name=f"pulsarstate-commit-{self.topic}", daemon=True

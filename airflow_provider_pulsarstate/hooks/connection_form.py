@@ -79,7 +79,9 @@ UI_FIELD_BEHAVIOUR: Final[dict[str, Any]] = {
     # (service URL, auth token) for connections written in the URI or JSON form.
     "hidden-fields": ["host", "port", "schema", "login", "password"],
     "relabeling": {},
-    "placeholders": {"description": "Shared pipeline state (Pulsar broker or embedded log)"},
+    # Airflow 3.3 renders placeholders for the standard fields only (all hidden here); the
+    # extra fields carry ``examples`` in their schema instead, which the form offers as choices.
+    "placeholders": {},
 }
 """``ui-field-behaviour`` of the connection type (provider-info, kebab-case keys)."""
 

@@ -210,15 +210,22 @@ def _run_maven(mvn: str, work_dir: Path, out_dir: Path, version: str, settings: 
         errors="replace",
     )
     assert proc.stdout is not None
-    for raw in proc.stdout:
-        line = raw.rstrip("\n")
-        tail.append(line)
-        log.debug("mvn: %s", line)
-        if line.startswith("[INFO] Downloaded from"):
-            downloaded += 1
-            if downloaded % 100 == 0:
-                log.info("... %d artifacts downloaded (%.0f s)", downloaded, time.monotonic() - started)
-    rc = proc.wait()
+    try:
+        for raw in proc.stdout:
+            line = raw.rstrip("\n")
+            tail.append(line)
+            log.debug("mvn: %s", line)
+            if line.startswith("[INFO] Downloaded from"):
+                downloaded += 1
+                if downloaded % 100 == 0:
+                    log.info("... %d artifacts downloaded (%.0f s)", downloaded, time.monotonic() - started)
+        rc = proc.wait()
+    except BaseException:  # interrupted: do not leave Maven writing into a directory about to be removed
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        proc.stdout.close()
     log.info("mvn finished with exit code %d after %.1f s (%d downloads)", rc, time.monotonic() - started, downloaded)
     return rc, list(tail)
 
@@ -355,6 +362,28 @@ def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
     return "\n".join(data.splitlines()[-lines:])
 
 
+_HARMLESS_ERRORS = ("Problems reading from",)  # bookie journal lastMark on a first start
+
+
+def _first_errors(path: Path, offset: int, limit: int = 10) -> list[str]:
+    """The first ERROR / ``Caused by`` lines written to *path* after byte *offset*."""
+    found: list[str] = []
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            for raw in handle:
+                line = raw.decode("utf-8", errors="replace").rstrip()
+                if (" ERROR " in line or line.lstrip().startswith("Caused by:")) and not any(
+                    marker in line for marker in _HARMLESS_ERRORS
+                ):
+                    found.append(line[:500])
+                    if len(found) >= limit:
+                        break
+    except OSError:
+        pass
+    return found
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -452,6 +481,7 @@ class PulsarStandalone:
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_handle: IO[bytes] | None = None
         self._atexit_registered = False
+        self._log_offset = 0
 
     # ----- public API -----------------------------------------------------------------------
 
@@ -512,6 +542,7 @@ class PulsarStandalone:
         self._log_handle = open(self.log_file, "ab")
         self._log_handle.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}\n".encode())
         self._log_handle.flush()
+        self._log_offset = self._log_handle.tell()
         started = time.monotonic()
         log.info("Starting Pulsar %s standalone at %s (admin %s, data %s)", self.version, self.service_url, self.admin_url, self.data_dir)
         self._proc = subprocess.Popen(
@@ -617,15 +648,9 @@ class PulsarStandalone:
             while True:
                 rc = self._proc.poll()
                 if rc is not None:
-                    raise PulsarBrokerError(
-                        f"Pulsar broker exited with code {rc} before it was ready. Last {_LOG_TAIL_LINES} "
-                        f"lines of {self.log_file}:\n{_tail(self.log_file)}"
-                    )
+                    raise PulsarBrokerError(f"Pulsar broker exited with code {rc} before it was ready." + self._log_excerpt())
                 if time.monotonic() > deadline:
-                    raise PulsarBrokerError(
-                        f"Pulsar broker not ready after {timeout:.0f} s ({last}). Last {_LOG_TAIL_LINES} "
-                        f"lines of {self.log_file}:\n{_tail(self.log_file)}"
-                    )
+                    raise PulsarBrokerError(f"Pulsar broker not ready after {timeout:.0f} s ({last})." + self._log_excerpt())
                 try:
                     ns = session.get(f"{self.admin_url}/admin/v2/namespaces/public/default", timeout=5)
                     if ns.status_code != 200:
@@ -640,6 +665,13 @@ class PulsarStandalone:
                 time.sleep(0.5)
         finally:
             session.close()
+
+    def _log_excerpt(self) -> str:
+        errors = _first_errors(self.log_file, self._log_offset)
+        text = ""
+        if errors:
+            text += f"\nFirst errors in {self.log_file}:\n" + "\n".join(errors)
+        return text + f"\nLast {_LOG_TAIL_LINES} lines of {self.log_file}:\n{_tail(self.log_file)}"
 
     def _kill_quietly(self) -> None:
         with contextlib.suppress(Exception):

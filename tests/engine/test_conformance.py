@@ -262,6 +262,13 @@ def test_read_latest_sees_the_tail_and_linearizable_goes_through_the_writer(maps
     assert len(records(backend, topic, kind=RecordKind.BARRIER)) == 1
 
 
+def test_read_latest_includes_own_unawaited_writes(maps: Any) -> None:
+    m = maps()
+    for i in range(200):
+        m.put_async(f"k{i}", i)  # not awaited
+    assert m.size(latest=True) == 200
+
+
 def test_bootstrap_replays_with_progress(maps: Any, caplog: pytest.LogCaptureFixture) -> None:
     w = maps()
     futures = [w.put_async(f"k{i}", i) for i in range(3000)]

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs everything the project needs into ./.venv (idempotent; fast when nothing changed).
+# Java 17 + Maven are needed for the test broker; installed from Debian when missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v java >/dev/null 2>&1 || ! command -v mvn >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1; then
+        echo "bootstrap: installing Java 17 and Maven from Debian" >&2
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jdk-headless maven >/dev/null
+    else
+        echo "bootstrap: Java 17 and Maven are required (for the test broker); please install them" >&2
+        exit 1
+    fi
+fi
+
+PY=${PYTHON:-python3}
+if ! "$PY" -m uv --version >/dev/null 2>&1 && ! command -v uv >/dev/null 2>&1; then
+    "$PY" -m pip install -q --disable-pip-version-check uv
+fi
+UV="uv"; command -v uv >/dev/null 2>&1 || UV="$PY -m uv"
+
+stamp=.venv/.installed-$(cat pyproject.toml | sha1sum | cut -c1-12)
+if [ ! -f "$stamp" ]; then
+    [ -x .venv/bin/python ] || $UV venv -q --python "$PY" .venv
+    echo "bootstrap: installing the project and its dependencies into .venv" >&2
+    $UV pip install -q --python .venv/bin/python -e ".[test]"
+    rm -f .venv/.installed-*
+    touch "$stamp"
+fi

@@ -1,0 +1,85 @@
+"""Fixtures for the Airflow layer: a throw-away AIRFLOW_HOME, a migrated metadata DB, env connections.
+
+Airflow reads AIRFLOW_HOME and its configuration once, when ``airflow`` is first imported, which
+happens while test modules are collected. So the environment is set when this conftest is
+imported (before any test module here), and restored when the session ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+AIRFLOW_BIN = str(Path(sys.executable).with_name("airflow"))
+
+_HOME = Path(tempfile.mkdtemp(prefix="pulsarstate-airflow-home-"))
+_ENV = {
+    "AIRFLOW_HOME": str(_HOME),
+    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{_HOME / 'airflow.db'}",
+    "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+    "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+    "AIRFLOW__API_AUTH__JWT_SECRET": "pulsarstate-tests-only-" + "0123456789abcdef" * 4,
+    "AIRFLOW__CORE__TEST_CONNECTION": "Enabled",
+}
+_SAVED = {name: os.environ.get(name) for name in [*_ENV, "AIRFLOW_CONN_PULSARSTATE_DEFAULT"]}
+if "airflow.configuration" not in sys.modules:
+    os.environ.update(_ENV)
+    os.environ.pop("AIRFLOW_CONN_PULSARSTATE_DEFAULT", None)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def airflow_home() -> Iterator[Path]:
+    """The session's AIRFLOW_HOME (a temp dir, removed at the end)."""
+    from airflow import configuration
+
+    if Path(configuration.AIRFLOW_HOME).resolve() != _HOME.resolve():
+        pytest.fail(
+            f"airflow was imported before tests/airflow/conftest.py could point AIRFLOW_HOME at {_HOME} "
+            f"(it uses {configuration.AIRFLOW_HOME}); import Airflow lazily in earlier conftests"
+        )
+    try:
+        yield _HOME
+    finally:
+        for name, value in _SAVED.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        shutil.rmtree(_HOME, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def airflow_db(airflow_home: Path) -> Path:
+    """A migrated metadata DB (``airflow db migrate`` once per session, ~30-60 s)."""
+    result = subprocess.run(
+        [AIRFLOW_BIN, "db", "migrate"], env=os.environ.copy(), capture_output=True, text=True, timeout=600
+    )
+    if result.returncode != 0:
+        pytest.fail(f"airflow db migrate failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return airflow_home / "airflow.db"
+
+
+@pytest.fixture
+def env_connection(monkeypatch: pytest.MonkeyPatch) -> Callable[..., str]:
+    """Define an Airflow connection for one test through ``AIRFLOW_CONN_<ID>`` (JSON form).
+
+    ``env_connection("ps_x", extra={...}, host=...)`` returns the conn id.
+    """
+
+    def define(conn_id: str, *, conn_type: str = "pulsarstate", extra: dict[str, Any] | None = None, **attrs: Any) -> str:
+        body: dict[str, Any] = {"conn_type": conn_type, **attrs}
+        if extra is not None:
+            body["extra"] = extra
+        monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(body))
+        return conn_id
+
+    return define
