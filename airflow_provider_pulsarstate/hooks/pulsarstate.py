@@ -133,7 +133,10 @@ class PulsarStateHook(BaseHook):
             owned, self._owned = self._owned, []
             backend, self._backend, self._config = self._backend, None, None
         for obj in reversed(owned):
-            obj.close()
+            try:
+                obj.close()
+            except Exception:
+                self.log.warning("closing %r failed", obj, exc_info=True)
         if backend is not None:
             backend.close()
 
@@ -201,7 +204,10 @@ class PulsarStateHook(BaseHook):
             backend = open_backend(config)
             topic = config.topic_name(HEALTHCHECK_TOPIC)
             if config.kind == "pulsar":
-                answer = backend.admin.request("GET", "brokers/health").text.strip()  # type: ignore[attr-defined]
+                from airflow_provider_pulsarstate.backends.pulsar import PulsarBackend
+
+                assert isinstance(backend, PulsarBackend)
+                answer = backend.admin.request("GET", "brokers/health").text.strip()
                 if answer.lower() != "ok":
                     return False, f"{target}: the broker health check answered {answer[:200]!r}"
             reader = backend.create_reader(topic)

@@ -47,13 +47,11 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import TYPE_CHECKING, Any
 
 import requests
 
-if sys.version_info >= (3, 11):
-    from typing import Self
-else:  # pragma: no cover
+if TYPE_CHECKING:
     from typing_extensions import Self
 
 __all__ = [
@@ -127,7 +125,7 @@ _SETTINGS_XML = f"""<?xml version="1.0" encoding="UTF-8"?>
 <settings xmlns="http://maven.apache.org/SETTINGS/1.0.0">
   <mirrors>
     <mirror>
-      <id>central-only</id>
+      <id>central</id>
       <mirrorOf>*</mirrorOf>
       <url>{MAVEN_CENTRAL_URL}</url>
     </mirror>
@@ -180,7 +178,7 @@ def _foreign_repositories(output: Sequence[str]) -> set[str]:
     for line in output:
         for match in _REPO_IN_OUTPUT.finditer(line):
             repo_id = match.group(1)
-            if repo_id not in {"central", "central-only"}:
+            if repo_id != "central":
                 found.add(repo_id)
     return found
 
@@ -291,9 +289,7 @@ def ensure_classpath(*, version: str = PULSAR_VERSION, cache_dir: Path | None = 
                 )
             jars = sorted(p.name for p in jars_dir.glob("*.jar"))
             if f"pulsar-broker-{version}.jar" not in jars:
-                raise PulsarBrokerError(
-                    f"Maven succeeded but pulsar-broker-{version}.jar is missing from {jars_dir}"
-                )
+                raise PulsarBrokerError(f"Maven succeeded but pulsar-broker-{version}.jar is missing from {jars_dir}")
             (jars_dir / _COMPLETE_MARKER).write_text(
                 json.dumps({"version": version, "jars": len(jars), "created": time.time()}) + "\n"
             )
@@ -309,15 +305,19 @@ def ensure_classpath(*, version: str = PULSAR_VERSION, cache_dir: Path | None = 
 # --------------------------------------------------------------------------------------------
 
 
-def _free_ports(count: int) -> list[int]:
-    """Return *count* distinct loopback ports that are free right now."""
+def _free_ports(count: int, *, exclude: Sequence[int] = ()) -> list[int]:
+    """Return *count* distinct loopback ports that are free right now (and not in *exclude*)."""
     sockets: list[socket.socket] = []
+    ports: list[int] = []
     try:
-        for _ in range(count):
+        while len(ports) < count:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.bind((LOOPBACK, 0))
-            sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
+            sockets.append(sock)  # held open until all are picked, so they are distinct
+            port = sock.getsockname()[1]
+            if port not in exclude:
+                ports.append(port)
+        return ports
     finally:
         for sock in sockets:
             sock.close()
@@ -331,7 +331,9 @@ def _java_executable() -> str:
             return str(candidate)
     java = shutil.which("java")
     if java is None:
-        raise PulsarBrokerError("'java' (Java 17+) is not on PATH and JAVA_HOME is not set; the Pulsar broker needs it.")
+        raise PulsarBrokerError(
+            "'java' (Java 17+) is not on PATH and JAVA_HOME is not set; the Pulsar broker needs it."
+        )
     return java
 
 
@@ -469,9 +471,11 @@ class PulsarStandalone:
     ) -> None:
         self._owns_data_dir = data_dir is None
         self.data_dir: Path = (
-            Path(tempfile.mkdtemp(prefix="pulsarstate-broker-")) if data_dir is None else Path(data_dir).expanduser().resolve()
+            Path(tempfile.mkdtemp(prefix="pulsarstate-broker-"))
+            if data_dir is None
+            else Path(data_dir).expanduser().resolve()
         )
-        picked = iter(_free_ports(3))
+        picked = iter(_free_ports(3, exclude=(broker_port, web_port)))
         self.broker_port: int = broker_port or next(picked)
         self.web_port: int = web_port or next(picked)
         self.bookie_port: int = self._recorded_bookie_port() or next(picked)
@@ -479,7 +483,6 @@ class PulsarStandalone:
         self.heap = heap
         self.log_file: Path = Path(log_file).expanduser().resolve() if log_file else self.data_dir / "broker.log"
         self._proc: subprocess.Popen[bytes] | None = None
-        self._log_handle: IO[bytes] | None = None
         self._atexit_registered = False
         self._log_offset = 0
 
@@ -539,21 +542,27 @@ class PulsarStandalone:
         cmd = self._command(java, lib_dir, conf, log4j)
         env = {k: v for k, v in os.environ.items() if k not in {"PULSAR_STANDALONE_USE_ZOOKEEPER", "JAVA_TOOL_OPTIONS"}}
 
-        self._log_handle = open(self.log_file, "ab")
-        self._log_handle.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}\n".encode())
-        self._log_handle.flush()
-        self._log_offset = self._log_handle.tell()
         started = time.monotonic()
-        log.info("Starting Pulsar %s standalone at %s (admin %s, data %s)", self.version, self.service_url, self.admin_url, self.data_dir)
-        self._proc = subprocess.Popen(
-            cmd,
-            cwd=self.data_dir,  # must not contain data/standalone/zookeeper (that selects ZooKeeper mode)
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log_handle,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        log.info(
+            "Starting Pulsar %s standalone at %s (admin %s, data %s)",
+            self.version,
+            self.service_url,
+            self.admin_url,
+            self.data_dir,
         )
+        with open(self.log_file, "ab") as log_handle:  # the child keeps its own copy of the descriptor
+            log_handle.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}\n".encode())
+            log_handle.flush()
+            self._log_offset = log_handle.tell()
+            self._proc = subprocess.Popen(
+                cmd,
+                cwd=self.data_dir,  # must not contain data/standalone/zookeeper (that selects ZooKeeper mode)
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log_handle,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         if not self._atexit_registered:
             atexit.register(self._atexit)
             self._atexit_registered = True
@@ -577,9 +586,6 @@ class PulsarStandalone:
                 proc.wait(timeout=5)
             log.info("Pulsar broker pid %d stopped (exit code %s)", proc.pid, proc.returncode)
         self._proc = None
-        if self._log_handle is not None:
-            self._log_handle.close()
-            self._log_handle = None
 
     def restart(self, *, timeout: float = 240.0, grace: float = 20.0) -> Self:
         """Stop the broker and start it again with the same data directory and the same ports."""
@@ -599,6 +605,9 @@ class PulsarStandalone:
     ) -> None:
         self.stop()
         self._cleanup_owned_dir()
+        if self._atexit_registered:
+            atexit.unregister(self._atexit)
+            self._atexit_registered = False
 
     def __repr__(self) -> str:
         state = f"pid={self.pid}" if self.is_running() else "stopped"
@@ -648,9 +657,13 @@ class PulsarStandalone:
             while True:
                 rc = self._proc.poll()
                 if rc is not None:
-                    raise PulsarBrokerError(f"Pulsar broker exited with code {rc} before it was ready." + self._log_excerpt())
+                    raise PulsarBrokerError(
+                        f"Pulsar broker exited with code {rc} before it was ready." + self._log_excerpt()
+                    )
                 if time.monotonic() > deadline:
-                    raise PulsarBrokerError(f"Pulsar broker not ready after {timeout:.0f} s ({last})." + self._log_excerpt())
+                    raise PulsarBrokerError(
+                        f"Pulsar broker not ready after {timeout:.0f} s ({last})." + self._log_excerpt()
+                    )
                 try:
                     ns = session.get(f"{self.admin_url}/admin/v2/namespaces/public/default", timeout=5)
                     if ns.status_code != 200:
@@ -683,9 +696,6 @@ class PulsarStandalone:
             atexit.unregister(self._atexit)
             self._atexit_registered = False
         self._proc = None
-        if self._log_handle is not None:
-            self._log_handle.close()
-            self._log_handle = None
 
     def _cleanup_owned_dir(self) -> None:
         if self._owns_data_dir and not self.is_running():
@@ -697,9 +707,7 @@ class PulsarStandalone:
 
 
 def _xml_attr(value: str) -> str:
-    return (
-        value.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;").replace(">", "&gt;")
-    )
+    return value.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 # --------------------------------------------------------------------------------------------
@@ -713,9 +721,10 @@ def _state_path(data_dir: Path) -> Path:
 
 def _read_state(data_dir: Path) -> dict[str, Any] | None:
     try:
-        return json.loads(_state_path(data_dir).read_text())
+        state = json.loads(_state_path(data_dir).read_text())
     except (OSError, ValueError):
         return None
+    return state if isinstance(state, dict) and "pid" in state else None
 
 
 def _print_urls(service_url: str, admin_url: str) -> None:
@@ -734,7 +743,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # the terminal's SIGINT); set explicitly because a background shell job starts with SIGINT ignored.
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
-    broker = PulsarStandalone(data_dir=args.data_dir, broker_port=args.broker_port, web_port=args.web_port, version=args.version, heap=args.heap)
+    broker = PulsarStandalone(
+        data_dir=args.data_dir,
+        broker_port=args.broker_port,
+        web_port=args.web_port,
+        version=args.version,
+        heap=args.heap,
+    )
     state = _read_state(broker.data_dir)
     if state and _is_pulsar_pid(int(state["pid"])):
         print(f"a broker is already running from {broker.data_dir} (pid {state['pid']})", file=sys.stderr)
@@ -761,7 +776,9 @@ def _cmd_start(args: argparse.Namespace) -> int:
         print(f"already running (pid {state['pid']})")
         _print_urls(state["service_url"], state["admin_url"])
         return 0
-    broker = PulsarStandalone(data_dir=data_dir, broker_port=args.broker_port, web_port=args.web_port, version=args.version, heap=args.heap)
+    broker = PulsarStandalone(
+        data_dir=data_dir, broker_port=args.broker_port, web_port=args.web_port, version=args.version, heap=args.heap
+    )
     broker.start(timeout=args.timeout)
     assert broker.pid is not None
     state = {
@@ -837,7 +854,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--grace", type=float, default=20.0, help="stop: seconds between SIGTERM and SIGKILL")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(message)s"
+    )
     handlers = {"run": _cmd_run, "start": _cmd_start, "stop": _cmd_stop, "status": _cmd_status}
     try:
         return handlers[args.command](args)
