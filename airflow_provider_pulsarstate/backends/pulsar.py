@@ -170,11 +170,7 @@ class PulsarBackend(Backend):
             self._closed = True
         for child in children:
             child.close()
-        if self._client is not None:
-            try:
-                self._client.close()
-            except pulsar.PulsarException:
-                pass
+        _close_quietly(self._client)
         self.admin.close()
 
 
@@ -238,11 +234,7 @@ class PulsarWriter(RawWriter):
 
     def close(self) -> None:
         producer, self._producer = self._producer, None
-        if producer is not None:
-            try:
-                producer.close()
-            except pulsar.PulsarException:
-                pass
+        _close_quietly(producer)
 
 
 class PulsarReader(RawReader):
@@ -275,8 +267,13 @@ class PulsarReader(RawReader):
 
     def close(self) -> None:
         reader, self._reader = self._reader, None
-        if reader is not None:
-            try:
-                reader.close()
-            except pulsar.PulsarException:
-                pass
+        _close_quietly(reader)
+
+
+def _close_quietly(resource: pulsar.Client | pulsar.Producer | pulsar.Reader | None) -> None:
+    """Close a pulsar-client object; one that is already closed or disconnected is fine."""
+    if resource is not None:
+        try:
+            resource.close()
+        except pulsar.PulsarException:
+            pass
