@@ -76,3 +76,34 @@ class ValueTooLargeError(SerializationError):
 
 class ClosedError(PulsarStateError):
     """The object was closed and cannot be used any more."""
+
+
+class ViewError(PulsarStateError):
+    """Base of the temp-view errors."""
+
+
+class ViewNotFoundError(ViewError, KeyError):
+    """No view with that id exists on the table (never created, or expired and forgotten)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class ViewClosedError(ViewError):
+    """The view was dropped or expired: it can no longer be staged into or applied."""
+
+
+class ViewConflictError(ViewError):
+    """The table changed since the view's baseline in keys the diff touches.
+
+    :ivar keys: the conflicting keys (sorted). Apply again with ``overwrite=True`` to publish
+        anyway, or recreate the view from the new state.
+    """
+
+    def __init__(self, message: str, *, keys: list[str]) -> None:
+        super().__init__(message)
+        self.keys = keys
+
+
+class ViewScopeError(ViewError, ValueError):
+    """A staged key lies outside the view's scope; nothing was published."""

@@ -180,6 +180,7 @@ class SharedStateManager(Generic[S, O]):
         self._reader: LogReader | None = None
         self._writer: LogWriter | None = None
         self._applied_offset = -1
+        self._applying_offset = -1
         self._notified_offset = -1
         self._broken = True  # no state yet: (re)build on first use
         self._inflight: dict[int, _Write] = {}
@@ -249,6 +250,11 @@ class SharedStateManager(Generic[S, O]):
     def applied_offset(self) -> int:
         """Offset of the last record applied to the local state (-1 before any)."""
         return self._applied_offset
+
+    @property
+    def applying_offset(self) -> int:
+        """While the applier runs: the offset of the record its op belongs to (for versioning)."""
+        return self._applying_offset
 
     @property
     def holds_writer(self) -> bool:
@@ -400,6 +406,7 @@ class SharedStateManager(Generic[S, O]):
                 continue
             if ops:
                 self._broken = True  # until the append is acknowledged
+                self._applying_offset = self._applied_offset + 1
                 try:
                     for op in ops:
                         self._apply_op(op)
@@ -531,6 +538,7 @@ class SharedStateManager(Generic[S, O]):
             self._applied_offset = record.offset
             return
         mine = record.writer_id == self.writer_id
+        self._applying_offset = record.offset
         for seq, ops in writes:
             try:
                 for op in ops:

@@ -98,6 +98,18 @@ class Backend(ABC):
         """
 
     @abstractmethod
+    def open_shared_writer(self, topic: str) -> RawWriter:
+        """A non-exclusive appender (many at once, from many processes; ``epoch`` is -1).
+
+        For staging topics, whose entries are not ordered by a single writer. Never use it on a
+        topic that has an exclusive writer.
+        """
+
+    @abstractmethod
+    def delete_topic(self, topic: str) -> None:
+        """Delete the topic and its entries (a missing topic is fine)."""
+
+    @abstractmethod
     def create_reader(self, topic: str, *, start: Any = EARLIEST) -> RawReader:
         """A cursor positioned before ``start`` (EARLIEST or a position from a RawEntry, exclusive)."""
 

@@ -182,6 +182,23 @@ class EmbeddedBackend(Backend):
                 stale.unlink(missing_ok=True)
         return EmbeddedWriter(self, conn, topic, new_epoch, fd)
 
+    def open_shared_writer(self, topic: str) -> RawWriter:
+        return self._track(EmbeddedWriter(self, self.connect(), topic, -1, None))
+
+    def delete_topic(self, topic: str) -> None:
+        conn = self.connect()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("DELETE FROM entries WHERE topic = ?", (topic,))
+            conn.execute("DELETE FROM topics WHERE name = ?", (topic,))
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise BackendUnavailableError(f"cannot delete {self.topic_url(topic)}: {exc}") from exc
+        finally:
+            conn.close()
+
     # -- readers ----------------------------------------------------------------------------
     def create_reader(self, topic: str, *, start: Any = EARLIEST) -> RawReader:
         after = -1 if start == EARLIEST else int(start)
@@ -198,26 +215,27 @@ class EmbeddedBackend(Backend):
 
 
 class EmbeddedWriter(RawWriter):
-    """The exclusive writer of one topic in the embedded log."""
+    """The exclusive writer of one topic in the embedded log (or, with epoch -1, a shared appender)."""
 
-    def __init__(self, backend: EmbeddedBackend, conn: sqlite3.Connection, topic: str, epoch: int, fd: int) -> None:
+    def __init__(self, backend: EmbeddedBackend, conn: sqlite3.Connection, topic: str, epoch: int, fd: int | None) -> None:
         self.backend = backend
         self.topic = topic
         self.epoch = epoch
         self._conn = conn
         self._fd: int | None = fd
+        self._shared = epoch < 0
         self._lock = threading.Lock()
 
     def append(self, payloads: Sequence[bytes], *, timeout: float) -> list[Any]:
         with self._lock:
-            if self._fd is None:
+            if self._fd is None and not self._shared:
                 raise WriterFencedError(
                     f"writer of {self.topic} at epoch {self.epoch} is closed", topic=self.topic, epoch=self.epoch
                 )
             conn = self._conn
             try:
                 conn.execute("BEGIN IMMEDIATE")
-                current = self.backend._current_epoch(conn, self.topic)
+                current = self.epoch if self._shared else self.backend._current_epoch(conn, self.topic)
                 if current != self.epoch:
                     conn.execute("ROLLBACK")
                     self._release()

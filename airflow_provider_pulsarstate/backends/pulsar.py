@@ -151,6 +151,24 @@ class PulsarBackend(Backend):
         log.debug("acquired writer of %s at epoch %d", topic, epoch)
         return self._track(PulsarWriter(self, topic, epoch, producer))
 
+    def open_shared_writer(self, topic: str) -> RawWriter:
+        try:
+            producer = self.client.create_producer(
+                topic,
+                access_mode=pulsar.ProducerAccessMode.Shared,
+                batching_enabled=True,
+                block_if_queue_full=True,
+                send_timeout_millis=max(1, int(self.config.operation_timeout * 1000)),
+            )
+        except _UNREACHABLE as exc:
+            raise self._unreachable("creating a producer of", topic, exc) from exc
+        except _BUSY as exc:
+            raise WriterBusyError(f"{self.topic_url(topic)} has an exclusive writer; it takes no shared appends") from exc
+        return self._track(PulsarWriter(self, topic, -1, producer))
+
+    def delete_topic(self, topic: str) -> None:
+        self.admin.delete_topic(topic, force=True)
+
     # -- readers ----------------------------------------------------------------------------
     def create_reader(self, topic: str, *, start: Any = EARLIEST) -> RawReader:
         start_id = pulsar.MessageId.earliest if start == EARLIEST else start

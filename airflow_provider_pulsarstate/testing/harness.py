@@ -63,6 +63,12 @@ class FaultInjectingBackend(Backend):
     def acquire_writer(self, topic: str, *, mode: AcquireMode, timeout: float) -> RawWriter:
         return _FaultyWriter(self, self.inner.acquire_writer(topic, mode=mode, timeout=timeout))
 
+    def open_shared_writer(self, topic: str) -> RawWriter:
+        return self.inner.open_shared_writer(topic)
+
+    def delete_topic(self, topic: str) -> None:
+        self.inner.delete_topic(topic)
+
     def create_reader(self, topic: str, *, start: Any = EARLIEST) -> RawReader:
         return self.inner.create_reader(topic, start=start)
 

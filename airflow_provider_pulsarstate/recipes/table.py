@@ -1,0 +1,582 @@
+"""StateTable: a replicated table of records with temp views (create, stage, plan, apply, drop).
+
+A producer that recomputes a whole table (a nightly Spark job, say) stages the full new table
+into a *view*; ``apply`` then publishes only the minimal diff against the committed table. This
+is sonic-swss-common's create_temp_view / apply_temp_view, minus its weaknesses:
+
+* **Atomic switch.** The whole diff is one log record (framed when large): readers see all of
+  it at one commit offset or none of it. A crash during apply leaves the table unchanged or fully
+  switched; running apply again completes it.
+* **Idempotent.** The record that applies a view also marks it applied, with its counts; applying
+  it again appends nothing and returns the original result (``already_applied=True``).
+* **No lost writes from other producers.** The view pins a baseline (the offset of its create
+  record). If a key the diff touches was changed after the baseline, apply fails with
+  :class:`ViewConflictError` naming the keys, unless ``overwrite=True``.
+* **Scoped deletes.** With ``scope_prefix`` the view owns only keys with that prefix: keys outside
+  it are never deleted, and staging one is an error.
+* **Durable staging.** Rows are staged into a topic of the view's own, from any number of
+  processes at once; the live table and its readers see nothing until apply.
+* **Canonical comparison.** Records are compared as canonical JSON (sorted fields, integral floats
+  as ints), so field order or ``1.0`` vs ``1`` never cause a spurious change. A changed record is
+  published as one set of the full record (no del+set flicker).
+* **Change records.** Every published change carries its type (set/delete), the view id and the
+  commit offset (:class:`TableChange`).
+* **Expiry.** Views not applied or dropped within ``ttl`` seconds are dropped by the next
+  create_view (or :meth:`StateTable.expire_views`), and their staging topics deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterator
+
+from airflow_provider_pulsarstate.backends.base import Backend, RawWriter
+from airflow_provider_pulsarstate.envelope import decode_writes, encode_writes
+from airflow_provider_pulsarstate.errors import (
+    BackendUnavailableError,
+    ConfigurationError,
+    SerializationError,
+    ViewClosedError,
+    ViewConflictError,
+    ViewNotFoundError,
+    ViewScopeError,
+)
+from airflow_provider_pulsarstate.manager import Change, SharedStateManager
+from airflow_provider_pulsarstate.progress import Progress
+
+log = logging.getLogger(__name__)
+
+_VIEW_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_STAGE_SET, _STAGE_DEL = 1, 2
+_OPS = ("set", "del", "view", "view_end")
+Record = dict[str, Any]
+
+
+def canonical(record: Record) -> bytes:
+    """The canonical bytes of a record: sorted fields, no spaces, integral floats as ints."""
+    return json.dumps(
+        {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in record.items()},
+        sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
+    ).encode()
+
+
+def staging_topic(table_topic: str, view_id: str) -> str:
+    """The topic a view's rows are staged into."""
+    return f"{table_topic}-view-{view_id}"
+
+
+def check_view_id(view_id: str) -> str:
+    if not isinstance(view_id, str) or not _VIEW_ID.match(view_id):
+        raise ConfigurationError(f"view id {view_id!r} must be 1-64 characters of [A-Za-z0-9_-]")
+    return view_id
+
+
+@dataclass(frozen=True)
+class TableChange:
+    """A committed change to the table, as listeners receive it."""
+
+    type: str  # "set" | "delete"
+    key: str
+    value: Record | None
+    view_id: str | None
+    offset: int
+
+
+@dataclass(frozen=True)
+class ViewInfo:
+    """A view's metadata, as recorded in the table's log."""
+
+    view_id: str
+    table: str
+    baseline: int
+    scope_prefix: str | None
+    expires_at: float
+    status: str  # "open" | "applied" | "dropped"
+    staging_topic: str
+    result: dict[str, Any] | None = None
+    commit_offset: int = -1
+    """Offset of the record that applied (or dropped) the view; -1 while open."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ViewPlan:
+    """What apply would publish, counted; nothing was published."""
+
+    view_id: str
+    set: int
+    delete: int
+    unchanged: int
+    sample_set: list[str] = field(default_factory=list)
+    sample_delete: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ViewResult:
+    """What apply published, and at which commit offset."""
+
+    view_id: str
+    set: int
+    delete: int
+    unchanged: int
+    commit_offset: int
+    already_applied: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _TableState:
+    __slots__ = ("rows", "changed", "views")
+
+    def __init__(self) -> None:
+        self.rows: dict[str, Record] = {}
+        # key -> offset of its last change, kept only while some view is open (for conflict checks)
+        self.changed: dict[str, int] = {}
+        self.views: dict[str, dict[str, Any]] = {}
+
+    def open_views(self) -> list[str]:
+        return [vid for vid, meta in self.views.items() if meta["status"] == "open"]
+
+
+class StateTable:
+    """A replicated table ``key -> record`` (a dict of JSON scalar fields) with temp views.
+
+    Example::
+
+        table = StateTable(backend, "persistent://public/default/prices")
+        view = table.create_view(scope_prefix="sku-")
+        with ViewStager(backend, table.topic, view.view_id) as stager:   # from any process
+            for sku, price in new_prices.items():
+                stager.set(sku, {"price": price, "currency": "EUR"})
+        print(table.plan(view.view_id))          # counts and samples, nothing published
+        result = table.apply(view.view_id)       # only the diff, at one commit offset
+
+    :param backend: where the table's log (and the views' staging topics) live.
+    :param topic: the table's topic.
+    :param manager_options: passed to :class:`SharedStateManager`.
+    :raises ViewConflictError: apply found keys changed by someone else since the baseline.
+    :raises ViewScopeError: a staged key is outside the view's scope.
+    :raises ViewNotFoundError, ViewClosedError: the view does not exist, or was dropped/expired.
+    """
+
+    def __init__(self, backend: Backend, topic: str, **manager_options: Any) -> None:
+        self.backend = backend
+        self.topic = topic
+        manager_options.setdefault("operation_timeout", 120.0)
+        self.manager: SharedStateManager[_TableState, dict[str, Any]] = SharedStateManager(
+            backend, topic, initializer=_TableState, applier=self._apply,
+            op_serializer=_serialize_op, op_deserializer=_deserialize_op, **manager_options,
+        )
+
+    # ------------------------------------------------------------------ replication
+    def _apply(self, state: _TableState, op: dict[str, Any]) -> None:
+        offset = self.manager.applying_offset
+        kind = op["o"]
+        if kind == "set" or kind == "del":
+            key = op["k"]
+            if kind == "set":
+                state.rows[key] = op["v"]
+            else:
+                state.rows.pop(key, None)
+            if state.views and any(m["status"] == "open" for m in state.views.values()):
+                state.changed[key] = offset
+        elif kind == "view":
+            state.views[op["id"]] = {**op["meta"], "baseline": offset, "status": "open", "result": None}
+        else:  # view_end
+            meta = state.views.get(op["id"])
+            if meta is not None:
+                meta["status"] = op["status"]
+                meta["result"] = op.get("result")
+                meta["commit_offset"] = offset
+            if not state.open_views():
+                state.changed.clear()
+
+    def add_listener(self, listener: Callable[[TableChange], None]) -> None:
+        """Call ``listener`` for every committed row change (set/delete) from now on."""
+
+        def on_change(change: Change[dict[str, Any]]) -> None:
+            op = change.op
+            if op["o"] in ("set", "del"):
+                listener(TableChange("set" if op["o"] == "set" else "delete", op["k"], op.get("v"), op.get("w"), change.offset))
+
+        self.manager.add_listener(on_change)
+
+    # ------------------------------------------------------------------ rows
+    def get(self, key: str, *, latest: bool = False) -> Record | None:
+        return self.manager.read(lambda s: s.rows.get(key), latest=latest)
+
+    def to_dict(self, *, latest: bool = False) -> dict[str, Record]:
+        return self.manager.read(lambda s: dict(s.rows), latest=latest)
+
+    def size(self, *, latest: bool = False) -> int:
+        return self.manager.read(lambda s: len(s.rows), latest=latest)
+
+    def put(self, key: str, record: Record) -> None:
+        """Set one row directly (not through a view)."""
+        _check_record(key, record)
+        self.manager.write(lambda s: [{"o": "set", "k": key, "v": record, "w": None}])
+
+    def delete(self, key: str) -> None:
+        """Delete one row directly (not through a view)."""
+        self.manager.write(lambda s: [{"o": "del", "k": key, "w": None}] if key in s.rows else [])
+
+    # ------------------------------------------------------------------ views
+    def create_view(self, *, view_id: str | None = None, scope_prefix: str | None = None, ttl: float = 86400.0) -> ViewInfo:
+        """Open a view; its baseline is the table's commit offset at creation.
+
+        Creating a view id that exists already returns it unchanged (a retried task is safe).
+        Expired views are dropped in the same write.
+        """
+        vid = check_view_id(view_id or uuid.uuid4().hex[:16])
+        if ttl <= 0:
+            raise ConfigurationError(f"ttl must be positive, got {ttl!r}")
+        expired: list[str] = []
+
+        def ops(s: _TableState) -> list[dict[str, Any]]:
+            out = self._expiry_ops(s, expired)
+            if vid not in s.views:
+                meta = {"scope_prefix": scope_prefix, "expires_at": time.time() + ttl, "created_at": time.time()}
+                out.append({"o": "view", "id": vid, "meta": meta})
+            return out
+
+        info = self.manager.write(ops, lambda s: self._info(s, vid))
+        self._delete_staging(expired)
+        log.info("view %s on %s open at baseline offset %d (scope %r)", vid, self.topic, info.baseline, info.scope_prefix)
+        return info
+
+    def view_info(self, view_id: str, *, latest: bool = True) -> ViewInfo | None:
+        return self.manager.read(lambda s: self._info(s, view_id) if view_id in s.views else None, latest=latest)
+
+    def views(self, *, latest: bool = True) -> list[ViewInfo]:
+        return self.manager.read(lambda s: [self._info(s, v) for v in s.views], latest=latest)
+
+    def stager(self, view_id: str, **options: Any) -> "ViewStager":
+        """A :class:`ViewStager` for the view (convenience for single-process producers)."""
+        return ViewStager(self.backend, self.topic, view_id, **options)
+
+    def plan(self, view_id: str, *, sample: int = 10) -> ViewPlan:
+        """Count what apply would publish (and which keys would conflict); publish nothing."""
+        info = self._open_view(view_id)
+        target = self._read_staged(info)
+
+        def run(s: _TableState) -> ViewPlan:
+            diff = self._diff(s, info, target)
+            return ViewPlan(
+                view_id, len(diff.sets), len(diff.deletes), diff.unchanged,
+                sorted(diff.sets)[:sample], sorted(diff.deletes)[:sample], self._conflicts(s, info, diff),
+            )
+
+        return self.manager.read(run, latest=True)
+
+    def apply(self, view_id: str, *, overwrite: bool = False) -> ViewResult:
+        """Publish the minimal diff between the committed table and the view, atomically.
+
+        :param overwrite: publish even if keys the diff touches changed since the baseline.
+        :raises ViewConflictError: such keys exist and ``overwrite`` is False (nothing published).
+        """
+        info = self.view_info(check_view_id(view_id))
+        if info is None:
+            raise ViewNotFoundError(f"no view {view_id!r} on {self.topic}")
+        if info.status == "applied":
+            return self._result(info, already=True)
+        if info.status != "open":
+            raise ViewClosedError(f"view {view_id!r} on {self.topic} is {info.status}")
+        target = self._read_staged(info)
+        already = [False]
+
+        def ops(s: _TableState) -> list[dict[str, Any]]:
+            meta = s.views.get(view_id)
+            if meta is None:
+                raise ViewNotFoundError(f"no view {view_id!r} on {self.topic}")
+            if meta["status"] == "applied":  # applied by a concurrent or crashed-and-retried apply
+                already[0] = True
+                return []
+            if meta["status"] != "open":
+                raise ViewClosedError(f"view {view_id!r} on {self.topic} is {meta['status']}")
+            diff = self._diff(s, info, target)
+            conflicts = self._conflicts(s, info, diff)
+            if conflicts and not overwrite:
+                raise ViewConflictError(
+                    f"view {view_id!r}: {len(conflicts)} key(s) changed on {self.topic} since baseline offset "
+                    f"{info.baseline}: {', '.join(conflicts[:10])}{' ...' if len(conflicts) > 10 else ''}",
+                    keys=conflicts,
+                )
+            out: list[dict[str, Any]] = [{"o": "set", "k": k, "v": v, "w": view_id} for k, v in diff.sets.items()]
+            out += [{"o": "del", "k": k, "w": view_id} for k in diff.deletes]
+            counts = {"set": len(diff.sets), "delete": len(diff.deletes), "unchanged": diff.unchanged}
+            out.append({"o": "view_end", "id": view_id, "status": "applied", "result": counts})
+            return out
+
+        start = time.monotonic()
+        info = self.manager.write(ops, lambda s: self._info(s, view_id))
+        result = self._result(info, already=already[0])
+        if not result.already_applied:
+            log.info(
+                "view %s applied to %s at offset %d in %.1fs: set=%d delete=%d unchanged=%d",
+                view_id, self.topic, result.commit_offset, time.monotonic() - start, result.set, result.delete, result.unchanged,
+            )
+        self._delete_staging([view_id])
+        return result
+
+    def drop(self, view_id: str) -> bool:
+        """Abort an open view and delete its staged rows. Returns False if it was not open."""
+        dropped = [False]
+
+        def ops(s: _TableState) -> list[dict[str, Any]]:
+            meta = s.views.get(view_id)
+            dropped[0] = meta is not None and meta["status"] == "open"
+            return [{"o": "view_end", "id": view_id, "status": "dropped"}] if dropped[0] else []
+
+        self.manager.write(ops)
+        if dropped[0]:
+            self._delete_staging([view_id])
+            log.info("view %s on %s dropped", view_id, self.topic)
+        return dropped[0]
+
+    def expire_views(self) -> list[str]:
+        """Drop every open view past its expiry time; returns their ids."""
+        expired: list[str] = []
+        self.manager.write(lambda s: self._expiry_ops(s, expired))
+        self._delete_staging(expired)
+        return expired
+
+    # ------------------------------------------------------------------ internals
+    def _expiry_ops(self, s: _TableState, expired: list[str]) -> list[dict[str, Any]]:
+        now = time.time()
+        expired[:] = [vid for vid in s.open_views() if s.views[vid]["expires_at"] <= now]
+        for vid in expired:
+            log.warning("view %s on %s expired unapplied; dropping it", vid, self.topic)
+        return [{"o": "view_end", "id": vid, "status": "dropped"} for vid in expired]
+
+    def _info(self, s: _TableState, view_id: str) -> ViewInfo:
+        m = s.views[view_id]
+        return ViewInfo(
+            view_id, self.topic, m["baseline"], m["scope_prefix"], m["expires_at"], m["status"],
+            staging_topic(self.topic, view_id), m.get("result"), m.get("commit_offset", -1),
+        )
+
+    @staticmethod
+    def _result(info: ViewInfo, *, already: bool) -> ViewResult:
+        counts = info.result or {}
+        return ViewResult(
+            info.view_id, counts.get("set", 0), counts.get("delete", 0), counts.get("unchanged", 0),
+            info.commit_offset, already,
+        )
+
+    def _open_view(self, view_id: str) -> ViewInfo:
+        info = self.view_info(check_view_id(view_id))
+        if info is None:
+            raise ViewNotFoundError(f"no view {view_id!r} on {self.topic}")
+        if info.status != "open":
+            raise ViewClosedError(f"view {view_id!r} on {self.topic} is {info.status}")
+        return info
+
+    def _read_staged(self, info: ViewInfo) -> dict[str, bytes | None]:
+        """The view's target rows: key -> canonical record bytes (None: staged as deleted)."""
+        target: dict[str, bytes | None] = {}
+        reader = self.backend.create_reader(info.staging_topic)
+        progress = Progress(log, f"reading view {info.view_id}", unit="rows", quiet=True)
+        outside: list[str] = []
+        try:
+            while reader.has_next():
+                entry = reader.read_next(timeout=self.manager.operation_timeout)
+                if entry is None:
+                    break
+                for _, ops in decode_writes(entry.payload):
+                    for op in ops:
+                        key, value = _decode_staged(op)
+                        if info.scope_prefix and not key.startswith(info.scope_prefix):
+                            outside.append(key)
+                        target[key] = value
+                    progress.tick(len(ops))
+        finally:
+            reader.close()
+        progress.done(keys=len(target))
+        if outside:
+            raise ViewScopeError(
+                f"view {info.view_id!r} staged {len(outside)} key(s) outside its scope "
+                f"{info.scope_prefix!r}: {', '.join(sorted(outside)[:10])}"
+            )
+        return target
+
+    def _diff(self, s: _TableState, info: ViewInfo, target: dict[str, bytes | None]) -> "_Diff":
+        prefix = info.scope_prefix
+        diff = _Diff()
+        for key, row in s.rows.items():
+            if prefix and not key.startswith(prefix):
+                continue
+            staged = target.get(key)
+            if staged is None:
+                diff.deletes.append(key)
+            elif canonical(row) == staged:
+                diff.unchanged += 1
+        for key, staged in target.items():
+            if staged is None:
+                continue
+            row = s.rows.get(key)
+            if row is None or (canonical(row) != staged):
+                diff.sets[key] = json.loads(staged)
+        return diff
+
+    def _conflicts(self, s: _TableState, info: ViewInfo, diff: "_Diff") -> list[str]:
+        changed = s.changed
+        if not changed:
+            return []
+        touched = list(diff.sets) + diff.deletes
+        return sorted(k for k in touched if changed.get(k, -1) > info.baseline)
+
+    def _delete_staging(self, view_ids: list[str]) -> None:
+        for vid in view_ids:
+            try:
+                self.backend.delete_topic(staging_topic(self.topic, vid))
+            except BackendUnavailableError as exc:  # the rows are useless now; leave them
+                log.warning("could not delete the staging topic of view %s: %s", vid, exc)
+
+    def start(self) -> "StateTable":
+        self.manager.start()
+        return self
+
+    def close(self) -> None:
+        self.manager.close()
+
+    def __enter__(self) -> "StateTable":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass
+class _Diff:
+    sets: dict[str, Record] = field(default_factory=dict)
+    deletes: list[str] = field(default_factory=list)
+    unchanged: int = 0
+
+
+class ViewStager:
+    """Stages rows into a view from any process (each Spark executor opens its own).
+
+    Rows are buffered and appended in batches to the view's staging topic; the table and its
+    readers see nothing until :meth:`StateTable.apply`. The last row staged for a key wins, so
+    stage each key from one process only.
+
+    :param backend: the table's back end.
+    :param table_topic: the table's topic.
+    :param view_id: the view, from :meth:`StateTable.create_view`.
+    :param batch_rows: rows per appended batch.
+    :param batch_bytes: flush a batch early once it holds this many bytes.
+    """
+
+    def __init__(self, backend: Backend, table_topic: str, view_id: str, *, batch_rows: int = 1000, batch_bytes: int = 1 << 20) -> None:
+        self.backend = backend
+        self.topic = staging_topic(table_topic, check_view_id(view_id))
+        self.view_id = view_id
+        self.batch_rows = batch_rows
+        self.batch_bytes = batch_bytes
+        self.rows_staged = 0
+        self._buffer: list[bytes] = []
+        self._size = 0
+        self._writer: RawWriter | None = None
+
+    def set(self, key: str, record: Record) -> None:
+        """Stage ``record`` as the view's row for ``key``."""
+        _check_record(key, record)
+        try:
+            value = canonical(record)
+        except (TypeError, ValueError) as exc:
+            raise SerializationError(f"view {self.view_id!r}: record of key {key!r} is not JSON: {exc}") from exc
+        self._add(bytes([_STAGE_SET]) + len(key.encode()).to_bytes(4, "big") + key.encode() + value)
+
+    def delete(self, key: str) -> None:
+        """Stage the absence of ``key`` (undo an earlier set in this view)."""
+        self._add(bytes([_STAGE_DEL]) + key.encode())
+
+    def set_many(self, rows: Iterator[tuple[str, Record]] | list[tuple[str, Record]]) -> int:
+        n = 0
+        for key, record in rows:
+            self.set(key, record)
+            n += 1
+        return n
+
+    def _add(self, op: bytes) -> None:
+        self._buffer.append(op)
+        self._size += len(op)
+        self.rows_staged += 1
+        if len(self._buffer) >= self.batch_rows or self._size >= self.batch_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        """Append the buffered rows (durable when this returns)."""
+        if not self._buffer:
+            return
+        if self._writer is None:
+            self._writer = self.backend.open_shared_writer(self.topic)
+        self._writer.append([encode_writes([(0, self._buffer)])], timeout=120.0)
+        self._buffer, self._size = [], 0
+
+    def close(self) -> None:
+        """Flush and release the staging writer."""
+        try:
+            self.flush()
+        finally:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+
+    def __enter__(self) -> "ViewStager":
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        elif self._writer is not None:
+            self._writer.close()
+
+
+def _check_record(key: str, record: Record) -> None:
+    if not isinstance(key, str) or not key:
+        raise SerializationError(f"row key {key!r} must be a non-empty str")
+    if not isinstance(record, dict):
+        raise SerializationError(f"record of key {key!r} must be a dict of fields, got {type(record).__name__}")
+    for name, value in record.items():
+        if not isinstance(name, str):
+            raise SerializationError(f"record of key {key!r}: field name {name!r} is not a str")
+        if value is not None and not isinstance(value, (str, int, float, bool)):
+            raise SerializationError(
+                f"record of key {key!r}: field {name!r} holds {type(value).__name__}, not a JSON scalar"
+            )
+
+
+def _decode_staged(op: bytes) -> tuple[str, bytes | None]:
+    if op[0] == _STAGE_SET:
+        n = int.from_bytes(op[1:5], "big")
+        return op[5 : 5 + n].decode(), bytes(op[5 + n :])
+    if op[0] == _STAGE_DEL:
+        return op[1:].decode(), None
+    raise ValueError(f"unknown staged row type {op[0]}")
+
+
+def _serialize_op(op: dict[str, Any]) -> bytes:
+    try:
+        return json.dumps(op, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise SerializationError(f"cannot serialize table op for key {op.get('k')!r}: {exc}") from exc
+
+
+def _deserialize_op(data: bytes) -> dict[str, Any]:
+    op = json.loads(data)
+    if not isinstance(op, dict) or op.get("o") not in _OPS:
+        raise ValueError(f"unknown table op type {op.get('o') if isinstance(op, dict) else op!r}")
+    return op
