@@ -57,12 +57,16 @@ _OPS = ("set", "del", "view", "view_end")
 Record = dict[str, Any]
 
 
+_canonical_json = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+
+
 def canonical(record: Record) -> bytes:
     """The canonical bytes of a record: sorted fields, no spaces, integral floats as ints."""
-    return json.dumps(
-        {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in record.items()},
-        sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
-    ).encode()
+    for v in record.values():
+        if type(v) is float and v.is_integer():
+            record = {k: int(x) if type(x) is float and x.is_integer() else x for k, x in record.items()}
+            break
+    return _canonical_json(record).encode()
 
 
 def staging_topic(table_topic: str, view_id: str) -> str:
@@ -414,7 +418,8 @@ class StateTable:
     def _diff(self, s: _TableState, info: ViewInfo, target: dict[str, bytes | None]) -> "_Diff":
         prefix = info.scope_prefix
         diff = _Diff()
-        for key, row in s.rows.items():
+        rows = s.rows
+        for key, row in rows.items():
             if prefix and not key.startswith(prefix):
                 continue
             staged = target.get(key)
@@ -422,11 +427,10 @@ class StateTable:
                 diff.deletes.append(key)
             elif canonical(row) == staged:
                 diff.unchanged += 1
-        for key, staged in target.items():
-            if staged is None:
-                continue
-            row = s.rows.get(key)
-            if row is None or (canonical(row) != staged):
+            else:
+                diff.sets[key] = json.loads(staged)
+        for key, staged in target.items():  # keys new to the table
+            if staged is not None and key not in rows:
                 diff.sets[key] = json.loads(staged)
         return diff
 
