@@ -10,6 +10,7 @@ from typing import Any, Callable, Generic, Hashable, Literal, TypeVar
 from airflow_provider_pulsarstate.backends.base import Backend
 from airflow_provider_pulsarstate.errors import SerializationError, ValueTooLargeError
 from airflow_provider_pulsarstate.manager import Change, SharedStateManager
+from airflow_provider_pulsarstate.recipes.base import Recipe
 from airflow_provider_pulsarstate.serde import JSON, STR, Serde
 
 K = TypeVar("K", bound=Hashable)
@@ -31,7 +32,7 @@ class MapChange(Generic[K, V]):
     publish_time: float
 
 
-class PulsarMap(Generic[K, V]):
+class PulsarMap(Recipe, Generic[K, V]):
     """A key-value table every instance replicates from the log; writes go through one writer.
 
     Example::
@@ -268,20 +269,6 @@ class PulsarMap(Generic[K, V]):
 
         self.manager.add_listener(on_change)
 
-    def start(self) -> "PulsarMap[K, V]":
-        """Replay the log now instead of on first use."""
-        self.manager.start()
-        return self
-
-    def close(self) -> None:
-        """Release the writer and the reader (the back end stays open)."""
-        self.manager.close()
-
-    def __enter__(self) -> "PulsarMap[K, V]":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _apply(state: dict[Any, Any], op: tuple[int, Any, Any]) -> None:

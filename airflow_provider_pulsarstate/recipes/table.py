@@ -47,6 +47,7 @@ from airflow_provider_pulsarstate.errors import (
     ViewScopeError,
 )
 from airflow_provider_pulsarstate.manager import Change, SharedStateManager
+from airflow_provider_pulsarstate.recipes.base import Recipe
 from airflow_provider_pulsarstate.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -154,7 +155,7 @@ class _TableState:
         return [vid for vid, meta in self.views.items() if meta["status"] == "open"]
 
 
-class StateTable:
+class StateTable(Recipe):
     """A replicated table ``key -> record`` (a dict of JSON scalar fields) with temp views.
 
     Example::
@@ -447,19 +448,6 @@ class StateTable:
                 self.backend.delete_topic(staging_topic(self.topic, vid))
             except BackendUnavailableError as exc:  # the rows are useless now; leave them
                 log.warning("could not delete the staging topic of view %s: %s", vid, exc)
-
-    def start(self) -> "StateTable":
-        self.manager.start()
-        return self
-
-    def close(self) -> None:
-        self.manager.close()
-
-    def __enter__(self) -> "StateTable":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 @dataclass
