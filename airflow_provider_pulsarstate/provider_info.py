@@ -37,6 +37,15 @@ def provider_info() -> dict[str, Any]:
                 "python-modules": ["airflow_provider_pulsarstate.hooks.pulsarstate"],
             }
         ],
+        "operators": [
+            {
+                "integration-name": "Pulsar State",
+                "python-modules": [
+                    "airflow_provider_pulsarstate.operators.views",
+                    "airflow_provider_pulsarstate.operators.spark_submit",
+                ],
+            }
+        ],
         "connection-types": [
             {
                 "connection-type": CONN_TYPE,

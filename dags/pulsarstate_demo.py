@@ -5,7 +5,7 @@ Every task talks to the same PulsarMap topics through PulsarStateHook. With no
 ``AIRFLOW_CONN_PULSARSTATE_DEFAULT='{"conn_type": "pulsarstate", "extra": {"service_url":
 "pulsar://localhost:6650"}}'`` to keep it in a Pulsar broker instead: the DAG does not change.
 
-(The Spark-driven temp-view pipeline replaces this as the main example in a later release.)
+(The main example is price_table_pipeline.py: a Spark job feeding a state table through temp views.)
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from airflow_provider_pulsarstate.hooks.connection_form import (
 )
 from airflow_provider_pulsarstate.manager import SharedStateManager
 from airflow_provider_pulsarstate.recipes.map import PulsarMap
+from airflow_provider_pulsarstate.recipes.table import StateTable
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class PulsarStateHook(BaseHook):
         self._lock = threading.Lock()
         self._config: ConnectionConfig | None = None
         self._backend: Backend | None = None
-        self._owned: list[SharedStateManager[Any, Any] | PulsarMap[Any, Any]] = []
+        self._owned: list[SharedStateManager[Any, Any] | PulsarMap[Any, Any] | StateTable] = []
 
     # ------------------------------------------------------------------ configuration
     def get_config(self) -> ConnectionConfig:
@@ -175,6 +176,17 @@ class PulsarStateHook(BaseHook):
         config, backend = self._open()
         options.setdefault("operation_timeout", config.operation_timeout)
         return self._own(PulsarMap(backend, config.topic_name(topic), **options))
+
+    def get_table(self, topic: str, **options: Any) -> StateTable:
+        """A :class:`~airflow_provider_pulsarstate.recipes.table.StateTable` (records with temp views) on ``topic``.
+
+        :param topic: a short name or a full ``persistent://tenant/namespace/name``.
+        :param options: manager options of StateTable. ``operation_timeout`` keeps the table's own
+            default (applying a large view is one big record), not the connection's.
+        :raises ConfigurationError: invalid connection or topic name.
+        """
+        config, backend = self._open()
+        return self._own(StateTable(backend, config.topic_name(topic), **options))
 
     def _own(self, obj: Any) -> Any:
         with self._lock:

@@ -1,0 +1,393 @@
+"""Operators for temp-view switching of a state table, and a task group that feeds a view from Spark.
+
+A job that recomputes a whole table runs between two operators: :class:`CreateTempViewOperator`
+opens a view, the job stages the full new table into it, and :class:`ApplyTempViewOperator`
+publishes only the diff against the committed table, atomically. :func:`temp_view_spark_task_group`
+wires the three, with ``spark-submit`` in the middle, and drops the view when the job fails::
+
+    from airflow_provider_pulsarstate.operators.views import temp_view_spark_task_group
+
+    prices = temp_view_spark_task_group(
+        "prices",
+        table_topic="price-table",
+        application="/opt/jobs/price_table_job.py",      # stages rows with spark.write_view()
+        application_args_extra=["--version", "{{ params.version }}"],
+    )
+    prices >> report  # runs after apply; prices.apply.output is the apply's result
+
+Each operator is a thin layer over :class:`~airflow_provider_pulsarstate.recipes.table.StateTable`,
+reached through :class:`~airflow_provider_pulsarstate.hooks.pulsarstate.PulsarStateHook`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+from airflow.sdk import BaseOperator, TaskGroup, TriggerRule
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_provider_pulsarstate.errors import (
+    ViewClosedError,
+    ViewConflictError,
+    ViewNotFoundError,
+    ViewScopeError,
+)
+from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+from airflow_provider_pulsarstate.spark.views import dump_config
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+CONFIG_XCOM_KEY = "pulsarstate_config"
+"""XCom key under which :class:`CreateTempViewOperator` pushes the connection config as JSON
+(embedded path absolute, auth token left out) for the Spark job's ``--config-json``."""
+
+DEFAULT_CONN_ID = PulsarStateHook.default_conn_name
+DEFAULT_TTL = 86400.0
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+def default_view_id(dag_id: str, task_id: str, run_id: str, try_number: int = 1) -> str:
+    """A view id for one attempt of one create task in one dag run (safe in a topic name).
+
+    ``<run id, sanitized, at most 40 chars>-<8 hex digits of dag id, task id and run id>-<try>``:
+    readable in topic listings, unique per task and run, and new for every attempt, so a
+    re-run after a dropped or applied view starts a fresh one.
+    """
+    digest = hashlib.sha256(f"{dag_id}\0{task_id}\0{run_id}".encode()).hexdigest()[:8]
+    readable = _UNSAFE.sub("_", run_id).strip("_-")[:40] or "view"
+    return f"{readable}-{digest}-{try_number}"
+
+
+# ---------------------------------------------------------------------------------- operators
+class CreateTempViewOperator(BaseOperator):
+    """Open a temp view on a state table; returns ``{"view_id", "baseline", "staging_topic", "table"}``.
+
+    The baseline is the table's commit offset when the view opened: apply refuses to overwrite
+    keys changed after it (see :class:`ApplyTempViewOperator`). Creating an id that is already
+    open returns that view (a retried task is safe). The connection config for a Spark job is
+    pushed as JSON under the XCom key :data:`CONFIG_XCOM_KEY`, without the auth token.
+
+    :param table_topic: the table (short name or full ``persistent://...``). Templated.
+    :param scope_prefix: the view owns only keys with this prefix (others are never deleted,
+        staging one is an error). Templated.
+    :param ttl: seconds after which an unapplied view may be dropped by the next create_view.
+    :param view_id: the id to use ([A-Za-z0-9_-]{1,64}); default: :func:`default_view_id` of
+        this task instance. Templated.
+    :param pulsarstate_conn_id: the ``pulsarstate`` connection (missing default: embedded log).
+    :raises AirflowFailException: ``view_id`` names a view that was already applied or dropped.
+    """
+
+    template_fields: Sequence[str] = ("table_topic", "scope_prefix", "view_id")
+    ui_color = "#d9e7f5"
+
+    def __init__(
+        self,
+        *,
+        table_topic: str,
+        scope_prefix: str | None = None,
+        ttl: float = DEFAULT_TTL,
+        view_id: str | None = None,
+        pulsarstate_conn_id: str = DEFAULT_CONN_ID,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.table_topic = table_topic
+        self.scope_prefix = scope_prefix
+        self.ttl = ttl
+        self.view_id = view_id
+        self.pulsarstate_conn_id = pulsarstate_conn_id
+
+    def execute(self, context: "Context") -> dict[str, Any]:
+        ti = context["ti"]
+        view_id = self.view_id or default_view_id(ti.dag_id, ti.task_id, ti.run_id, ti.try_number)
+        with PulsarStateHook(self.pulsarstate_conn_id) as hook:
+            config = hook.get_config()
+            table = hook.get_table(self.table_topic)
+            info = table.create_view(view_id=view_id, scope_prefix=self.scope_prefix or None, ttl=self.ttl)
+        if info.status != "open":
+            raise AirflowFailException(
+                f"view {info.view_id!r} on {info.table} is already {info.status}; use a new view id"
+            )
+        ti.xcom_push(key=CONFIG_XCOM_KEY, value=dump_config(config))
+        self.log.info(
+            "view %s open on %s (baseline offset %d, scope %r, staging topic %s, %s back end)",
+            info.view_id, info.table, info.baseline, info.scope_prefix, info.staging_topic, config.kind,
+        )
+        return {
+            "view_id": info.view_id,
+            "baseline": info.baseline,
+            "staging_topic": info.staging_topic,
+            "table": info.table,
+        }
+
+
+class ApplyTempViewOperator(BaseOperator):
+    """Publish a view's diff to its table (or, with ``dry_run``, only count it).
+
+    Returns the :class:`~airflow_provider_pulsarstate.recipes.table.ViewResult` as a dict
+    (``view_id, set, delete, unchanged, commit_offset, already_applied``), or with ``dry_run`` the
+    :class:`~airflow_provider_pulsarstate.recipes.table.ViewPlan` (``view_id, set, delete,
+    unchanged, sample_set, sample_delete, conflicts``), and logs a table of the counts with
+    sample keys. Applying an applied view again publishes nothing and returns the original
+    result, so a retried task is safe.
+
+    :param table_topic: the table. Templated.
+    :param view_id: the view, usually from the create task's XCom. Templated.
+    :param dry_run: plan only: publish nothing (the view stays open unless ``drop_after_plan``).
+    :param drop_after_plan: with ``dry_run``, drop the view after planning it (nothing else
+        will apply it).
+    :param overwrite: publish even where the table changed since the view's baseline.
+    :param sample: sample keys to log per kind; before a real apply this costs one extra read of
+        the staged rows (a plan), 0 skips it.
+    :param pulsarstate_conn_id: the ``pulsarstate`` connection.
+    :raises AirflowFailException: a conflict (the keys are logged and in the message), an unknown,
+        dropped or expired view, or a staged key outside the view's scope; retrying cannot help.
+    """
+
+    template_fields: Sequence[str] = ("table_topic", "view_id")
+    ui_color = "#c9e4c5"
+
+    def __init__(
+        self,
+        *,
+        table_topic: str,
+        view_id: str,
+        dry_run: bool = False,
+        drop_after_plan: bool = False,
+        overwrite: bool = False,
+        sample: int = 10,
+        pulsarstate_conn_id: str = DEFAULT_CONN_ID,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.table_topic = table_topic
+        self.view_id = view_id
+        self.dry_run = dry_run
+        self.drop_after_plan = drop_after_plan
+        self.overwrite = overwrite
+        self.sample = sample
+        self.pulsarstate_conn_id = pulsarstate_conn_id
+
+    def execute(self, context: "Context") -> dict[str, Any]:
+        if not self.view_id:
+            raise AirflowFailException("no view id to apply (did the create task push one?)")
+        with PulsarStateHook(self.pulsarstate_conn_id) as hook:
+            table = hook.get_table(self.table_topic)
+            try:
+                if self.dry_run:
+                    plan = table.plan(self.view_id, sample=self.sample).as_dict()
+                    title = f"dry run of view {self.view_id} on {table.topic}: nothing published"
+                    if self.drop_after_plan:
+                        table.drop(self.view_id)
+                        title += ", view dropped"
+                    self.log.info("%s", format_counts(plan, title=title))
+                    return plan
+                info = table.view_info(self.view_id)
+                plan = (
+                    table.plan(self.view_id, sample=self.sample).as_dict()
+                    if self.sample > 0 and info is not None and info.status == "open"
+                    else {}
+                )
+                result = table.apply(self.view_id, overwrite=self.overwrite).as_dict()
+            except ViewConflictError as exc:
+                self.log.error(
+                    "%s", format_counts({"conflicts": exc.keys}, title=f"view {self.view_id} conflicts on {table.topic}")
+                )
+                raise AirflowFailException(
+                    f"{exc} -- re-run with overwrite=True to publish anyway, or recompute the view"
+                ) from exc
+            except (ViewNotFoundError, ViewClosedError, ViewScopeError) as exc:
+                raise AirflowFailException(str(exc)) from exc
+        title = f"view {self.view_id} applied to {table.topic} at offset {result['commit_offset']}"
+        if result["already_applied"]:
+            title = f"{title} earlier: nothing new published"
+        self.log.info("%s", format_counts({**plan, **result}, title=title))
+        return result
+
+
+class DropTempViewOperator(BaseOperator):
+    """Drop (abort) an open view and delete its staged rows; returns ``{"view_id", "dropped"}``.
+
+    Dropping a view that is not open (applied, already dropped, never created) changes nothing
+    and returns ``dropped=False``; an empty ``view_id`` (the create task never ran) is a no-op.
+
+    :param table_topic: the table. Templated.
+    :param view_id: the view. Templated.
+    :param pulsarstate_conn_id: the ``pulsarstate`` connection.
+    """
+
+    template_fields: Sequence[str] = ("table_topic", "view_id")
+    ui_color = "#f5d9d9"
+
+    def __init__(
+        self,
+        *,
+        table_topic: str,
+        view_id: str | None,
+        pulsarstate_conn_id: str = DEFAULT_CONN_ID,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.table_topic = table_topic
+        self.view_id = view_id
+        self.pulsarstate_conn_id = pulsarstate_conn_id
+
+    def execute(self, context: "Context") -> dict[str, Any]:
+        if not self.view_id:
+            self.log.info("no view id (the create task did not run): nothing to drop")
+            return {"view_id": None, "dropped": False}
+        with PulsarStateHook(self.pulsarstate_conn_id) as hook:
+            table = hook.get_table(self.table_topic)
+            dropped = table.drop(self.view_id)
+            info = table.view_info(self.view_id)
+        if dropped:
+            self.log.info("view %s on %s dropped; its staged rows are deleted", self.view_id, table.topic)
+        else:
+            status = info.status if info else "unknown"
+            self.log.info("view %s on %s is %s: nothing to drop", self.view_id, table.topic, status)
+        return {"view_id": self.view_id, "dropped": dropped}
+
+
+def format_counts(counts: Mapping[str, Any], *, title: str) -> str:
+    """A small text table of set/delete/unchanged/conflicts with sample keys (for task logs)."""
+    samples = {"set": counts.get("sample_set") or [], "delete": counts.get("sample_delete") or []}
+    conflicts = counts.get("conflicts") or []
+    rows: list[tuple[str, Any, list[str]]] = []
+    for name in ("set", "delete", "unchanged"):
+        if name in counts:
+            rows.append((name, counts[name], samples.get(name, [])))
+    rows.append(("conflicts", len(conflicts), list(conflicts)))
+    lines = [title, f"  {'kind':<10} {'rows':>10}  sample keys"]
+    for name, value, keys in rows:
+        shown = ", ".join(keys[:5]) + (", ..." if len(keys) > 5 else "")
+        lines.append(f"  {name:<10} {value:>10,}  {shown}".rstrip())
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------- Spark task group
+class TempViewTaskGroup(TaskGroup):
+    """The task group :func:`temp_view_spark_task_group` returns.
+
+    ``create``, ``spark``, ``apply`` and ``drop`` are its tasks. Its only leaf for downstream
+    dependencies is ``apply`` (``group >> report`` runs ``report`` after a successful apply),
+    although ``drop`` has no downstream task either: it is skipped when the job succeeds.
+    """
+
+    def get_leaves(self) -> Any:
+        apply = getattr(self, "apply", None)
+        if apply is None:
+            yield from super().get_leaves()
+            return
+        yield apply
+
+
+def temp_view_spark_task_group(
+    group_id: str,
+    *,
+    table_topic: str,
+    application: str,
+    application_args_extra: Iterable[Any] = (),
+    spark_conn_id: str = "spark_default",
+    pulsarstate_conn_id: str = DEFAULT_CONN_ID,
+    scope_prefix: str | None = None,
+    ttl: float = DEFAULT_TTL,
+    view_id: str | None = None,
+    dry_run: bool = False,
+    overwrite: bool = False,
+    sample: int = 10,
+    **spark_kwargs: Any,
+) -> TempViewTaskGroup:
+    """create_view -> spark_job -> apply_view, plus drop_view when the Spark job fails.
+
+    The Spark application gets, before ``application_args_extra``::
+
+        --view-id <id> --table-topic <full topic> --config-json <ConnectionConfig as JSON>
+
+    all rendered from the create task's XCom (the config as the hook resolved it, with an
+    absolute embedded path and without the auth token, which the job finds in
+    ``$PULSARSTATE_AUTH_TOKEN``). A job stages its rows with
+    :func:`airflow_provider_pulsarstate.spark.write_view`.
+
+    ``drop_view`` runs only when ``spark_job`` fails (trigger rule ``one_failed``) and drops the
+    half-staged view; the table is untouched. A failed ``apply_view`` keeps its view open on
+    purpose: apply is idempotent and resumable (clear the task to finish a crashed apply, or to
+    apply a conflicting one with ``overwrite``), and an abandoned view expires after ``ttl``.
+    Since ``apply_view`` stays a leaf of the DAG, a failure of the job or the apply fails the
+    run even when the group ends the DAG. With ``dry_run`` the apply task plans the view, then
+    drops it.
+
+    Retries of ``spark_job`` stage into the same open view (a deterministic job stages the same
+    rows again, which changes nothing). After a final failure the view is dropped: re-run by
+    clearing the group from ``create_view``, whose new attempt opens a new view.
+
+    :param group_id: the task group's id.
+    :param table_topic: the table. Templated (e.g. ``"{{ params.table }}"``).
+    :param application: the job script or jar for ``spark-submit``.
+    :param application_args_extra: more arguments for the job; each becomes a str (templates
+        such as ``"{{ params.version }}"`` are rendered).
+    :param spark_conn_id: the Spark connection (e.g. ``{"conn_type": "spark", "host": "local[*]"}``).
+    :param pulsarstate_conn_id: the ``pulsarstate`` connection.
+    :param scope_prefix, ttl, view_id: see :class:`CreateTempViewOperator`.
+    :param dry_run, overwrite, sample: see :class:`ApplyTempViewOperator`.
+    :param spark_kwargs: more SparkSubmitOperator arguments (``conf``, ``env_vars``, ``name``, ...).
+    :return: the group; ``group.create``, ``.spark``, ``.apply``, ``.drop`` are its tasks.
+    """
+    for reserved in ("task_id", "application", "application_args", "conn_id"):
+        if reserved in spark_kwargs:
+            raise TypeError(f"temp_view_spark_task_group() sets {reserved!r} itself")
+    extra = [arg if isinstance(arg, str) else str(arg) for arg in application_args_extra]
+    try:
+        from airflow_provider_pulsarstate.operators.spark_submit import ViewSparkSubmitOperator
+    except ImportError as exc:  # pragma: no cover - a declared dependency
+        raise ImportError(
+            f"temp_view_spark_task_group needs the Spark provider ({exc}): "
+            "pip install apache-airflow-providers-apache-spark"
+        ) from exc
+
+    with TempViewTaskGroup(group_id=group_id) as group:
+        create = CreateTempViewOperator(
+            task_id="create_view",
+            table_topic=table_topic,
+            scope_prefix=scope_prefix,
+            ttl=ttl,
+            view_id=view_id,
+            pulsarstate_conn_id=pulsarstate_conn_id,
+        )
+        pull = f"ti.xcom_pull(task_ids={create.task_id!r})"
+        spark = ViewSparkSubmitOperator(
+            task_id="spark_job",
+            application=application,
+            application_args=[
+                "--view-id", "{{ %s['view_id'] }}" % pull,
+                "--table-topic", "{{ %s['table'] }}" % pull,
+                "--config-json", "{{ ti.xcom_pull(task_ids=%r, key=%r) }}" % (create.task_id, CONFIG_XCOM_KEY),
+                *extra,
+            ],
+            conn_id=spark_conn_id,
+            pulsarstate_conn_id=pulsarstate_conn_id,
+            **spark_kwargs,
+        )
+        apply = ApplyTempViewOperator(
+            task_id="apply_view",
+            table_topic=table_topic,
+            view_id="{{ %s['view_id'] }}" % pull,
+            dry_run=dry_run,
+            drop_after_plan=dry_run,
+            overwrite=overwrite,
+            sample=sample,
+            pulsarstate_conn_id=pulsarstate_conn_id,
+        )
+        drop = DropTempViewOperator(
+            task_id="drop_view",
+            table_topic=table_topic,
+            view_id="{{ (%s or {}).get('view_id') or '' }}" % pull,
+            pulsarstate_conn_id=pulsarstate_conn_id,
+            trigger_rule=TriggerRule.ONE_FAILED,
+        )
+        create >> spark >> apply
+        spark >> drop
+    group.create, group.spark, group.apply, group.drop = create, spark, apply, drop
+    return group
