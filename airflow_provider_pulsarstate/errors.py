@@ -107,3 +107,14 @@ class ViewConflictError(ViewError):
 
 class ViewScopeError(ViewError, ValueError):
     """A staged key lies outside the view's scope; nothing was published."""
+
+
+class ViewGuardError(ViewError):
+    """Apply stopped by a safety limit (``max_deletes``); nothing was published.
+
+    :ivar deletes: how many deletes the diff would have published.
+    """
+
+    def __init__(self, message: str, *, deletes: int) -> None:
+        super().__init__(message)
+        self.deletes = deletes

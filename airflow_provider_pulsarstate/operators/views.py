@@ -31,6 +31,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow_provider_pulsarstate.errors import (
     ViewClosedError,
     ViewConflictError,
+    ViewGuardError,
     ViewNotFoundError,
     ViewScopeError,
 )
@@ -140,6 +141,8 @@ class ApplyTempViewOperator(BaseOperator):
     :param drop_after_plan: with ``dry_run``, drop the view after planning it (nothing else
         will apply it).
     :param overwrite: publish even where the table changed since the view's baseline.
+    :param max_deletes: fail (publishing nothing) when the diff would delete more keys than this;
+        guards against a job that staged too little. None: no limit.
     :param sample: sample keys to log per kind; before a real apply this costs one extra read of
         the staged rows (a plan), 0 skips it.
     :param pulsarstate_conn_id: the ``pulsarstate`` connection.
@@ -158,6 +161,7 @@ class ApplyTempViewOperator(BaseOperator):
         dry_run: bool = False,
         drop_after_plan: bool = False,
         overwrite: bool = False,
+        max_deletes: int | None = None,
         sample: int = 10,
         pulsarstate_conn_id: str = DEFAULT_CONN_ID,
         **kwargs: Any,
@@ -168,6 +172,7 @@ class ApplyTempViewOperator(BaseOperator):
         self.dry_run = dry_run
         self.drop_after_plan = drop_after_plan
         self.overwrite = overwrite
+        self.max_deletes = max_deletes
         self.sample = sample
         self.pulsarstate_conn_id = pulsarstate_conn_id
 
@@ -191,7 +196,7 @@ class ApplyTempViewOperator(BaseOperator):
                     if self.sample > 0 and info is not None and info.status == "open"
                     else {}
                 )
-                result = table.apply(self.view_id, overwrite=self.overwrite).as_dict()
+                result = table.apply(self.view_id, overwrite=self.overwrite, max_deletes=self.max_deletes).as_dict()
             except ViewConflictError as exc:
                 self.log.error(
                     "%s", format_counts({"conflicts": exc.keys}, title=f"view {self.view_id} conflicts on {table.topic}")
@@ -199,7 +204,7 @@ class ApplyTempViewOperator(BaseOperator):
                 raise AirflowFailException(
                     f"{exc} -- re-run with overwrite=True to publish anyway, or recompute the view"
                 ) from exc
-            except (ViewNotFoundError, ViewClosedError, ViewScopeError) as exc:
+            except (ViewNotFoundError, ViewClosedError, ViewScopeError, ViewGuardError) as exc:
                 raise AirflowFailException(str(exc)) from exc
         title = f"view {self.view_id} applied to {table.topic} at offset {result['commit_offset']}"
         if result["already_applied"]:
@@ -297,6 +302,7 @@ def temp_view_spark_task_group(
     view_id: str | None = None,
     dry_run: bool = False,
     overwrite: bool = False,
+    max_deletes: int | None = None,
     sample: int = 10,
     **spark_kwargs: Any,
 ) -> TempViewTaskGroup:
@@ -331,7 +337,7 @@ def temp_view_spark_task_group(
     :param spark_conn_id: the Spark connection (e.g. ``{"conn_type": "spark", "host": "local[*]"}``).
     :param pulsarstate_conn_id: the ``pulsarstate`` connection.
     :param scope_prefix, ttl, view_id: see :class:`CreateTempViewOperator`.
-    :param dry_run, overwrite, sample: see :class:`ApplyTempViewOperator`.
+    :param dry_run, overwrite, max_deletes, sample: see :class:`ApplyTempViewOperator`.
     :param spark_kwargs: more SparkSubmitOperator arguments (``conf``, ``env_vars``, ``name``, ...).
     :return: the group; ``group.create``, ``.spark``, ``.apply``, ``.drop`` are its tasks.
     """
@@ -377,6 +383,7 @@ def temp_view_spark_task_group(
             dry_run=dry_run,
             drop_after_plan=dry_run,
             overwrite=overwrite,
+            max_deletes=max_deletes,
             sample=sample,
             pulsarstate_conn_id=pulsarstate_conn_id,
         )

@@ -43,6 +43,7 @@ from airflow_provider_pulsarstate.errors import (
     SerializationError,
     ViewClosedError,
     ViewConflictError,
+    ViewGuardError,
     ViewNotFoundError,
     ViewScopeError,
 )
@@ -285,11 +286,14 @@ class StateTable(Recipe):
 
         return self.manager.read(run, latest=True)
 
-    def apply(self, view_id: str, *, overwrite: bool = False) -> ViewResult:
+    def apply(self, view_id: str, *, overwrite: bool = False, max_deletes: int | None = None) -> ViewResult:
         """Publish the minimal diff between the committed table and the view, atomically.
 
         :param overwrite: publish even if keys the diff touches changed since the baseline.
+        :param max_deletes: refuse to publish a diff with more deletes than this (a job that
+            staged nothing, or half its rows, would otherwise empty the table); None: no limit.
         :raises ViewConflictError: such keys exist and ``overwrite`` is False (nothing published).
+        :raises ViewGuardError: the diff deletes more than ``max_deletes`` keys (nothing published).
         """
         info = self.view_info(check_view_id(view_id))
         if info is None:
@@ -311,6 +315,13 @@ class StateTable(Recipe):
             if meta["status"] != "open":
                 raise ViewClosedError(f"view {view_id!r} on {self.topic} is {meta['status']}")
             diff = self._diff(s, info, target)
+            if max_deletes is not None and len(diff.deletes) > max_deletes:
+                raise ViewGuardError(
+                    f"view {view_id!r} would delete {len(diff.deletes)} key(s) of {self.topic}, over "
+                    f"max_deletes={max_deletes} (staged {sum(v is not None for v in target.values())} rows): "
+                    f"{', '.join(sorted(diff.deletes)[:10])}",
+                    deletes=len(diff.deletes),
+                )
             conflicts = self._conflicts(s, info, diff)
             if conflicts and not overwrite:
                 raise ViewConflictError(

@@ -338,6 +338,24 @@ def test_apply_operator_counts_reapplies_and_fails_on_conflicts(embedded_conn: s
         assert table.to_dict(latest=True) == {"a": {"x": 1}}
 
 
+def test_apply_operator_max_deletes_fails_without_publishing(embedded_conn: str) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_provider_pulsarstate.operators.views import ApplyTempViewOperator
+
+    with PulsarStateHook(embedded_conn) as hook:
+        table = _table(hook, "t5")
+        for i in range(5):
+            table.put(f"k{i}", {"x": i})
+        empty = table.create_view()  # the job staged nothing
+        op = ApplyTempViewOperator(
+            task_id="a", table_topic="t5", view_id=empty.view_id, max_deletes=2, pulsarstate_conn_id=embedded_conn
+        )
+        with pytest.raises(AirflowFailException, match="would delete 5 key.*max_deletes=2"):
+            op.execute(_context())
+        assert table.size(latest=True) == 5
+
+
 def test_apply_and_drop_operators_on_missing_or_dropped_views(embedded_conn: str) -> None:
     from airflow.sdk.exceptions import AirflowFailException
 

@@ -21,6 +21,7 @@ from airflow_provider_pulsarstate.errors import (
     SerializationError,
     ViewClosedError,
     ViewConflictError,
+    ViewGuardError,
     ViewScopeError,
 )
 from airflow_provider_pulsarstate.recipes.table import StateTable, TableChange, ViewStager, canonical, staging_topic
@@ -150,6 +151,18 @@ def test_scope_limits_deletes_and_rejects_foreign_keys(tables: Any) -> None:
     with pytest.raises(ViewScopeError, match="cfg-y"):
         table.apply(bad.view_id)
     assert tables().get("cfg-y", latest=True) is None
+
+
+def test_max_deletes_guards_against_an_empty_or_partial_view(tables: Any) -> None:
+    table = tables()
+    table.apply(switch(table, {f"k{i}": {"v": i} for i in range(10)}).view_id)
+    empty = table.create_view()  # the job died before staging anything
+    with pytest.raises(ViewGuardError, match="would delete 10 key.*max_deletes=3.*staged 0 rows") as info:
+        table.apply(empty.view_id, max_deletes=3)
+    assert info.value.deletes == 10
+    assert tables().size(latest=True) == 10  # nothing published
+    partial = switch(table, {f"k{i}": {"v": i} for i in range(8)})
+    assert table.apply(partial.view_id, max_deletes=3).delete == 2
 
 
 def test_drop_and_expiry(tables: Any, backend: Backend) -> None:
