@@ -43,9 +43,6 @@ from airflow_provider_pulsarstate.errors import (
 from airflow_provider_pulsarstate.retry import Backoff
 
 log = logging.getLogger(__name__)
-_client_log = logging.getLogger("airflow_provider_pulsarstate.pulsar_client")
-if _client_log.level == logging.NOTSET:
-    _client_log.setLevel(logging.WARNING)
 
 _BUSY = (pulsar.ProducerFenced, pulsar.ProducerBusy)
 _UNREACHABLE = (pulsar.ConnectError, pulsar.Timeout, pulsar.LookupError, pulsar.ServiceUnitNotReady)
@@ -85,7 +82,10 @@ class PulsarBackend(Backend):
                 kwargs: dict[str, Any] = dict(
                     operation_timeout_seconds=max(1, round(cfg.operation_timeout)),
                     connection_timeout_ms=max(1, int(cfg.operation_timeout * 1000)),
-                    logger=_client_log,
+                    # The client's own logger, not a Python one: a pulsar.Client holding a Python
+                    # logger can abort the process at exit (apache/pulsar-client-python#256),
+                    # which would fail an Airflow task that succeeded.
+                    logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn),
                 )
                 if cfg.auth_token:
                     kwargs["authentication"] = pulsar.AuthenticationToken(cfg.auth_token)

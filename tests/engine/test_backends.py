@@ -104,3 +104,16 @@ def test_broker_restart_loses_nothing(tmp_path: Path) -> None:
             m.close()
     finally:
         broker.stop()
+
+
+@pytest.mark.pulsar
+def test_processes_using_the_broker_exit_cleanly(pulsar_broker: object, topic: str) -> None:
+    """An Airflow task that succeeded must not die at exit (apache/pulsar-client-python#256:
+    a client holding a Python logger aborted ~1 exit in 4 here)."""
+    import subprocess
+    import sys
+
+    worker = Path(__file__).with_name("exit_worker.py")
+    args = [sys.executable, str(worker), pulsar_broker.service_url, pulsar_broker.admin_url, topic]  # type: ignore[attr-defined]
+    codes = [subprocess.run(args, capture_output=True, timeout=120).returncode for _ in range(12)]
+    assert codes == [0] * 12
