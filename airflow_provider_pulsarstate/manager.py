@@ -557,7 +557,10 @@ class SharedStateManager(Generic[S, O]):
                 except Exception as exc:
                     w.fail(exc)
         self._applied_offset = record.offset
-        self._notify(record.offset, [op for _, ops in writes for op in ops], record.publish_time)
+        if self._listeners:
+            self._notify(record.offset, [op for _, ops in writes for op in ops], record.publish_time)
+        else:
+            self._notified_offset = max(self._notified_offset, record.offset)
 
     def _notify(self, offset: int, ops: list[O], publish_time: float) -> None:
         if offset <= self._notified_offset:

@@ -51,7 +51,11 @@ class PulsarMap(Recipe, Generic[K, V]):
     across instances. Return values follow the PIP: a single-key write returns the key's value
     after the write (None when absent); :meth:`pop` returns the value before.
 
-    A write whose result equals the current value appends nothing.
+    A write whose result equals the current value (same serialized bytes) appends nothing.
+
+    The replica keeps values serialized and decodes them when read, so replaying a long log
+    costs no value decoding and holds compact bytes; a stored value that no longer decodes
+    raises SerializationError naming the key when it is read.
 
     :param backend: where the log lives.
     :param topic: the fully qualified topic.
@@ -78,7 +82,7 @@ class PulsarMap(Recipe, Generic[K, V]):
         self.key_serde = key_serde
         self.value_serde = value_serde
         self.max_value_bytes = max_value_bytes
-        self.manager: SharedStateManager[dict[K, V], tuple[int, Any, Any]] = SharedStateManager(
+        self.manager: SharedStateManager[dict[K, bytes], tuple[int, Any, Any]] = SharedStateManager(
             backend,
             topic,
             initializer=dict,
@@ -89,8 +93,29 @@ class PulsarMap(Recipe, Generic[K, V]):
         )
 
     # ------------------------------------------------------------------ op codec
+    def _encode(self, key: K, value: V) -> bytes:
+        """Serialize a value (before anything is appended); enforces ``max_value_bytes``."""
+        try:
+            data = self.value_serde.serialize(value)
+        except Exception as exc:
+            raise SerializationError(f"{self.topic}: cannot serialize the value of key {key!r}: {exc}") from exc
+        if len(data) > self.max_value_bytes:
+            raise ValueTooLargeError(
+                f"{self.topic}: value of key {key!r} is {len(data):,} bytes, over the "
+                f"{self.max_value_bytes:,}-byte limit (max_value_bytes)"
+            )
+        return data
+
+    def _decode(self, key: K, data: bytes | None) -> V | None:
+        if data is None:
+            return None
+        try:
+            return self.value_serde.deserialize(data)
+        except Exception as exc:
+            raise SerializationError(f"{self.topic}: the stored value of key {key!r} does not decode: {exc}") from exc
+
     def _serialize_op(self, op: tuple[int, Any, Any]) -> bytes:
-        kind, key, value = op
+        kind, key, value_bytes = op
         if kind == _CLEAR:
             return bytes([_CLEAR])
         try:
@@ -99,29 +124,20 @@ class PulsarMap(Recipe, Generic[K, V]):
             raise SerializationError(f"{self.topic}: cannot serialize key {key!r}: {exc}") from exc
         if kind == _DELETE:
             return bytes([_DELETE]) + key_bytes
-        try:
-            value_bytes = self.value_serde.serialize(value)
-        except Exception as exc:
-            raise SerializationError(f"{self.topic}: cannot serialize the value of key {key!r}: {exc}") from exc
-        if len(value_bytes) > self.max_value_bytes:
-            raise ValueTooLargeError(
-                f"{self.topic}: value of key {key!r} is {len(value_bytes):,} bytes, over the "
-                f"{self.max_value_bytes:,}-byte limit (max_value_bytes)"
-            )
         return bytes([_PUT]) + _KEY_LEN.pack(len(key_bytes)) + key_bytes + value_bytes
 
     def _deserialize_op(self, data: bytes) -> tuple[int, Any, Any]:
+        """(kind, key, serialized value): values stay bytes until read."""
         if not data:
             raise ValueError("empty map op")
         kind = data[0]
-        if kind == _CLEAR:
-            return (_CLEAR, None, None)
-        if kind == _DELETE:
-            return (_DELETE, self.key_serde.deserialize(data[1:]), None)
         if kind == _PUT:
             (n,) = _KEY_LEN.unpack_from(data, 1)
-            key = self.key_serde.deserialize(data[5 : 5 + n])
-            return (_PUT, key, self.value_serde.deserialize(data[5 + n :]))
+            return (_PUT, self.key_serde.deserialize(data[5 : 5 + n]), data[5 + n :])
+        if kind == _DELETE:
+            return (_DELETE, self.key_serde.deserialize(data[1:]), None)
+        if kind == _CLEAR:
+            return (_CLEAR, None, None)
         raise ValueError(f"unknown map op type {kind}")
 
     # ------------------------------------------------------------------ reads
@@ -131,7 +147,8 @@ class PulsarMap(Recipe, Generic[K, V]):
 
     def get_or_default(self, key: K, default: V | None, *, latest: bool = False, linearizable: bool = False) -> V | None:
         """The value of ``key``, or ``default``."""
-        return self.manager.read(lambda m: m.get(key, default), latest=latest, linearizable=linearizable)
+        data = self.manager.read(lambda m: m.get(key), latest=latest, linearizable=linearizable)
+        return default if data is None else self._decode(key, data)
 
     def scan(
         self, filter: Callable[[K], bool], processor: Callable[[K, V], None], *, latest: bool = False
@@ -141,11 +158,11 @@ class PulsarMap(Recipe, Generic[K, V]):
         Runs on one consistent snapshot (no write is applied in the middle of a scan).
         """
 
-        def run(m: dict[K, V]) -> int:
+        def run(m: dict[K, bytes]) -> int:
             n = 0
             for k, v in m.items():
                 if filter(k):
-                    processor(k, v)
+                    processor(k, self._decode(k, v))  # type: ignore[arg-type]
                     n += 1
             return n
 
@@ -157,7 +174,7 @@ class PulsarMap(Recipe, Generic[K, V]):
 
     def to_dict(self, *, latest: bool = False) -> dict[K, V]:
         """A shallow copy of the whole table."""
-        return self.manager.read(dict, latest=latest)
+        return self.manager.read(lambda m: {k: self._decode(k, v) for k, v in m.items()}, latest=latest)  # type: ignore[misc]
 
     def size(self, *, latest: bool = False) -> int:
         """Number of keys."""
@@ -174,17 +191,15 @@ class PulsarMap(Recipe, Generic[K, V]):
     def update_async(self, key: K, operation: Callable[[K, V | None], V | None], *, retry: bool = True) -> Future:
         """:meth:`update` returning a Future; concurrent updates share one commit."""
 
-        def ops(m: dict[K, V]) -> list[tuple[int, Any, Any]]:
-            present = key in m
-            current = m.get(key)
-            new = operation(key, current)
+        def ops(m: dict[K, bytes]) -> list[tuple[int, Any, Any]]:
+            stored = m.get(key)
+            new = operation(key, self._decode(key, stored))
             if new is None:
-                return [(_DELETE, key, None)] if present else []
-            if present and new == current:
-                return []
-            return [(_PUT, key, new)]
+                return [(_DELETE, key, None)] if stored is not None else []
+            data = self._encode(key, new)
+            return [] if data == stored else [(_PUT, key, data)]
 
-        return self.manager.write_async(ops, lambda m: m.get(key), retry=retry)
+        return self.manager.write_async(ops, lambda m: self._decode(key, m.get(key)), retry=retry)
 
     def update_multiple(
         self, filter: Callable[[K], bool], operation: Callable[[K, V], V | None], *, retry: bool = True
@@ -195,16 +210,16 @@ class PulsarMap(Recipe, Generic[K, V]):
         """
         changed: list[int] = [0]
 
-        def ops(m: dict[K, V]) -> list[tuple[int, Any, Any]]:
+        def ops(m: dict[K, bytes]) -> list[tuple[int, Any, Any]]:
             out = []
-            for k, v in m.items():
+            for k, stored in m.items():
                 if not filter(k):
                     continue
-                new = operation(k, v)
+                new = operation(k, self._decode(k, stored))  # type: ignore[arg-type]
                 if new is None:
                     out.append((_DELETE, k, None))
-                elif new != v:
-                    out.append((_PUT, k, new))
+                elif (data := self._encode(k, new)) != stored:
+                    out.append((_PUT, k, data))
             changed[0] = len(out)
             return out
 
@@ -236,8 +251,8 @@ class PulsarMap(Recipe, Generic[K, V]):
         """Remove ``key`` and return the value it had."""
         before: list[Any] = [None]
 
-        def ops(m: dict[K, V]) -> list[tuple[int, Any, Any]]:
-            before[0] = m.get(key)
+        def ops(m: dict[K, bytes]) -> list[tuple[int, Any, Any]]:
+            before[0] = self._decode(key, m.get(key))
             return [(_DELETE, key, None)] if key in m else []
 
         self.manager.write(ops, retry=retry)
@@ -247,7 +262,7 @@ class PulsarMap(Recipe, Generic[K, V]):
         """Remove every key in one atomic write; returns how many there were."""
         count: list[int] = [0]
 
-        def ops(m: dict[K, V]) -> list[tuple[int, Any, Any]]:
+        def ops(m: dict[K, bytes]) -> list[tuple[int, Any, Any]]:
             count[0] = len(m)
             return [(_CLEAR, None, None)] if m else []
 
@@ -263,8 +278,9 @@ class PulsarMap(Recipe, Generic[K, V]):
         """
 
         def on_change(change: Change[tuple[int, Any, Any]]) -> None:
-            kind, key, value = change.op
+            kind, key, data = change.op
             name = {_PUT: "set", _DELETE: "delete", _CLEAR: "clear"}[kind]
+            value = self._decode(key, data) if kind == _PUT else None
             listener(MapChange(name, key, value, change.offset, change.publish_time))  # type: ignore[arg-type]
 
         self.manager.add_listener(on_change)

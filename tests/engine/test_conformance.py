@@ -112,7 +112,7 @@ def test_a_write_that_changes_nothing_appends_nothing(maps: Any, backend: Backen
 # ---------------------------------------------------------------------------------- atomicity
 def test_a_20mb_write_is_one_record_and_lands_whole(maps: Any, backend: Backend, topic: str) -> None:
     m = maps()
-    blob = "x" * 1000
+    blob = json.dumps("x" * 1000).encode()  # a serialized value, as PulsarMap ops carry them
     m.update_multiple(lambda k: True, lambda k, v: v)  # no-op write first, for an EPOCH record
     n = m.manager.write(lambda s: [(1, f"k{i:05d}", blob) for i in range(21_000)], lambda s: len(s))
     assert n == 21_000
@@ -128,7 +128,7 @@ def test_a_writer_that_dies_half_way_leaves_nothing_applied(maps: Any, backend: 
     m.put("before", 1)
     faulty.crash_next_append(after_frames=3)
     with pytest.raises(Exception):
-        m.manager.write(lambda s: [(1, f"big{i}", "y" * 1000) for i in range(1000)], retry=False)
+        m.manager.write(lambda s: [(1, f"big{i}", b'"' + b"y" * 1000 + b'"') for i in range(1000)], retry=False)
     assert faulty.injected == ["partial"]
     fresh = maps()
     assert fresh.to_dict(latest=True) == {"before": 1}
@@ -325,6 +325,18 @@ def test_unknown_op_type_names_topic_and_offset(maps: Any, backend: Backend, top
     assert info.value.topic == topic and "offset 1" in str(info.value) and "unknown map op type 9" in str(info.value)
     skipping = maps(on_corrupt="skip")
     assert skipping.to_dict(latest=True) == {"a": 1}
+
+
+def test_a_stored_value_that_does_not_decode_fails_on_read_naming_the_key(maps: Any, backend: Backend, topic: str) -> None:
+    raw = SharedStateManager(backend, topic, initializer=dict, applier=lambda s, o: None, op_serializer=bytes, op_deserializer=bytes)
+    raw.write(lambda s: [b"\x01\x00\x00\x00\x02ok1", b"\x01\x00\x00\x00\x03bad{not json"])
+    raw.close()
+    m = maps()
+    assert m.get("ok", latest=True) == 1  # replay and other keys are unaffected
+    with pytest.raises(SerializationError, match=r"stored value of key 'bad' does not decode"):
+        m.get("bad")
+    with pytest.raises(SerializationError, match="key 'bad'"):
+        m.update("bad", lambda k, v: 0)  # a write from it fails before appending anything
 
 
 def test_undecodable_entry_stops_bootstrap_unless_skipped(maps: Any, backend: Backend, backend_config: Any, topic: str) -> None:
