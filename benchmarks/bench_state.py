@@ -102,7 +102,7 @@ def value_of(i: int) -> dict[str, Any]:
 def put_frame_size() -> int:
     """Bytes of the single frame one ``PulsarMap.put`` appends (what the raw baselines send)."""
     codec = PulsarMap(None, "t")  # type: ignore[arg-type]  # construction does no I/O; only its op codec is used
-    body = encode_writes([(1, [codec._serialize_op((_PUT, key_of(0), value_of(0)))])])
+    body = encode_writes([(1, [codec._serialize_op((_PUT, key_of(0), codec._encode(key_of(0), value_of(0))))])])
     frames = encode_frames(kind=RecordKind.DATA, epoch=1, offset=0, writer_id=b"\0" * 16, body=body,
                            max_frame_bytes=1 << 20)
     assert len(frames) == 1
@@ -342,7 +342,7 @@ def build_log(config: ConnectionConfig, topic: str, n_ops: int, ops_per_record: 
             i = 0
             while i < n_ops:
                 lo, hi = i, min(i + ops_per_record, n_ops)
-                mgr.write(lambda _s, lo=lo, hi=hi: [(_PUT, key_of(k), value_of(k)) for k in range(lo, hi)])
+                mgr.write(lambda _s, lo=lo, hi=hi: [(_PUT, key_of(k), table._encode(key_of(k), value_of(k))) for k in range(lo, hi)])
                 i = hi
                 tick(i)
             elapsed = time.perf_counter() - t0
