@@ -74,6 +74,8 @@ class CreateTempViewOperator(BaseOperator):
     :param table_topic: the table (short name or full ``persistent://...``). Templated.
     :param scope_prefix: the view owns only keys with this prefix (others are never deleted,
         staging one is an error). Templated.
+    :param scope_predicate: ``"package.module:function"`` of a ``(key) -> bool`` bounding the view
+        further; a path, so the apply task and the Spark job resolve the same scope. Templated.
     :param ttl: seconds after which an unapplied view may be dropped by the next create_view.
     :param view_id: the id to use ([A-Za-z0-9_-]{1,64}); default: :func:`default_view_id` of
         this task instance. Templated.
@@ -81,7 +83,7 @@ class CreateTempViewOperator(BaseOperator):
     :raises AirflowFailException: ``view_id`` names a view that was already applied or dropped.
     """
 
-    template_fields: Sequence[str] = ("table_topic", "scope_prefix", "view_id")
+    template_fields: Sequence[str] = ("table_topic", "scope_prefix", "scope_predicate", "view_id")
     ui_color = "#d9e7f5"
 
     def __init__(
@@ -89,6 +91,7 @@ class CreateTempViewOperator(BaseOperator):
         *,
         table_topic: str,
         scope_prefix: str | None = None,
+        scope_predicate: str | None = None,
         ttl: float = DEFAULT_TTL,
         view_id: str | None = None,
         pulsarstate_conn_id: str = DEFAULT_CONN_ID,
@@ -97,6 +100,7 @@ class CreateTempViewOperator(BaseOperator):
         super().__init__(**kwargs)
         self.table_topic = table_topic
         self.scope_prefix = scope_prefix
+        self.scope_predicate = scope_predicate
         self.ttl = ttl
         self.view_id = view_id
         self.pulsarstate_conn_id = pulsarstate_conn_id
@@ -107,15 +111,18 @@ class CreateTempViewOperator(BaseOperator):
         with PulsarStateHook(self.pulsarstate_conn_id) as hook:
             config = hook.get_config()
             table = hook.get_table(self.table_topic)
-            info = table.create_view(view_id=view_id, scope_prefix=self.scope_prefix or None, ttl=self.ttl)
+            info = table.create_view(
+                view_id=view_id, scope_prefix=self.scope_prefix or None,
+                scope_predicate=self.scope_predicate or None, ttl=self.ttl,
+            )
         if info.status != "open":
             raise AirflowFailException(
                 f"view {info.view_id!r} on {info.table} is already {info.status}; use a new view id"
             )
         ti.xcom_push(key=CONFIG_XCOM_KEY, value=dump_config(config))
         self.log.info(
-            "view %s open on %s (baseline offset %d, scope %r, staging topic %s, %s back end)",
-            info.view_id, info.table, info.baseline, info.scope_prefix, info.staging_topic, config.kind,
+            "view %s open on %s (baseline offset %d, scope: %s, staging topic %s, %s back end)",
+            info.view_id, info.table, info.baseline, info.describe_scope(), info.staging_topic, config.kind,
         )
         return {
             "view_id": info.view_id,
@@ -298,6 +305,7 @@ def temp_view_spark_task_group(
     spark_conn_id: str = "spark_default",
     pulsarstate_conn_id: str = DEFAULT_CONN_ID,
     scope_prefix: str | None = None,
+    scope_predicate: str | None = None,
     ttl: float = DEFAULT_TTL,
     view_id: str | None = None,
     dry_run: bool = False,
@@ -336,7 +344,7 @@ def temp_view_spark_task_group(
         such as ``"{{ params.version }}"`` are rendered).
     :param spark_conn_id: the Spark connection (e.g. ``{"conn_type": "spark", "host": "local[*]"}``).
     :param pulsarstate_conn_id: the ``pulsarstate`` connection.
-    :param scope_prefix, ttl, view_id: see :class:`CreateTempViewOperator`.
+    :param scope_prefix, scope_predicate, ttl, view_id: see :class:`CreateTempViewOperator`.
     :param dry_run, overwrite, max_deletes, sample: see :class:`ApplyTempViewOperator`.
     :param spark_kwargs: more SparkSubmitOperator arguments (``conf``, ``env_vars``, ``name``, ...).
     :return: the group; ``group.create``, ``.spark``, ``.apply``, ``.drop`` are its tasks.
@@ -358,6 +366,7 @@ def temp_view_spark_task_group(
             task_id="create_view",
             table_topic=table_topic,
             scope_prefix=scope_prefix,
+            scope_predicate=scope_predicate,
             ttl=ttl,
             view_id=view_id,
             pulsarstate_conn_id=pulsarstate_conn_id,

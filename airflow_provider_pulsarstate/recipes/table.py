@@ -12,8 +12,9 @@ is sonic-swss-common's create_temp_view / apply_temp_view, minus its weaknesses:
 * **No lost writes from other producers.** The view pins a baseline (the offset of its create
   record). If a key the diff touches was changed after the baseline, apply fails with
   :class:`ViewConflictError` naming the keys, unless ``overwrite=True``.
-* **Scoped deletes.** With ``scope_prefix`` the view owns only keys with that prefix: keys outside
-  it are never deleted, and staging one is an error.
+* **Scoped deletes.** With ``scope_prefix`` and/or ``scope_predicate`` (a ``"module:function"``
+  path, so that every process resolves the same scope) the view owns only the keys in scope: keys
+  outside it are never deleted, and staging one is an error.
 * **Durable staging.** Rows are staged into a topic of the view's own, from any number of
   processes at once; the live table and its readers see nothing until apply.
 * **Canonical comparison.** Records are compared as canonical JSON (sorted fields, integral floats
@@ -27,6 +28,7 @@ is sonic-swss-common's create_temp_view / apply_temp_view, minus its weaknesses:
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import re
@@ -107,6 +109,25 @@ class ViewInfo:
     result: dict[str, Any] | None = None
     commit_offset: int = -1
     """Offset of the record that applied (or dropped) the view; -1 while open."""
+    scope_predicate: str | None = None
+    """``"module:function"`` of a ``(key) -> bool`` that, with ``scope_prefix``, bounds the view."""
+
+    def in_scope(self) -> Callable[[str], bool]:
+        """The view's scope as a predicate on keys (everything when unscoped)."""
+        prefix = self.scope_prefix
+        predicate = resolve_predicate(self.scope_predicate) if self.scope_predicate else None
+        if prefix and predicate:
+            return lambda key: key.startswith(prefix) and bool(predicate(key))
+        if prefix:
+            return lambda key: key.startswith(prefix)
+        if predicate:
+            return lambda key: bool(predicate(key))
+        return lambda key: True
+
+    def describe_scope(self) -> str:
+        parts = [f"prefix {self.scope_prefix!r}"] if self.scope_prefix else []
+        parts += [f"predicate {self.scope_predicate}"] if self.scope_predicate else []
+        return " and ".join(parts) or "the whole table"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -239,8 +260,16 @@ class StateTable(Recipe):
         self.manager.write(lambda s: [{"o": "del", "k": key, "w": None}] if key in s.rows else [])
 
     # ------------------------------------------------------------------ views
-    def create_view(self, *, view_id: str | None = None, scope_prefix: str | None = None, ttl: float = 86400.0) -> ViewInfo:
+    def create_view(
+        self, *, view_id: str | None = None, scope_prefix: str | None = None, scope_predicate: str | None = None,
+        ttl: float = 86400.0,
+    ) -> ViewInfo:
         """Open a view; its baseline is the table's commit offset at creation.
+
+        :param scope_prefix: the view owns only keys starting with this.
+        :param scope_predicate: ``"package.module:function"``, a ``(key) -> bool`` importable
+            wherever the view is planned or applied; the view owns only keys it accepts.
+        :raises ConfigurationError: a bad view id or ttl, or a predicate that does not import.
 
         Creating a view id that exists already returns it unchanged (a retried task is safe).
         Expired views are dropped in the same write.
@@ -248,18 +277,23 @@ class StateTable(Recipe):
         vid = check_view_id(view_id or uuid.uuid4().hex[:16])
         if ttl <= 0:
             raise ConfigurationError(f"ttl must be positive, got {ttl!r}")
+        if scope_predicate is not None:
+            resolve_predicate(scope_predicate)  # fail now, not at apply time
         expired: list[str] = []
 
         def ops(s: _TableState) -> list[dict[str, Any]]:
             out = self._expiry_ops(s, expired)
             if vid not in s.views:
-                meta = {"scope_prefix": scope_prefix, "expires_at": time.time() + ttl, "created_at": time.time()}
+                meta = {
+                    "scope_prefix": scope_prefix, "scope_predicate": scope_predicate,
+                    "expires_at": time.time() + ttl, "created_at": time.time(),
+                }
                 out.append({"o": "view", "id": vid, "meta": meta})
             return out
 
         info = self.manager.write(ops, lambda s: self._info(s, vid))
         self._delete_staging(expired)
-        log.info("view %s on %s open at baseline offset %d (scope %r)", vid, self.topic, info.baseline, info.scope_prefix)
+        log.info("view %s on %s open at baseline offset %d (scope: %s)", vid, self.topic, info.baseline, info.describe_scope())
         return info
 
     def view_info(self, view_id: str, *, latest: bool = True) -> ViewInfo | None:
@@ -380,7 +414,7 @@ class StateTable(Recipe):
         m = s.views[view_id]
         return ViewInfo(
             view_id, self.topic, m["baseline"], m["scope_prefix"], m["expires_at"], m["status"],
-            staging_topic(self.topic, view_id), m.get("result"), m.get("commit_offset", -1),
+            staging_topic(self.topic, view_id), m.get("result"), m.get("commit_offset", -1), m.get("scope_predicate"),
         )
 
     @staticmethod
@@ -405,6 +439,7 @@ class StateTable(Recipe):
         reader = self.backend.create_reader(info.staging_topic)
         progress = Progress(log, f"reading view {info.view_id}", unit="rows", quiet=True)
         outside: list[str] = []
+        in_scope = info.in_scope()
         try:
             while reader.has_next():
                 entry = reader.read_next(timeout=self.manager.operation_timeout)
@@ -413,7 +448,7 @@ class StateTable(Recipe):
                 for _, ops in decode_writes(entry.payload):
                     for op in ops:
                         key, value = _decode_staged(op)
-                        if info.scope_prefix and not key.startswith(info.scope_prefix):
+                        if not in_scope(key):
                             outside.append(key)
                         target[key] = value
                     progress.tick(len(ops))
@@ -423,16 +458,16 @@ class StateTable(Recipe):
         if outside:
             raise ViewScopeError(
                 f"view {info.view_id!r} staged {len(outside)} key(s) outside its scope "
-                f"{info.scope_prefix!r}: {', '.join(sorted(outside)[:10])}"
+                f"({info.describe_scope()}): {', '.join(sorted(outside)[:10])}"
             )
         return target
 
     def _diff(self, s: _TableState, info: ViewInfo, target: dict[str, bytes | None]) -> "_Diff":
-        prefix = info.scope_prefix
+        in_scope = None if info.scope_prefix is None and info.scope_predicate is None else info.in_scope()
         diff = _Diff()
         rows = s.rows
         for key, row in rows.items():
-            if prefix and not key.startswith(prefix):
+            if in_scope is not None and not in_scope(key):
                 continue
             staged = target.get(key)
             if staged is None:
@@ -546,6 +581,20 @@ class ViewStager:
             self.close()
         elif self._writer is not None:
             self._writer.close()
+
+
+def resolve_predicate(path: str) -> Callable[[str], Any]:
+    """Import ``"package.module:function"`` (or ``package.module.function``); ConfigurationError if it fails."""
+    module_name, sep, attr = path.partition(":")
+    if not sep:
+        module_name, _, attr = path.rpartition(".")
+    try:
+        target = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigurationError(f"scope predicate {path!r} cannot be imported: {exc}") from exc
+    if not callable(target):
+        raise ConfigurationError(f"scope predicate {path!r} is not callable")
+    return target
 
 
 def _check_record(key: str, record: Record) -> None:

@@ -270,6 +270,16 @@ def test_create_operator_returns_the_view_and_pushes_a_portable_config(embedded_
     assert op.execute(_context()) == out
 
 
+def test_create_operator_records_a_scope_predicate(embedded_conn: str) -> None:
+    from airflow_provider_pulsarstate.operators.views import CreateTempViewOperator
+
+    path = "tests.engine.test_views:even_keys"
+    op = CreateTempViewOperator(task_id="c", table_topic="t6", scope_predicate=path, pulsarstate_conn_id=embedded_conn)
+    out = op.execute(_context())
+    with PulsarStateHook(embedded_conn) as hook:
+        assert _table(hook, "t6").view_info(out["view_id"]).scope_predicate == path
+
+
 def test_create_operator_refuses_an_applied_view_id(embedded_conn: str) -> None:
     from airflow.sdk.exceptions import AirflowFailException
 

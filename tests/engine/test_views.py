@@ -153,6 +153,27 @@ def test_scope_limits_deletes_and_rejects_foreign_keys(tables: Any) -> None:
     assert tables().get("cfg-y", latest=True) is None
 
 
+def even_keys(key: str) -> bool:
+    """A scope predicate for the test below (imported by path)."""
+    return int(key.rsplit("-", 1)[1]) % 2 == 0
+
+
+def test_scope_predicate_travels_as_a_path(tables: Any) -> None:
+    table = tables()
+    for i in range(4):
+        table.put(f"row-{i}", {"v": i})
+    view = switch(table, {"row-0": {"v": 0}}, scope_predicate="tests.engine.test_views:even_keys")
+    assert tables().view_info(view.view_id).scope_predicate == "tests.engine.test_views:even_keys"
+    result = tables().apply(view.view_id)  # another instance resolves the same scope
+    assert (result.set, result.delete, result.unchanged) == (0, 1, 1)  # row-2 deleted; odd rows not owned
+    assert sorted(tables().to_dict(latest=True)) == ["row-0", "row-1", "row-3"]
+    bad = switch(table, {"row-1": {"v": 1}}, scope_predicate="tests.engine.test_views:even_keys")
+    with pytest.raises(ViewScopeError, match=r"outside its scope \(predicate tests.engine.test_views:even_keys\): row-1"):
+        table.apply(bad.view_id)
+    with pytest.raises(ConfigurationError, match="scope predicate 'no.such:thing' cannot be imported"):
+        table.create_view(scope_predicate="no.such:thing")
+
+
 def test_max_deletes_guards_against_an_empty_or_partial_view(tables: Any) -> None:
     table = tables()
     table.apply(switch(table, {f"k{i}": {"v": i} for i in range(10)}).view_id)
