@@ -150,8 +150,7 @@ class ApplyTempViewOperator(BaseOperator):
     :param overwrite: publish even where the table changed since the view's baseline.
     :param max_deletes: fail (publishing nothing) when the diff would delete more keys than this;
         guards against a job that staged too little. None: no limit.
-    :param sample: sample keys to log per kind; before a real apply this costs one extra read of
-        the staged rows (a plan), 0 skips it.
+    :param sample: sample keys to log and return per kind (from the diff apply computes anyway).
     :param pulsarstate_conn_id: the ``pulsarstate`` connection.
     :raises AirflowFailException: a conflict (the keys are logged and in the message), an unknown,
         dropped or expired view, or a staged key outside the view's scope; retrying cannot help.
@@ -197,13 +196,9 @@ class ApplyTempViewOperator(BaseOperator):
                         title += ", view dropped"
                     self.log.info("%s", format_counts(plan, title=title))
                     return plan
-                info = table.view_info(self.view_id)
-                plan = (
-                    table.plan(self.view_id, sample=self.sample).as_dict()
-                    if self.sample > 0 and info is not None and info.status == "open"
-                    else {}
-                )
-                result = table.apply(self.view_id, overwrite=self.overwrite, max_deletes=self.max_deletes).as_dict()
+                result = table.apply(
+                    self.view_id, overwrite=self.overwrite, max_deletes=self.max_deletes, sample=self.sample
+                ).as_dict()
             except ViewConflictError as exc:
                 self.log.error(
                     "%s", format_counts({"conflicts": exc.keys}, title=f"view {self.view_id} conflicts on {table.topic}")
@@ -216,7 +211,7 @@ class ApplyTempViewOperator(BaseOperator):
         title = f"view {self.view_id} applied to {table.topic} at offset {result['commit_offset']}"
         if result["already_applied"]:
             title = f"{title} earlier: nothing new published"
-        self.log.info("%s", format_counts({**plan, **result}, title=title))
+        self.log.info("%s", format_counts(result, title=title))
         return result
 
 

@@ -28,6 +28,7 @@ is sonic-swss-common's create_temp_view / apply_temp_view, minus its weaknesses:
 
 from __future__ import annotations
 
+import heapq
 import importlib
 import json
 import logging
@@ -159,6 +160,8 @@ class ViewResult:
     unchanged: int
     commit_offset: int
     already_applied: bool = False
+    sample_set: list[str] = field(default_factory=list)
+    sample_delete: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -315,13 +318,18 @@ class StateTable(Recipe):
             diff = self._diff(s, info, target)
             return ViewPlan(
                 view_id, len(diff.sets), len(diff.deletes), diff.unchanged,
-                sorted(diff.sets)[:sample], sorted(diff.deletes)[:sample], self._conflicts(s, info, diff),
+                diff.sample_sets(sample), diff.sample_deletes(sample), self._conflicts(s, info, diff),
             )
 
         return self.manager.read(run, latest=True)
 
-    def apply(self, view_id: str, *, overwrite: bool = False, max_deletes: int | None = None) -> ViewResult:
+    def apply(
+        self, view_id: str, *, overwrite: bool = False, max_deletes: int | None = None, sample: int = 10
+    ) -> ViewResult:
         """Publish the minimal diff between the committed table and the view, atomically.
+
+        The result carries up to ``sample`` keys per kind (the alphabetically first); they are
+        recorded with the view, so applying it again returns the same result.
 
         :param overwrite: publish even if keys the diff touches changed since the baseline.
         :param max_deletes: refuse to publish a diff with more deletes than this (a job that
@@ -365,7 +373,10 @@ class StateTable(Recipe):
                 )
             out: list[dict[str, Any]] = [{"o": "set", "k": k, "v": v, "w": view_id} for k, v in diff.sets.items()]
             out += [{"o": "del", "k": k, "w": view_id} for k in diff.deletes]
-            counts = {"set": len(diff.sets), "delete": len(diff.deletes), "unchanged": diff.unchanged}
+            counts = {
+                "set": len(diff.sets), "delete": len(diff.deletes), "unchanged": diff.unchanged,
+                "sample_set": diff.sample_sets(sample), "sample_delete": diff.sample_deletes(sample),
+            }
             out.append({"o": "view_end", "id": view_id, "status": "applied", "result": counts})
             return out
 
@@ -422,7 +433,7 @@ class StateTable(Recipe):
         counts = info.result or {}
         return ViewResult(
             info.view_id, counts.get("set", 0), counts.get("delete", 0), counts.get("unchanged", 0),
-            info.commit_offset, already,
+            info.commit_offset, already, counts.get("sample_set", []), counts.get("sample_delete", []),
         )
 
     def _open_view(self, view_id: str) -> ViewInfo:
@@ -501,6 +512,12 @@ class _Diff:
     sets: dict[str, Record] = field(default_factory=dict)
     deletes: list[str] = field(default_factory=list)
     unchanged: int = 0
+
+    def sample_sets(self, n: int) -> list[str]:
+        return heapq.nsmallest(n, self.sets)  # no full sort of a million-key diff
+
+    def sample_deletes(self, n: int) -> list[str]:
+        return heapq.nsmallest(n, self.deletes)
 
 
 class ViewStager:

@@ -329,6 +329,7 @@ def test_apply_operator_counts_reapplies_and_fails_on_conflicts(embedded_conn: s
         assert table.to_dict(latest=True) == {"a": {"x": 1}, "b": {"x": 2}}
         result = apply()
         assert (result["set"], result["delete"], result["unchanged"], result["already_applied"]) == (1, 1, 1, False)
+        assert (result["sample_set"], result["sample_delete"]) == (["c"], ["b"])  # from apply's own diff
         assert table.to_dict(latest=True) == {"a": {"x": 1}, "c": {"x": 3}}
         again = apply()
         assert again["already_applied"] is True and again["commit_offset"] == result["commit_offset"]

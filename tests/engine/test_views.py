@@ -80,6 +80,7 @@ def test_apply_publishes_exactly_the_minimal_diff(tables: Any) -> None:
     view = switch(table, new)
     result = table.apply(view.view_id)
     assert (result.set, result.delete, result.unchanged) == (4, 1, 3)
+    assert result.sample_set == ["changed", "field-added", "field-removed", "new"] and result.sample_delete == ["gone"]
     assert sorted((c.type, c.key) for c in changes) == [
         ("delete", "gone"), ("set", "changed"), ("set", "field-added"), ("set", "field-removed"), ("set", "new"),
     ]
