@@ -123,3 +123,27 @@ def decode_writes(body: bytes) -> list[tuple[int, list[bytes]]]:
     except struct.error as exc:
         raise FrameError(f"truncated record body at byte {pos}: {exc}") from None
     return writes
+
+
+KEY_SET = 1
+"""Keyed op: set ``key`` to ``value`` (``kind | key length u32 | key | value``)."""
+KEY_DELETE = 2
+"""Keyed op: remove ``key`` (``kind | key``)."""
+
+
+def encode_key_op(kind: int, key: bytes, value: bytes = b"") -> bytes:
+    """The keyed-op layout shared by PulsarMap ops and staged view rows."""
+    if kind == KEY_SET:
+        return bytes([KEY_SET]) + _OP_LEN.pack(len(key)) + key + value
+    return bytes([kind]) + key
+
+
+def decode_key_op(data: bytes) -> tuple[int, bytes, bytes | None]:
+    """``(kind, key, value)``; value is None for anything but KEY_SET, key empty past a bare kind byte."""
+    if not data:
+        raise FrameError("empty keyed op")
+    kind = data[0]
+    if kind == KEY_SET:
+        (n,) = _OP_LEN.unpack_from(data, 1)
+        return kind, data[5 : 5 + n], data[5 + n :]
+    return kind, data[1:], None

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import struct
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Hashable, Literal, TypeVar
 
 from airflow_provider_pulsarstate.backends.base import Backend
+from airflow_provider_pulsarstate.envelope import KEY_DELETE, KEY_SET, decode_key_op, encode_key_op
 from airflow_provider_pulsarstate.errors import SerializationError, ValueTooLargeError
 from airflow_provider_pulsarstate.manager import Change, SharedStateManager
 from airflow_provider_pulsarstate.recipes.base import Recipe
@@ -16,8 +16,7 @@ from airflow_provider_pulsarstate.serde import JSON, STR, Serde
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
-_PUT, _DELETE, _CLEAR = 1, 2, 3
-_KEY_LEN = struct.Struct(">I")
+_PUT, _DELETE, _CLEAR = KEY_SET, KEY_DELETE, 3
 DEFAULT_MAX_VALUE_BYTES = 4 * 1024 * 1024
 
 
@@ -122,20 +121,13 @@ class PulsarMap(Recipe, Generic[K, V]):
             key_bytes = self.key_serde.serialize(key)
         except Exception as exc:
             raise SerializationError(f"{self.topic}: cannot serialize key {key!r}: {exc}") from exc
-        if kind == _DELETE:
-            return bytes([_DELETE]) + key_bytes
-        return bytes([_PUT]) + _KEY_LEN.pack(len(key_bytes)) + key_bytes + value_bytes
+        return encode_key_op(kind, key_bytes, value_bytes or b"")
 
     def _deserialize_op(self, data: bytes) -> tuple[int, Any, Any]:
         """(kind, key, serialized value): values stay bytes until read."""
-        if not data:
-            raise ValueError("empty map op")
-        kind = data[0]
-        if kind == _PUT:
-            (n,) = _KEY_LEN.unpack_from(data, 1)
-            return (_PUT, self.key_serde.deserialize(data[5 : 5 + n]), data[5 + n :])
-        if kind == _DELETE:
-            return (_DELETE, self.key_serde.deserialize(data[1:]), None)
+        kind, key, value = decode_key_op(data)
+        if kind == _PUT or kind == _DELETE:
+            return (kind, self.key_serde.deserialize(key), value)
         if kind == _CLEAR:
             return (_CLEAR, None, None)
         raise ValueError(f"unknown map op type {kind}")

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
 from airflow_provider_pulsarstate.backends.base import Backend, RawWriter
-from airflow_provider_pulsarstate.envelope import decode_writes, encode_writes
+from airflow_provider_pulsarstate.envelope import KEY_DELETE, KEY_SET, decode_key_op, decode_writes, encode_key_op, encode_writes
 from airflow_provider_pulsarstate.errors import (
     BackendUnavailableError,
     ConfigurationError,
@@ -57,7 +57,6 @@ from airflow_provider_pulsarstate.progress import Progress
 log = logging.getLogger(__name__)
 
 _VIEW_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_STAGE_SET, _STAGE_DEL = 1, 2
 _OPS = ("set", "del", "view", "view_end")
 Record = dict[str, Any]
 
@@ -552,11 +551,11 @@ class ViewStager:
             value = canonical(record)
         except (TypeError, ValueError) as exc:
             raise SerializationError(f"view {self.view_id!r}: record of key {key!r} is not JSON: {exc}") from exc
-        self._add(bytes([_STAGE_SET]) + len(key.encode()).to_bytes(4, "big") + key.encode() + value)
+        self._add(encode_key_op(KEY_SET, key.encode(), value))
 
     def delete(self, key: str) -> None:
         """Stage the absence of ``key`` (undo an earlier set in this view)."""
-        self._add(bytes([_STAGE_DEL]) + key.encode())
+        self._add(encode_key_op(KEY_DELETE, key.encode()))
 
     def set_many(self, rows: Iterator[tuple[str, Record]] | list[tuple[str, Record]]) -> int:
         n = 0
@@ -629,12 +628,10 @@ def _check_record(key: str, record: Record) -> None:
 
 
 def _decode_staged(op: bytes) -> tuple[str, bytes | None]:
-    if op[0] == _STAGE_SET:
-        n = int.from_bytes(op[1:5], "big")
-        return op[5 : 5 + n].decode(), bytes(op[5 + n :])
-    if op[0] == _STAGE_DEL:
-        return op[1:].decode(), None
-    raise ValueError(f"unknown staged row type {op[0]}")
+    kind, key, value = decode_key_op(op)
+    if kind != KEY_SET and kind != KEY_DELETE:
+        raise ValueError(f"unknown staged row type {kind}")
+    return key.decode(), value
 
 
 def _serialize_op(op: dict[str, Any]) -> bytes:
