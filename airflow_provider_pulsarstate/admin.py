@@ -59,6 +59,10 @@ class PulsarAdmin:
         """``GET .../stats``: publishers, topicEpoch, waitingPublishers, counters."""
         return self.request("GET", f"{self.topic_path(topic)}/stats").json()
 
+    def topic_exists(self, topic: str) -> bool:
+        """Whether the topic exists (asking does not create it, unlike a client lookup)."""
+        return self.request("GET", f"{self.topic_path(topic)}/stats", ok=(200, 404)).status_code == 200
+
     def internal_stats(self, topic: str) -> dict[str, Any]:
         """``GET .../internalStats``: ledgers, lastConfirmedEntry, cursors."""
         return self.request("GET", f"{self.topic_path(topic)}/internalStats").json()

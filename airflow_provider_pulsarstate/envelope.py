@@ -38,6 +38,8 @@ class RecordKind(enum.IntEnum):
     """A group of writes (each a list of ops); the only kind with an offset."""
     BARRIER = 3
     """An empty record that proves the writer still holds its epoch (linearizable reads)."""
+    CHECKPOINT = 4
+    """A state image, in a checkpoint topic of its own (never in the log it summarizes)."""
 
 
 @dataclass(frozen=True, slots=True)

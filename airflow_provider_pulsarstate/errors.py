@@ -66,6 +66,21 @@ class CorruptEntryError(PulsarStateError):
         self.cause = cause
 
 
+class CheckpointError(PulsarStateError):
+    """A checkpoint could not be written or loaded (missing, incomplete, or failing its checksum).
+
+    Loading never depends on it: the state manager logs the error and replays the log instead.
+
+    :ivar topic: the log topic the checkpoint belongs to.
+    :ivar cause: what is wrong with it.
+    """
+
+    def __init__(self, *, topic: str, cause: str) -> None:
+        super().__init__(f"checkpoint of topic {topic!r}: {cause}")
+        self.topic = topic
+        self.cause = cause
+
+
 class SerializationError(PulsarStateError, ValueError):
     """A key, value or op could not be serialized; nothing was appended."""
 

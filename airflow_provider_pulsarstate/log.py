@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from airflow_provider_pulsarstate.backends.base import EARLIEST, AcquireMode, Backend, RawReader, RawWriter
+from airflow_provider_pulsarstate.backends.base import EARLIEST, AcquireMode, Backend, RawReader, RawWriter, is_earliest
 from airflow_provider_pulsarstate.envelope import NO_OFFSET, Frame, FrameError, RecordKind, decode_frame, encode_frames
 from airflow_provider_pulsarstate.errors import CorruptEntryError
 
@@ -88,15 +88,25 @@ def open_writer(
 class LogReader:
     """Turns a :class:`RawReader`'s frames into records, enforcing the reading rules above."""
 
-    def __init__(self, backend: Backend, topic: str, *, start: Any = EARLIEST, on_corrupt: CorruptPolicy = "raise") -> None:
+    def __init__(
+        self, backend: Backend, topic: str, *, start: Any = EARLIEST, on_corrupt: CorruptPolicy = "raise",
+        next_offset: int | None = None, max_epoch: int = -1,
+    ) -> None:
+        """
+        :param start: EARLIEST, or the position of an entry to resume after.
+        :param next_offset: the DATA offset expected next (0 from EARLIEST; when resuming, the one
+            after the last record read, so that gaps are still detected).
+        :param max_epoch: the highest epoch seen before ``start`` (frames of lower epochs after it
+            are zombie frames and are skipped).
+        """
         if on_corrupt not in ("raise", "skip"):
             raise ValueError(f"on_corrupt must be 'raise' or 'skip', got {on_corrupt!r}")
         self.backend = backend
         self.topic = topic
         self.on_corrupt = on_corrupt
         self.raw: RawReader = backend.create_reader(topic, start=start)
-        self.max_epoch = -1
-        self.next_offset: int | None = 0 if start == EARLIEST else None
+        self.max_epoch = max_epoch
+        self.next_offset: int | None = next_offset if next_offset is not None else (0 if is_earliest(start) else None)
         self.skipped = 0
         self._parts: list[Frame] = []
 

@@ -24,6 +24,12 @@ Guarantees:
   one record; each still gets its own result, computed right after its own ops are applied.
 * **Bounded waits.** Taking the writer waits at most ``acquire_timeout``; an idle writer is
   released after ``writer_idle_timeout`` so other instances are not starved.
+* **Checkpoints** (when given a state serializer and deserializer). Bootstrap loads the newest
+  checkpoint (:mod:`~airflow_provider_pulsarstate.checkpoint`) and replays only the records after
+  it, so its cost follows the size of the state, not the length of the history. A missing or
+  damaged checkpoint is logged and the whole log is replayed: checkpoints never decide the state.
+  With ``checkpoint_after_bytes`` the writer checkpoints by itself; :meth:`checkpoint` does it
+  on demand from any instance.
 
 While ops are staged and the append is in flight, the lock that readers take is held, so no
 read ever sees state that is not in the log. If an append fails after ops were applied locally,
@@ -32,6 +38,8 @@ the state is rebuilt from the log before anything else happens.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
 import json
 import logging
@@ -41,12 +49,15 @@ import uuid
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Iterable, TypeVar
+from typing import Any, Callable, Generic, Iterable, Iterator, TypeVar
 
-from airflow_provider_pulsarstate.backends.base import AcquireMode, Backend
+from airflow_provider_pulsarstate.backends.base import EARLIEST, AcquireMode, Backend
+from airflow_provider_pulsarstate.checkpoint import CheckpointInfo, CheckpointStore
 from airflow_provider_pulsarstate.envelope import FrameError, RecordKind, decode_writes, encode_writes
 from airflow_provider_pulsarstate.errors import (
+    CheckpointError,
     ClosedError,
+    ConfigurationError,
     CorruptEntryError,
     OperationTimeoutError,
     PulsarStateError,
@@ -58,6 +69,10 @@ from airflow_provider_pulsarstate.log import DEFAULT_MAX_FRAME_BYTES, CorruptPol
 from airflow_provider_pulsarstate.progress import Progress
 
 log = logging.getLogger(__name__)
+
+CHECKPOINT_TAIL_RATIO = 4
+"""Automatic checkpoints come after at least 1/4 of the last image's size in new log: the tail a
+bootstrap replays stays small next to the image, and writing images costs at most ~4x the log."""
 
 S = TypeVar("S")
 O = TypeVar("O")
@@ -136,6 +151,14 @@ class SharedStateManager(Generic[S, O]):
     :param follow_interval: when set, a background thread reads new entries this often, so
         the local state and change listeners follow other writers without a read(latest=True).
     :param progress_interval: seconds between progress lines while replaying a long log.
+    :param state_serializer: state -> bytes, for checkpoints (None: no checkpoints are written).
+    :param state_deserializer: bytes -> state, to load checkpoints (None: always replay the log).
+    :param checkpoint_after_bytes: the writer checkpoints once this many bytes of records were
+        appended or read since the last checkpoint, and at least a quarter of that checkpoint's
+        size (:data:`CHECKPOINT_TAIL_RATIO`), so image writes stay proportional to the log. The image
+        is taken under the state lock (a consistent state at one offset) and stored on a
+        background thread. None: only :meth:`checkpoint` writes them.
+    :param use_checkpoints: load the newest checkpoint at bootstrap (False: replay everything).
     """
 
     def __init__(
@@ -157,7 +180,16 @@ class SharedStateManager(Generic[S, O]):
         on_corrupt: CorruptPolicy = "raise",
         follow_interval: float | None = None,
         progress_interval: float = 5.0,
+        state_serializer: Callable[[S], bytes] | None = None,
+        state_deserializer: Callable[[bytes], S] | None = None,
+        checkpoint_after_bytes: int | None = None,
+        use_checkpoints: bool = True,
     ) -> None:
+        if checkpoint_after_bytes is not None and (state_serializer is None or checkpoint_after_bytes <= 0):
+            raise ConfigurationError(
+                "checkpoint_after_bytes needs a state_serializer and a positive size, got "
+                f"{checkpoint_after_bytes!r} with state_serializer={state_serializer!r}"
+            )
         self.backend = backend
         self.topic = topic
         self.writer_id = uuid.uuid4().bytes
@@ -197,7 +229,19 @@ class SharedStateManager(Generic[S, O]):
         self._follow_interval = follow_interval
         self._follower: threading.Thread | None = None
         self._stop = threading.Event()
-        self.stats = {"records_appended": 0, "writes_committed": 0, "acquisitions": 0, "rebuilds": 0, "retries": 0}
+        self._serialize_state = state_serializer
+        self._deserialize_state = state_deserializer if use_checkpoints else None
+        self.checkpoint_after_bytes = checkpoint_after_bytes
+        self.checkpoints = CheckpointStore(backend, topic, max_frame_bytes=max_frame_bytes, timeout=operation_timeout)
+        self._applied_position: Any = EARLIEST
+        self._applied_epoch = -1
+        self._bytes_since_checkpoint = 0
+        self._last_checkpoint_size = 0
+        self._checkpointer: threading.Thread | None = None
+        self.stats = {
+            "records_appended": 0, "writes_committed": 0, "acquisitions": 0, "rebuilds": 0, "retries": 0,
+            "records_replayed": 0, "checkpoints_written": 0, "checkpoint_loaded_offset": -1,
+        }
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "SharedStateManager[S, O]":
@@ -217,7 +261,8 @@ class SharedStateManager(Generic[S, O]):
             self._closed = True
             self._cv.notify_all()
         self._stop.set()
-        for thread in (self._committer, self._follower):
+        for name in ("_committer", "_follower", "_checkpointer"):  # the committer may start a checkpoint
+            thread = getattr(self, name)
             if thread is not None and thread is not threading.current_thread():
                 thread.join(timeout=self.operation_timeout + self.acquire_timeout)
         with self._cv:
@@ -347,6 +392,7 @@ class SharedStateManager(Generic[S, O]):
                 batch = [self._queue.popleft() for _ in range(min(len(self._queue), self.max_group_writes))]
             self._commit(batch)
             self._last_write = time.monotonic()
+            self._maybe_checkpoint()
 
     def _release_idle_writer(self) -> None:
         with self._lock:
@@ -431,8 +477,11 @@ class SharedStateManager(Generic[S, O]):
             for w, _, payloads in staged:
                 if payloads:
                     self._inflight[w.seq] = w
-            writer.append(RecordKind.DATA, encode_writes(data), offset=offset, timeout=self.operation_timeout)
+            body = encode_writes(data)
+            position = writer.append(RecordKind.DATA, body, offset=offset, timeout=self.operation_timeout)
             self._applied_offset = offset
+            self._applied_position, self._applied_epoch = position, writer.epoch
+            self._bytes_since_checkpoint += len(body)
             self._broken = False
             self.stats["records_appended"] += 1
             now = time.time()
@@ -467,19 +516,135 @@ class SharedStateManager(Generic[S, O]):
             raise ClosedError(f"state manager of {self.topic} is closed")
         if not self._broken:
             return
+        # Writes of unknown outcome would land right after the confirmed offset: a checkpoint
+        # past it could hide them, and they would be sent twice. Replay from before them instead.
+        limit = self._applied_offset if self._inflight else None
         if self._reader is not None:
             self._reader.close()
+            self._reader = None
             self.stats["rebuilds"] += 1
         self._drop_writer()
-        self._reader = LogReader(self.backend, self.topic, on_corrupt=self.on_corrupt)
-        self._state = self._initializer()
-        self._applied_offset = -1
+        self._bytes_since_checkpoint = 0
         self._broken = False
         try:
+            if not self._load_checkpoint(limit):
+                self._reader = LogReader(self.backend, self.topic, on_corrupt=self.on_corrupt)
+                self._state = self._initializer()
+                self._applied_offset = -1
+                self._applied_position, self._applied_epoch = EARLIEST, -1
             self._catch_up(bootstrap=True)
         except BaseException:
             self._broken = True
             raise
+
+    def _load_checkpoint(self, limit: int | None) -> bool:
+        """Start from the newest usable checkpoint; False (after logging why) to replay everything."""
+        if self._deserialize_state is None:
+            return False
+        started = time.monotonic()
+        try:
+            info = self.checkpoints.latest()
+            if info is None:
+                return False
+            if limit is not None and info.offset > limit:
+                log.info(
+                    "%s: not loading the checkpoint at offset %d: a write of unknown outcome may lie after offset %d; "
+                    "replaying the whole log to find it", self.topic, info.offset, limit,
+                )
+                return False
+            image = self.checkpoints.load(info)
+            try:
+                with _gc_paused():
+                    state = self._deserialize_state(image)
+            except Exception as exc:
+                raise CheckpointError(
+                    topic=self.topic, cause=f"image {info.data_topic} does not deserialize: {_describe(exc)}"
+                ) from exc
+            reader = LogReader(
+                self.backend, self.topic, start=info.position, on_corrupt=self.on_corrupt,
+                next_offset=info.offset + 1, max_epoch=info.epoch,
+            )
+        except PulsarStateError as exc:
+            log.warning("%s; replaying the whole log of %s instead", exc, self.topic)
+            return False
+        self._reader, self._state = reader, state
+        self._applied_offset, self._applied_position, self._applied_epoch = info.offset, info.position, info.epoch
+        self._notified_offset = max(self._notified_offset, info.offset)
+        self._last_checkpoint_size = info.size
+        self.stats["checkpoint_loaded_offset"] = info.offset
+        elapsed = time.monotonic() - started
+        log.info(
+            "%s: loaded the checkpoint at offset %d (%s bytes, %.1f MB/s) in %.2fs; replaying the records after it",
+            self.topic, info.offset, f"{info.size:,}", info.size / 1e6 / max(elapsed, 1e-9), elapsed,
+        )
+        return True
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint(self) -> CheckpointInfo | None:
+        """Checkpoint the state as of the tail now; returns the manifest (None: the log has no data yet).
+
+        Any instance may call it, writer or not: the image is taken under the state lock, so it
+        is the state at exactly one offset. Blocks until the image and its manifest are stored.
+
+        :raises ConfigurationError: the manager has no ``state_serializer``.
+        :raises CheckpointError: it could not be stored (the log and the state are unaffected).
+        """
+        if self._serialize_state is None:
+            raise ConfigurationError(f"{self.topic}: checkpoints need a state_serializer")
+        with self._lock:
+            self._ensure_state()
+            self._catch_up()
+            image = self._take_image()
+        return None if image is None else self._store_image(image)
+
+    def _take_image(self) -> tuple[int, int, Any, bytes] | None:
+        """(offset, epoch, position, serialized state); call with the state lock held."""
+        if self._applied_offset < 0 or self._serialize_state is None:
+            return None
+        try:
+            data = self._serialize_state(self._state)
+        except Exception as exc:
+            raise CheckpointError(topic=self.topic, cause=f"the state does not serialize: {_describe(exc)}") from exc
+        if not isinstance(data, (bytes, bytearray)):
+            raise CheckpointError(topic=self.topic, cause=f"state_serializer returned {type(data).__name__}, not bytes")
+        self._bytes_since_checkpoint = 0
+        return self._applied_offset, self._applied_epoch, self._applied_position, bytes(data)
+
+    def _store_image(self, image: tuple[int, int, Any, bytes]) -> CheckpointInfo:
+        offset, epoch, position, data = image
+        info = self.checkpoints.save(offset=offset, epoch=epoch, position=position, data=data)
+        self._last_checkpoint_size = info.size
+        self.stats["checkpoints_written"] += 1
+        return info
+
+    def _maybe_checkpoint(self) -> None:
+        """After a commit: start a background checkpoint when enough log was added since the last."""
+        after = self.checkpoint_after_bytes
+        if after is None or self._writer is None:
+            return
+        if self._bytes_since_checkpoint < max(after, self._last_checkpoint_size // CHECKPOINT_TAIL_RATIO):
+            return
+        if self._checkpointer is not None and self._checkpointer.is_alive():
+            return
+        try:
+            with self._lock:
+                if self._broken or self._writer is None:
+                    return
+                image = self._take_image()
+        except CheckpointError as exc:
+            log.warning("automatic %s", exc)
+            return
+        if image is None:
+            return
+
+        def store() -> None:
+            try:
+                self._store_image(image)
+            except PulsarStateError as exc:
+                log.warning("%s: automatic checkpoint at offset %d failed: %s", self.topic, image[0], exc)
+
+        self._checkpointer = threading.Thread(target=store, name=f"pulsarstate-checkpoint-{self.topic}", daemon=True)
+        self._checkpointer.start()
 
     def _ensure_writer(self) -> None:
         """Take the writer if not held, then read up to our own EPOCH record."""
@@ -535,7 +700,7 @@ class SharedStateManager(Generic[S, O]):
                 self._broken = True  # stop here; the next use replays again and stops again
                 raise err from exc
             log.error("skipping %s (on_corrupt='skip')", err)
-            self._applied_offset = record.offset
+            self._record_applied(record)
             return
         mine = record.writer_id == self.writer_id
         self._applying_offset = record.offset
@@ -556,11 +721,17 @@ class SharedStateManager(Generic[S, O]):
                     w.succeed()
                 except Exception as exc:
                     w.fail(exc)
-        self._applied_offset = record.offset
+        self._record_applied(record)
         if self._listeners:
             self._notify(record.offset, [op for _, ops in writes for op in ops], record.publish_time)
         else:
             self._notified_offset = max(self._notified_offset, record.offset)
+
+    def _record_applied(self, record: LogRecord) -> None:
+        self._applied_offset = record.offset
+        self._applied_position, self._applied_epoch = record.position, record.epoch
+        self._bytes_since_checkpoint += len(record.body)
+        self.stats["records_replayed"] += 1
 
     def _notify(self, offset: int, ops: list[O], publish_time: float) -> None:
         if offset <= self._notified_offset:
@@ -586,6 +757,20 @@ class SharedStateManager(Generic[S, O]):
 
 class _Restage(PulsarStateError):
     """Internal: the applier failed on a freshly generated op; rebuild and stage again."""
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic GC while building a large state: the objects made are not garbage, and CPython
+    would otherwise traverse the young heap again and again (it doubled the load time of a
+    1M-key image)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _describe(exc: BaseException) -> str:

@@ -34,13 +34,19 @@ Phases
     The per-write-producer design cannot overlap writes: each one holds the topic's only
     exclusive producer, so it runs sequentially.
 (c) bootstrap: build a log of M map put ops (``SharedStateManager.write`` of batches of ops, one
-    record per batch, distinct keys), then time a fresh ``PulsarMap(...).size(latest=True)``
-    (full replay) in a fresh interpreter, against a raw pulsar-client Reader reading the same
+    record per batch) cycling through K keys (default 1M ops on 100k keys: a table under churn,
+    each key written 10 times) with PulsarMap's default checkpoint policy (the writer
+    stores images as the log grows, on a background thread), then time a fresh
+    ``PulsarMap(...).size(latest=True)`` in a fresh interpreter: it loads the newest image and
+    replays the records after it. Baseline: a raw pulsar-client Reader reading the same log
     topic from earliest to the end (``has_message_available()`` / ``read_next()``, touching
-    ``data()``), also in a fresh interpreter. The two alternate ``--replay-runs`` times; the
+    ``data()``), also in a fresh interpreter. A second row times the full replay of the same log
+    (``use_checkpoints=False``), no target. The runs alternate ``--replay-runs`` times; the
     fastest of each counts. Peak RSS of each (VmHWM of the worker process) is reported.
+(c-distinct) supplementary, no target: the same with every op on a distinct key, so the state is
+    as large as the log (the worst case for checkpoints).
 (c') supplementary, no target: the same on a smaller log of small records (10 ops per record),
-    where per-record costs weigh more than per-op costs.
+    where per-record costs weigh more than per-op costs (too short a log for a checkpoint).
 
 ``--profile-replay out.prof`` additionally replays the (c) log once more under cProfile (not
 timed) and prints the top functions.
@@ -83,10 +89,10 @@ PROGRESS_EVERY = 3.0  # seconds between progress lines
 NAMESPACE = "persistent://public/default"
 
 FULL = dict(seq_ops=2000, conc_ops=50_000, conc_rounds=2, perwrite_seq_ops=300, perwrite_conc_ops=300,
-            bootstrap_ops=1_000_000, ops_per_record=1000, replay_runs=3,
+            bootstrap_ops=1_000_000, ops_per_record=1000, bootstrap_keys=100_000, worst_case=1, replay_runs=3,
             small_records_ops=100_000, small_records_per_record=10)
 QUICK = dict(seq_ops=100, conc_ops=3000, conc_rounds=2, perwrite_seq_ops=30, perwrite_conc_ops=30,
-             bootstrap_ops=20_000, ops_per_record=1000, replay_runs=1,
+             bootstrap_ops=20_000, ops_per_record=1000, bootstrap_keys=2_000, worst_case=1, replay_runs=1,
              small_records_ops=2_000, small_records_per_record=10)
 
 
@@ -331,8 +337,9 @@ def ours_concurrent_put(config: ConnectionConfig, topic: str, n: int) -> tuple[f
         backend.close()
 
 
-def build_log(config: ConnectionConfig, topic: str, n_ops: int, ops_per_record: int) -> tuple[float, dict]:
-    """Append n_ops map put ops, ops_per_record per write (one DATA record each)."""
+def build_log(config: ConnectionConfig, topic: str, n_ops: int, ops_per_record: int, keys: int) -> tuple[float, dict]:
+    """Append n_ops map put ops on ``keys`` keys (round robin), ops_per_record per write (one DATA
+    record each), with the default checkpoint policy."""
     backend = open_backend(config)
     try:
         t0 = time.perf_counter()
@@ -342,12 +349,18 @@ def build_log(config: ConnectionConfig, topic: str, n_ops: int, ops_per_record: 
             i = 0
             while i < n_ops:
                 lo, hi = i, min(i + ops_per_record, n_ops)
-                mgr.write(lambda _s, lo=lo, hi=hi: [(_PUT, key_of(k), table._encode(key_of(k), value_of(k))) for k in range(lo, hi)])
+                mgr.write(lambda _s, lo=lo, hi=hi: [(_PUT, key_of(k % keys), table._encode(key_of(k % keys), value_of(k)))
+                                                    for k in range(lo, hi)])
                 i = hi
                 tick(i)
+            if mgr._checkpointer is not None:
+                mgr._checkpointer.join()  # the last automatic checkpoint, if one is being stored
             elapsed = time.perf_counter() - t0
             tick(n_ops, force=True)
             stats = dict(mgr.stats)
+            newest = mgr.checkpoints.latest()
+            stats["newest_checkpoint_offset"] = newest.offset if newest else -1
+            stats["newest_checkpoint_bytes"] = newest.size if newest else 0
             stats["data_records"] = mgr.applied_offset + 1
         return elapsed, stats
     finally:
@@ -356,7 +369,7 @@ def build_log(config: ConnectionConfig, topic: str, n_ops: int, ops_per_record: 
 
 
 # -------------------------------------------------------------------- replay workers (subprocess)
-def worker_replay_ours(service_url: str, admin_url: str, topic: str, profile: str | None) -> dict:
+def worker_replay_ours(service_url: str, admin_url: str, topic: str, profile: str | None, mode: str) -> dict:
     config = ConnectionConfig(url=service_url, admin_url=admin_url, operation_timeout=60.0)
     backend = open_backend(config)
     profiler = None
@@ -366,16 +379,18 @@ def worker_replay_ours(service_url: str, admin_url: str, topic: str, profile: st
         profiler = cProfile.Profile()
         profiler.enable()
     t0 = time.perf_counter()
-    table = PulsarMap(backend, topic, progress_interval=PROGRESS_EVERY)
+    table = PulsarMap(backend, topic, progress_interval=PROGRESS_EVERY, use_checkpoints=mode != "full")
     size = table.size(latest=True)
     elapsed = time.perf_counter() - t0
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(profile)
     data_records = table.manager.applied_offset + 1
+    stats = table.manager.stats
     table.close()
     backend.close()
-    return {"seconds": elapsed, "size": size, "data_records": data_records, "maxrss_mb": maxrss_mb()}
+    return {"seconds": elapsed, "size": size, "data_records": data_records, "maxrss_mb": maxrss_mb(),
+            "checkpoint_offset": stats["checkpoint_loaded_offset"], "records_replayed": stats["records_replayed"]}
 
 
 def worker_replay_raw(service_url: str, topic: str) -> dict:
@@ -397,9 +412,9 @@ def worker_replay_raw(service_url: str, topic: str) -> dict:
     return {"seconds": elapsed, "messages": n, "bytes": nbytes, "maxrss_mb": maxrss_mb()}
 
 
-def run_worker(kind: str, args: argparse.Namespace, topic: str, profile: str | None = None) -> dict:
+def run_worker(kind: str, args: argparse.Namespace, topic: str, profile: str | None = None, mode: str = "") -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--_worker", kind, "--_topic", topic,
-           "--service-url", args.service_url, "--admin-url", args.admin_url]
+           "--service-url", args.service_url, "--admin-url", args.admin_url, "--_mode", mode]
     if profile:
         cmd += ["--_profile", profile]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
@@ -461,63 +476,85 @@ def phase_b(args: argparse.Namespace, config: ConnectionConfig, client: pulsar.C
                         r2, f"{r2:.0f}x", ">= 20x", r2 >= 20))
 
 
-def replay_pair(args: argparse.Namespace, topic: str, label: str) -> tuple[dict, dict, list, list]:
-    """Replay ``topic`` args.replay_runs times each way, alternating raw and ours; keep the fastest."""
-    raws, ourss = [], []
+MODES = {"checkpoint": "checkpoint + tail", "full": "full replay"}
+
+
+def replay_runs(args: argparse.Namespace, topic: str, label: str, modes: list[str]) -> tuple[dict, list, dict]:
+    """Replay ``topic`` args.replay_runs times each way (raw, then each mode), alternating; keep the fastest."""
+    raws: list[dict] = []
+    ours: dict[str, list[dict]] = {m: [] for m in modes}
     for run in range(1, args.replay_runs + 1):
         log.info("%s run %d/%d: raw pulsar-client Reader, earliest to the end (fresh interpreter)", label, run, args.replay_runs)
         raws.append(run_worker("replay-raw", args, topic))
         log.info("%s   raw Reader: %.2fs, %s messages, %s bytes, peak RSS %.0f MB", label, raws[-1]["seconds"],
                  f"{raws[-1]['messages']:,}", f"{raws[-1]['bytes']:,}", raws[-1]["maxrss_mb"])
-        log.info("%s run %d/%d: fresh PulsarMap(...).size(latest=True) (fresh interpreter)", label, run, args.replay_runs)
-        ourss.append(run_worker("replay-ours", args, topic))
-        log.info("%s   ours: %.2fs, %s keys, %s DATA records, peak RSS %.0f MB", label, ourss[-1]["seconds"],
-                 f"{ourss[-1]['size']:,}", f"{ourss[-1]['data_records']:,}", ourss[-1]["maxrss_mb"])
-    return min(raws, key=lambda r: r["seconds"]), min(ourss, key=lambda r: r["seconds"]), raws, ourss
+        for mode in modes:
+            log.info("%s run %d/%d: fresh PulsarMap(...).size(latest=True), %s (fresh interpreter)", label, run,
+                     args.replay_runs, MODES[mode])
+            r = run_worker("replay-ours", args, topic, mode=mode)
+            ours[mode].append(r)
+            log.info("%s   ours (%s): %.2fs, %s keys, checkpoint offset %s, %s records replayed, peak RSS %.0f MB", label,
+                     MODES[mode], r["seconds"], f"{r['size']:,}", r["checkpoint_offset"], f"{r['records_replayed']:,}",
+                     r["maxrss_mb"])
+    return min(raws, key=lambda r: r["seconds"]), raws, ours
 
 
 def bootstrap(args: argparse.Namespace, config: ConnectionConfig, res: Results, key: str, label: str,
-              n: int, per: int, target: bool) -> str:
+              n: int, per: int, keys: int, target: bool, modes: list[str]) -> str:
     topic = fresh_topic(f"{key}-log")
-    log.info("%s bootstrap: building a log of %s map put ops, %s ops per record", label, f"{n:,}", f"{per:,}")
-    build_s, stats = build_log(config, topic, n, per)
+    keys = min(keys, n)
+    log.info("%s bootstrap: building a log of %s map put ops on %s keys, %s ops per record", label, f"{n:,}",
+             f"{keys:,}", f"{per:,}")
+    build_s, stats = build_log(config, topic, n, per, keys)
     log.info("%s log built in %.1fs (%s ops/s): %s", label, build_s, f"{n / build_s:,.0f}", stats)
-    raw, ours, raws, ourss = replay_pair(args, topic, label)
-    for o in ourss:
-        if o["size"] != n:
-            raise RuntimeError(f"replayed map has {o['size']} keys, expected {n}")
-    records = raw["messages"]  # every record of the topic: DATA records + the writer's EPOCH record
-    ours_ops, ours_rec = n / ours["seconds"], records / ours["seconds"]
-    raw_ops, raw_rec = n / raw["seconds"], records / raw["seconds"]
-    ratio = raw["seconds"] / ours["seconds"]
-    ours_rss = max(o["maxrss_mb"] for o in ourss)
+    raw, raws, ours_by_mode = replay_runs(args, topic, label, modes)
+    records = raw["messages"]  # every record of the log topic: DATA records + the writer's EPOCH record
+    raw_rec = records / raw["seconds"]
     raw_rss = max(r["maxrss_mb"] for r in raws)
     res.measurements[key] = dict(
-        ops=n, ops_per_record=per, records=records, data_records=ours["data_records"], log_bytes=raw["bytes"],
-        build_seconds=build_s, build_ops_per_s=n / build_s, build_stats=stats, runs=args.replay_runs,
-        ours_seconds=ours["seconds"], ours_seconds_all=[o["seconds"] for o in ourss], ours_ops_per_s=ours_ops,
-        ours_records_per_s=ours_rec, ours_maxrss_mb=ours_rss,
-        raw_seconds=raw["seconds"], raw_seconds_all=[r["seconds"] for r in raws], raw_ops_per_s=raw_ops,
-        raw_records_per_s=raw_rec, raw_maxrss_mb=raw_rss, ratio=ratio,
+        ops=n, keys=keys, ops_per_record=per, records=records, log_bytes=raw["bytes"], build_seconds=build_s,
+        build_ops_per_s=n / build_s, build_stats=stats, runs=args.replay_runs,
+        raw_seconds=raw["seconds"], raw_seconds_all=[r["seconds"] for r in raws], raw_ops_per_s=n / raw["seconds"],
+        raw_records_per_s=raw_rec, raw_maxrss_mb=raw_rss,
     )
-    res.rows.append(Row(
-        f"{label} bootstrap {n:,} ops in {records:,} records vs raw Reader",
-        f"{ours_ops:,.0f} ops/s = {ours_rec:,.0f} rec/s ({ours['seconds']:.2f}s, RSS {ours_rss:,.0f} MB)",
-        f"{raw_rec:,.0f} rec/s ({raw['seconds']:.2f}s, RSS {raw_rss:,.0f} MB)",
-        ratio, f"{ratio:.2f}", ">= 0.70" if target else "(info)", (ratio >= 0.7) if target else None,
-    ))
+    for mode, ourss in ours_by_mode.items():
+        for o in ourss:
+            if o["size"] != keys:
+                raise RuntimeError(f"replayed map has {o['size']} keys, expected {keys}")
+        ours = min(ourss, key=lambda r: r["seconds"])
+        ours_ops, ours_rec = n / ours["seconds"], records / ours["seconds"]
+        ratio = raw["seconds"] / ours["seconds"]
+        ours_rss = max(o["maxrss_mb"] for o in ourss)
+        res.measurements[key][mode] = dict(
+            ours_seconds=ours["seconds"], ours_seconds_all=[o["seconds"] for o in ourss], ours_ops_per_s=ours_ops,
+            ours_records_per_s=ours_rec, ours_maxrss_mb=ours_rss, checkpoint_offset=ours["checkpoint_offset"],
+            records_replayed=ours["records_replayed"], data_records=ours["data_records"], ratio=ratio,
+        )
+        is_target = target and mode == modes[0]
+        res.rows.append(Row(
+            f"{label} bootstrap {n:,} ops on {keys:,} keys in {records:,} records, {MODES[mode]} "
+            f"({ours['records_replayed']:,} replayed) vs raw Reader",
+            f"{ours_ops:,.0f} ops/s ({ours['seconds']:.2f}s, RSS {ours_rss:,.0f} MB)",
+            f"{raw_rec:,.0f} rec/s ({raw['seconds']:.2f}s, RSS {raw_rss:,.0f} MB)",
+            ratio, f"{ratio:.2f}", ">= 0.70" if is_target else "(info)", (ratio >= 0.7) if is_target else None,
+        ))
     return topic
 
 
 def phase_c(args: argparse.Namespace, config: ConnectionConfig, res: Results) -> None:
-    topic = bootstrap(args, config, res, "c", "(c)", args.bootstrap_ops, args.ops_per_record, target=True)
+    topic = bootstrap(args, config, res, "c", "(c)", args.bootstrap_ops, args.ops_per_record, args.bootstrap_keys,
+                      target=True, modes=["checkpoint", "full"])
+    if args.worst_case:
+        # Supplementary: every op a distinct key, so the state is as large as the log.
+        bootstrap(args, config, res, "c_distinct", "(c-distinct)", args.bootstrap_ops, args.ops_per_record,
+                  args.bootstrap_ops, target=False, modes=["checkpoint", "full"])
     if args.small_records_ops:
         # Supplementary: the same comparison on a log of small records (per-record costs dominate).
         bootstrap(args, config, res, "c_small", "(c')", args.small_records_ops, args.small_records_per_record,
-                  target=False)
+                  args.small_records_ops, target=False, modes=["checkpoint"])
     if args.profile_replay:
-        log.info("(c) profiling one more replay of the (c) log under cProfile -> %s (not timed)", args.profile_replay)
-        prof = run_worker("replay-ours", args, topic, profile=args.profile_replay)
+        log.info("(c) profiling one more full replay of the (c) log under cProfile -> %s (not timed)", args.profile_replay)
+        prof = run_worker("replay-ours", args, topic, profile=args.profile_replay, mode="full")
         log.info("(c) profiled replay took %.2fs (cProfile overhead included)", prof["seconds"])
         import pstats
 
@@ -589,6 +626,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--perwrite-conc-ops", type=int, help="(b) writes of the per-write-producer design (default 300)")
     p.add_argument("--bootstrap-ops", type=int, help="(c) ops in the log (default 1000000)")
     p.add_argument("--ops-per-record", type=int, help="(c) ops per record when building the log (default 1000)")
+    p.add_argument("--bootstrap-keys", type=int, help="(c) distinct keys the ops cycle through (default 100000)")
+    p.add_argument("--worst-case", type=int, help="(c-distinct) also a log of all-distinct keys: 1 yes, 0 no (default 1)")
     p.add_argument("--replay-runs", type=int, help="(c) replays each way, alternating; the fastest counts (default 3)")
     p.add_argument("--small-records-ops", type=int,
                    help="(c') ops in a supplementary log of small records; 0 skips it (default 100000)")
@@ -598,6 +637,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--_worker", help=argparse.SUPPRESS)
     p.add_argument("--_topic", help=argparse.SUPPRESS)
     p.add_argument("--_profile", help=argparse.SUPPRESS)
+    p.add_argument("--_mode", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
@@ -605,7 +645,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args._worker:
         if args._worker == "replay-ours":
-            out = worker_replay_ours(args.service_url, args.admin_url, args._topic, args._profile)
+            out = worker_replay_ours(args.service_url, args.admin_url, args._topic, args._profile, args._mode)
         elif args._worker == "replay-raw":
             out = worker_replay_raw(args.service_url, args._topic)
         else:

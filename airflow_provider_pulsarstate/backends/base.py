@@ -13,6 +13,8 @@ Guarantees every back end gives:
   the back end is transactional (embedded); on Pulsar, frames of one call may land partially,
   which the framing layer makes harmless;
 * readers see entries in append order, from the start or from a remembered position;
+* the last entry of a topic can be read without reading the others (:meth:`Backend.read_last`),
+  and positions survive a round trip through bytes (so they can be stored in a checkpoint);
 * the writer lock is released when the holding process dies.
 """
 
@@ -37,6 +39,11 @@ class AcquireMode(str, enum.Enum):
 
 EARLIEST = "earliest"
 """Start position: the first entry of the topic."""
+
+
+def is_earliest(start: Any) -> bool:
+    """Whether a start position is :data:`EARLIEST` (positions may refuse ``==`` with a str)."""
+    return isinstance(start, str) and start == EARLIEST
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,11 +105,14 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def open_shared_writer(self, topic: str) -> RawWriter:
+    def open_shared_writer(self, topic: str, *, compress: bool = False) -> RawWriter:
         """A non-exclusive appender (many at once, from many processes; ``epoch`` is -1).
 
-        For staging topics, whose entries are not ordered by a single writer. Never use it on a
-        topic that has an exclusive writer.
+        For staging and checkpoint topics, whose entries are not ordered by a single writer.
+        Never use it on a topic that has an exclusive writer.
+
+        :param compress: the payloads are large and compressible; the back end may compress
+            them in transit and at rest (readers see the same bytes).
         """
 
     @abstractmethod
@@ -112,6 +122,18 @@ class Backend(ABC):
     @abstractmethod
     def create_reader(self, topic: str, *, start: Any = EARLIEST) -> RawReader:
         """A cursor positioned before ``start`` (EARLIEST or a position from a RawEntry, exclusive)."""
+
+    @abstractmethod
+    def read_last(self, topic: str, *, timeout: float) -> RawEntry | None:
+        """The topic's last entry as of now, or None when the topic is empty or missing."""
+
+    @abstractmethod
+    def encode_position(self, position: Any) -> bytes:
+        """A position from a RawEntry (or an append) as bytes, for storing elsewhere."""
+
+    @abstractmethod
+    def decode_position(self, data: bytes) -> Any:
+        """Inverse of :meth:`encode_position`; raises ValueError on bytes it did not produce."""
 
     @abstractmethod
     def topic_url(self, topic: str) -> str:

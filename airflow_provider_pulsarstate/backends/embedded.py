@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 from airflow_provider_pulsarstate.backends.base import (
     EARLIEST,
+    is_earliest,
     AcquireMode,
     Backend,
     RawEntry,
@@ -182,7 +183,8 @@ class EmbeddedBackend(Backend):
                 stale.unlink(missing_ok=True)
         return EmbeddedWriter(self, conn, topic, new_epoch, fd)
 
-    def open_shared_writer(self, topic: str) -> RawWriter:
+    def open_shared_writer(self, topic: str, *, compress: bool = False) -> RawWriter:
+        # A local file: compressing would cost more CPU than the disk reads it saves.
         return self._track(EmbeddedWriter(self, self.connect(), topic, -1, None))
 
     def delete_topic(self, topic: str) -> None:
@@ -201,8 +203,26 @@ class EmbeddedBackend(Backend):
 
     # -- readers ----------------------------------------------------------------------------
     def create_reader(self, topic: str, *, start: Any = EARLIEST) -> RawReader:
-        after = -1 if start == EARLIEST else int(start)
+        after = -1 if is_earliest(start) else int(start)
         return self._track(EmbeddedReader(self, self.connect(), topic, after))
+
+    def read_last(self, topic: str, *, timeout: float) -> RawEntry | None:
+        conn = self.connect()
+        try:
+            row = conn.execute(
+                "SELECT pos, payload, publish_time FROM entries WHERE topic = ? ORDER BY pos DESC LIMIT 1", (topic,)
+            ).fetchone()
+        except sqlite3.Error as exc:
+            raise BackendUnavailableError(f"cannot read the last entry of {self.topic_url(topic)}: {exc}") from exc
+        finally:
+            conn.close()
+        return RawEntry(row[0], row[1], row[2]) if row else None
+
+    def encode_position(self, position: Any) -> bytes:
+        return str(int(position)).encode()
+
+    def decode_position(self, data: bytes) -> Any:
+        return int(data.decode("ascii"))
 
     def close(self) -> None:
         if self._closed:

@@ -6,9 +6,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Hashable, Literal, TypeVar
 
+import msgspec
+
 from airflow_provider_pulsarstate.backends.base import Backend
 from airflow_provider_pulsarstate.envelope import KEY_DELETE, KEY_SET, decode_key_op, encode_key_op
 from airflow_provider_pulsarstate.errors import SerializationError, ValueTooLargeError
+from airflow_provider_pulsarstate.checkpoint import CheckpointInfo
 from airflow_provider_pulsarstate.manager import Change, SharedStateManager
 from airflow_provider_pulsarstate.recipes.base import Recipe
 from airflow_provider_pulsarstate.serde import JSON, STR, Serde
@@ -18,6 +21,14 @@ V = TypeVar("V")
 
 _PUT, _DELETE, _CLEAR = KEY_SET, KEY_DELETE, 3
 DEFAULT_MAX_VALUE_BYTES = 4 * 1024 * 1024
+DEFAULT_CHECKPOINT_AFTER_BYTES = 8 * 1024 * 1024
+
+# Checkpoint images: a tag byte, then MessagePack. String keys (the default key serde) are stored
+# as a map, which decodes straight into the replica's dict; other keys as [key bytes, value] pairs.
+_IMAGE_STR_KEYS, _IMAGE_PAIRS = b"s", b"p"
+_STR_IMAGE = msgspec.msgpack.Decoder(dict[str, bytes])
+_PAIRS_IMAGE = msgspec.msgpack.Decoder(list[tuple[bytes, bytes]])
+_IMAGE_ENCODER = msgspec.msgpack.Encoder()
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +63,10 @@ class PulsarMap(Recipe, Generic[K, V]):
 
     A write whose result equals the current value (same serialized bytes) appends nothing.
 
+    Checkpoints: the writer stores an image of the table once ``checkpoint_after_bytes`` of log
+    (and at least a quarter of the last image's size) accumulated, so a new instance loads the
+    image and replays only the records after it. :meth:`checkpoint` writes one on demand.
+
     The replica keeps values serialized and decodes them when read, so replaying a long log
     costs no value decoding and holds compact bytes; a stored value that no longer decodes
     raises SerializationError naming the key when it is read.
@@ -62,7 +77,9 @@ class PulsarMap(Recipe, Generic[K, V]):
     :param value_serde: values <-> bytes (JSON by default).
     :param max_value_bytes: larger serialized values are refused with ValueTooLargeError
         before anything is appended.
-    :param manager_options: passed to :class:`SharedStateManager` (acquire_mode, timeouts, ...).
+    :param checkpoint_after_bytes: log bytes between automatic checkpoints (None: only explicit).
+    :param manager_options: passed to :class:`SharedStateManager` (acquire_mode, timeouts,
+        ``use_checkpoints``, ...).
     :raises SerializationError: a key or value cannot be serialized (nothing is appended).
     :raises CorruptEntryError: the log holds an entry that is not a valid map op.
     """
@@ -75,6 +92,7 @@ class PulsarMap(Recipe, Generic[K, V]):
         key_serde: Serde[K] = STR,  # type: ignore[assignment]
         value_serde: Serde[V] = JSON,
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+        checkpoint_after_bytes: int | None = DEFAULT_CHECKPOINT_AFTER_BYTES,
         **manager_options: Any,
     ) -> None:
         self.topic = topic
@@ -88,6 +106,9 @@ class PulsarMap(Recipe, Generic[K, V]):
             applier=_apply,
             op_serializer=self._serialize_op,
             op_deserializer=self._deserialize_op,
+            state_serializer=self._serialize_image,
+            state_deserializer=self._deserialize_image,
+            checkpoint_after_bytes=checkpoint_after_bytes,
             **manager_options,
         )
 
@@ -131,6 +152,21 @@ class PulsarMap(Recipe, Generic[K, V]):
         if kind == _CLEAR:
             return (_CLEAR, None, None)
         raise ValueError(f"unknown map op type {kind}")
+
+    def _serialize_image(self, state: dict[K, bytes]) -> bytes:
+        if self.key_serde is STR:
+            return _IMAGE_STR_KEYS + _IMAGE_ENCODER.encode(state)
+        return _IMAGE_PAIRS + _IMAGE_ENCODER.encode([(self.key_serde.serialize(k), v) for k, v in state.items()])
+
+    def _deserialize_image(self, data: bytes) -> dict[K, bytes]:
+        tag, body = data[:1], memoryview(data)[1:]
+        if tag == _IMAGE_STR_KEYS and self.key_serde is STR:
+            return _STR_IMAGE.decode(body)  # type: ignore[return-value]
+        if tag == _IMAGE_PAIRS:
+            return {self.key_serde.deserialize(k): v for k, v in _PAIRS_IMAGE.decode(body)}
+        if tag == _IMAGE_STR_KEYS:
+            return {self.key_serde.deserialize(k.encode()): v for k, v in _STR_IMAGE.decode(body).items()}
+        raise ValueError(f"unknown image tag {tag!r}")
 
     # ------------------------------------------------------------------ reads
     def get(self, key: K, *, latest: bool = False, linearizable: bool = False) -> V | None:
@@ -260,6 +296,10 @@ class PulsarMap(Recipe, Generic[K, V]):
 
         self.manager.write(ops, retry=retry)
         return count[0]
+
+    def checkpoint(self) -> CheckpointInfo | None:
+        """Store an image of the table as of the tail now (see :meth:`SharedStateManager.checkpoint`)."""
+        return self.manager.checkpoint()
 
     # ------------------------------------------------------------------ listeners & lifecycle
     def add_listener(self, listener: Callable[[MapChange[K, V]], None]) -> None:

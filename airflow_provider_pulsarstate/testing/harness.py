@@ -6,7 +6,7 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from airflow_provider_pulsarstate.backends.base import EARLIEST, AcquireMode, Backend, RawReader, RawWriter
+from airflow_provider_pulsarstate.backends.base import EARLIEST, AcquireMode, Backend, RawEntry, RawReader, RawWriter
 from airflow_provider_pulsarstate.errors import OperationTimeoutError, UnknownOutcomeError
 
 
@@ -38,13 +38,19 @@ class FaultInjectingBackend(Backend):
     def __init__(self, inner: Backend) -> None:
         self.inner = inner
         self._faults: list[tuple[str, int]] = []
+        self._then: Callable[[], None] | None = None
         self._lock = threading.Lock()
         self.injected: list[str] = []
 
-    def lose_next_ack(self) -> None:
-        """The next append is persisted, then raises UnknownOutcomeError."""
+    def lose_next_ack(self, *, then: Callable[[], None] | None = None) -> None:
+        """The next append is persisted, then raises UnknownOutcomeError.
+
+        :param then: runs after the append landed and before the error is raised (to make
+            something happen while the writer does not know its outcome).
+        """
         with self._lock:
             self._faults.append(("lose_ack", 0))
+            self._then = then
 
     def fail_next_append(self) -> None:
         """The next append persists nothing and raises UnknownOutcomeError."""
@@ -63,14 +69,23 @@ class FaultInjectingBackend(Backend):
     def acquire_writer(self, topic: str, *, mode: AcquireMode, timeout: float) -> RawWriter:
         return _FaultyWriter(self, self.inner.acquire_writer(topic, mode=mode, timeout=timeout))
 
-    def open_shared_writer(self, topic: str) -> RawWriter:
-        return self.inner.open_shared_writer(topic)
+    def open_shared_writer(self, topic: str, *, compress: bool = False) -> RawWriter:
+        return self.inner.open_shared_writer(topic, compress=compress)
 
     def delete_topic(self, topic: str) -> None:
         self.inner.delete_topic(topic)
 
     def create_reader(self, topic: str, *, start: Any = EARLIEST) -> RawReader:
         return self.inner.create_reader(topic, start=start)
+
+    def read_last(self, topic: str, *, timeout: float) -> RawEntry | None:
+        return self.inner.read_last(topic, timeout=timeout)
+
+    def encode_position(self, position: Any) -> bytes:
+        return self.inner.encode_position(position)
+
+    def decode_position(self, data: bytes) -> Any:
+        return self.inner.decode_position(data)
 
     def topic_url(self, topic: str) -> str:
         return self.inner.topic_url(topic)
@@ -94,6 +109,9 @@ class _FaultyWriter(RawWriter):
         self.owner.injected.append(kind)
         if kind == "lose_ack":
             self.inner.append(payloads, timeout=timeout)
+            then, self.owner._then = self.owner._then, None
+            if then is not None:
+                then()
         elif kind == "partial" and frames:
             self.inner.append(payloads[:frames], timeout=timeout)
         self.inner.close()

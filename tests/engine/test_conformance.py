@@ -6,7 +6,7 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -14,7 +14,6 @@ from airflow_provider_pulsarstate import (
     AcquireMode,
     CorruptEntryError,
     OperationTimeoutError,
-    PulsarMap,
     SerializationError,
     SharedStateManager,
     ValueTooLargeError,
@@ -25,22 +24,6 @@ from airflow_provider_pulsarstate.backends.base import Backend
 from airflow_provider_pulsarstate.envelope import RecordKind, decode_writes
 from airflow_provider_pulsarstate.log import LogReader
 from airflow_provider_pulsarstate.testing import FaultInjectingBackend, wait_until
-
-
-@pytest.fixture
-def maps(backend: Backend, topic: str) -> Iterator[Any]:
-    """A factory of PulsarMaps on the test topic, closed at teardown."""
-    made: list[PulsarMap] = []
-
-    def make(*, on: Backend | None = None, **options: Any) -> PulsarMap:
-        options.setdefault("acquire_timeout", 20.0)
-        m = PulsarMap(on or backend, topic, **options)
-        made.append(m)
-        return m
-
-    yield make
-    for m in made:
-        m.close()
 
 
 def records(backend: Backend, topic: str, kind: RecordKind | None = RecordKind.DATA) -> list[Any]:
