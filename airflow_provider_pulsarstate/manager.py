@@ -479,9 +479,7 @@ class SharedStateManager(Generic[S, O]):
                     self._inflight[w.seq] = w
             body = encode_writes(data)
             position = writer.append(RecordKind.DATA, body, offset=offset, timeout=self.operation_timeout)
-            self._applied_offset = offset
-            self._applied_position, self._applied_epoch = position, writer.epoch
-            self._bytes_since_checkpoint += len(body)
+            self._advance(offset, position, writer.epoch, len(body))
             self._broken = False
             self.stats["records_appended"] += 1
             now = time.time()
@@ -599,8 +597,9 @@ class SharedStateManager(Generic[S, O]):
 
     def _take_image(self) -> tuple[int, int, Any, bytes] | None:
         """(offset, epoch, position, serialized state); call with the state lock held."""
-        if self._applied_offset < 0 or self._serialize_state is None:
+        if self._applied_offset < 0:
             return None
+        assert self._serialize_state is not None  # checked by checkpoint() and __init__
         try:
             data = self._serialize_state(self._state)
         except Exception as exc:
@@ -728,10 +727,14 @@ class SharedStateManager(Generic[S, O]):
             self._notified_offset = max(self._notified_offset, record.offset)
 
     def _record_applied(self, record: LogRecord) -> None:
-        self._applied_offset = record.offset
-        self._applied_position, self._applied_epoch = record.position, record.epoch
-        self._bytes_since_checkpoint += len(record.body)
+        self._advance(record.offset, record.position, record.epoch, len(record.body))
         self.stats["records_replayed"] += 1
+
+    def _advance(self, offset: int, position: Any, epoch: int, size: int) -> None:
+        """A DATA record is applied: where a checkpoint taken now would resume the log."""
+        self._applied_offset = offset
+        self._applied_position, self._applied_epoch = position, epoch
+        self._bytes_since_checkpoint += size
 
     def _notify(self, offset: int, ops: list[O], publish_time: float) -> None:
         if offset <= self._notified_offset:

@@ -203,7 +203,7 @@ class PulsarBackend(Backend):
             raise self._unreachable("reading the last entry of", topic, exc) from exc
         finally:
             _close_quietly(reader)
-        return RawEntry(msg.message_id(), msg.data(), msg.publish_timestamp() / 1000.0)
+        return _entry(msg)
 
     def encode_position(self, position: Any) -> bytes:
         return position.serialize()
@@ -315,7 +315,7 @@ class PulsarReader(RawReader):
             return None
         except pulsar.PulsarException as exc:
             raise self.backend._unreachable("reading", self.topic, exc) from exc
-        return RawEntry(msg.message_id(), msg.data(), msg.publish_timestamp() / 1000.0)
+        return _entry(msg)
 
     def read_next(self, *, timeout: float) -> RawEntry | None:
         if self._peeked is not None:
@@ -337,6 +337,10 @@ class PulsarReader(RawReader):
         reader, self._reader = self._reader, None
         self._peeked = None
         _close_quietly(reader)
+
+
+def _entry(msg: pulsar.Message) -> RawEntry:
+    return RawEntry(msg.message_id(), msg.data(), msg.publish_timestamp() / 1000.0)
 
 
 def _close_quietly(resource: pulsar.Client | pulsar.Producer | pulsar.Reader | None) -> None:

@@ -164,9 +164,7 @@ class PulsarMap(Recipe, Generic[K, V]):
             return _STR_IMAGE.decode(body)  # type: ignore[return-value]
         if tag == _IMAGE_PAIRS:
             return {self.key_serde.deserialize(k): v for k, v in _PAIRS_IMAGE.decode(body)}
-        if tag == _IMAGE_STR_KEYS:
-            return {self.key_serde.deserialize(k.encode()): v for k, v in _STR_IMAGE.decode(body).items()}
-        raise ValueError(f"unknown image tag {tag!r}")
+        raise ValueError(f"image tag {tag!r} does not match this map's key serde")
 
     # ------------------------------------------------------------------ reads
     def get(self, key: K, *, latest: bool = False, linearizable: bool = False) -> V | None:
