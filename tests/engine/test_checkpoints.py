@@ -63,11 +63,16 @@ def test_checkpoint_of_an_empty_log_is_none_and_needs_a_serializer(backend: Back
 
 def test_the_writer_checkpoints_by_itself_and_keeps_the_two_newest_images(maps: Any, backend: Backend, topic: str) -> None:
     w = maps(checkpoint_after_bytes=2_000)
-    for i in range(400):
+    puts = iter(range(1_000_000))
+
+    def put_and_count() -> bool:
+        # Keep writing until four images exist: each needs a commit after the previous one is
+        # stored, and how many puts that takes depends on how fast the background saves run.
+        i = next(puts)
         w.put(f"k{i % 50}", {"i": i, "pad": "x" * 20})
-        if w.manager.stats["checkpoints_written"] >= 4:
-            break
-    wait_until(lambda: w.manager.stats["checkpoints_written"] >= 4, timeout=30, what="four automatic checkpoints")
+        return w.manager.stats["checkpoints_written"] >= 4
+
+    wait_until(put_and_count, timeout=60, interval=0, what="four automatic checkpoints")
     expected = w.to_dict()
     w.close()  # waits for a checkpoint still being stored
     store = CheckpointStore(backend, topic)
