@@ -1,30 +1,17 @@
 """airflow-provider-pulsarstate: shared state for pipelines, kept in an Apache Pulsar topic.
 
-The engine (this package's top level, ``backends``, ``recipes``) imports nothing from Airflow;
-the Airflow layer lives in ``hooks``, ``operators``, ``sensors``, ``triggers`` and ``xcom``.
+Laid out like an Airflow provider: ``hooks`` (the one hook every other part goes through),
+``operators``, ``spark`` (PySpark helpers, no Airflow imports), ``testing`` (a harness for your own
+tests) and ``engine``, the state engine itself, which imports nothing from Airflow. The names
+below are the engine's public API, re-exported for convenience.
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from airflow_provider_pulsarstate.backends import AcquireMode, Backend, open_backend
-from airflow_provider_pulsarstate.config import ConnectionConfig
-from airflow_provider_pulsarstate.errors import (
-    BackendUnavailableError,
-    ClosedError,
-    ConfigurationError,
-    CorruptEntryError,
-    OperationTimeoutError,
-    PulsarStateError,
-    SerializationError,
-    UnknownOutcomeError,
-    ValueTooLargeError,
-    WriterBusyError,
-    WriterFencedError,
-)
-from airflow_provider_pulsarstate.manager import Change, SharedStateManager
-from airflow_provider_pulsarstate.recipes.map import MapChange, PulsarMap
+from airflow_provider_pulsarstate.engine import *  # noqa: F401,F403 - the public API
+from airflow_provider_pulsarstate.engine import __all__ as _engine_all
 
 
 def get_provider_info() -> dict:
@@ -34,9 +21,4 @@ def get_provider_info() -> dict:
     return provider_info()
 
 
-__all__ = [
-    "AcquireMode", "Backend", "BackendUnavailableError", "Change", "ClosedError", "ConfigurationError",
-    "ConnectionConfig", "CorruptEntryError", "MapChange", "OperationTimeoutError", "PulsarMap",
-    "PulsarStateError", "SerializationError", "SharedStateManager", "UnknownOutcomeError",
-    "ValueTooLargeError", "WriterBusyError", "WriterFencedError", "open_backend", "get_provider_info",
-]
+__all__ = [*_engine_all, "get_provider_info"]

@@ -80,8 +80,8 @@ if str(ROOT) not in sys.path:
 import pulsar  # noqa: E402
 
 from airflow_provider_pulsarstate import ConnectionConfig, PulsarMap, open_backend  # noqa: E402
-from airflow_provider_pulsarstate.envelope import HEADER, RecordKind, encode_frames, encode_writes  # noqa: E402
-from airflow_provider_pulsarstate.recipes.map import _PUT  # noqa: E402
+from airflow_provider_pulsarstate.engine.envelope import HEADER, RecordKind, encode_frames, encode_writes  # noqa: E402
+from airflow_provider_pulsarstate.engine.recipes.map import _PUT  # noqa: E402
 
 log = logging.getLogger("bench")
 

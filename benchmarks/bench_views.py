@@ -58,7 +58,7 @@ def run_baseline(rows: int) -> dict:
 
 def run_ours(rows: int, config: dict, *, load: bool) -> dict:
     from airflow_provider_pulsarstate import ConnectionConfig, open_backend
-    from airflow_provider_pulsarstate.recipes.table import StateTable
+    from airflow_provider_pulsarstate.engine.recipes.table import StateTable
 
     backend = open_backend(ConnectionConfig(**config))
     state = StateTable(backend, TOPIC, operation_timeout=600.0)

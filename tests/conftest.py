@@ -17,7 +17,7 @@ from typing import Iterator
 import pytest
 
 from airflow_provider_pulsarstate import ConnectionConfig, open_backend
-from airflow_provider_pulsarstate.backends.base import Backend
+from airflow_provider_pulsarstate.engine.backends.base import Backend
 
 ARTIFACTS = Path(os.environ.get("PULSARSTATE_ARTIFACTS", Path(__file__).resolve().parent.parent / ".artifacts"))
 

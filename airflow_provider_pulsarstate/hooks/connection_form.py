@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any, Final
 
-from airflow_provider_pulsarstate.config import ConnectionConfig
+from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 
 CONN_TYPE: Final = "pulsarstate"
 HOOK_NAME: Final = "Pulsar State"

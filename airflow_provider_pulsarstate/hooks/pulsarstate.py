@@ -1,7 +1,7 @@
 """PulsarStateHook: the one place that turns an Airflow connection into a state back end.
 
 Everything else in the Airflow layer (operators, sensors, triggers, the XCom backend) asks this
-hook for its :class:`~airflow_provider_pulsarstate.config.ConnectionConfig`, back end, state
+hook for its :class:`~airflow_provider_pulsarstate.engine.config.ConnectionConfig`, back end, state
 managers and maps, so a connection means the same thing everywhere, including the UI's Test button.
 """
 
@@ -16,18 +16,18 @@ from typing import Any
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
-from airflow_provider_pulsarstate.backends import Backend, open_backend
-from airflow_provider_pulsarstate.config import ConnectionConfig
-from airflow_provider_pulsarstate.errors import ConfigurationError
+from airflow_provider_pulsarstate.engine.backends import Backend, open_backend
+from airflow_provider_pulsarstate.engine.config import ConnectionConfig
+from airflow_provider_pulsarstate.engine.errors import ConfigurationError
 from airflow_provider_pulsarstate.hooks.connection_form import (
     CONN_TYPE,
     FIELD_NAMES,
     HOOK_NAME,
     LEGACY_EXTRA_PREFIX,
 )
-from airflow_provider_pulsarstate.manager import SharedStateManager
-from airflow_provider_pulsarstate.recipes.map import PulsarMap
-from airflow_provider_pulsarstate.recipes.table import StateTable
+from airflow_provider_pulsarstate.engine.manager import SharedStateManager
+from airflow_provider_pulsarstate.engine.recipes.map import PulsarMap
+from airflow_provider_pulsarstate.engine.recipes.table import StateTable
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ class PulsarStateHook(BaseHook):
         return self._open()[0].topic_name(topic)
 
     def get_state_manager(self, topic: str, **options: Any) -> SharedStateManager[Any, Any]:
-        """A :class:`~airflow_provider_pulsarstate.manager.SharedStateManager` on ``topic``.
+        """A :class:`~airflow_provider_pulsarstate.engine.manager.SharedStateManager` on ``topic``.
 
         :param topic: a short name (resolved with the connection's tenant and namespace) or a full
             ``persistent://tenant/namespace/name``.
@@ -166,7 +166,7 @@ class PulsarStateHook(BaseHook):
         return self._own(SharedStateManager(backend, config.topic_name(topic), **options))
 
     def get_map(self, topic: str, **options: Any) -> PulsarMap[Any, Any]:
-        """A :class:`~airflow_provider_pulsarstate.recipes.map.PulsarMap` on ``topic``.
+        """A :class:`~airflow_provider_pulsarstate.engine.recipes.map.PulsarMap` on ``topic``.
 
         :param topic: a short name or a full ``persistent://tenant/namespace/name``.
         :param options: keyword arguments of PulsarMap (``key_serde``, ``value_serde``,
@@ -178,7 +178,7 @@ class PulsarStateHook(BaseHook):
         return self._own(PulsarMap(backend, config.topic_name(topic), **options))
 
     def get_table(self, topic: str, **options: Any) -> StateTable:
-        """A :class:`~airflow_provider_pulsarstate.recipes.table.StateTable` (records with temp views) on ``topic``.
+        """A :class:`~airflow_provider_pulsarstate.engine.recipes.table.StateTable` (records with temp views) on ``topic``.
 
         :param topic: a short name or a full ``persistent://tenant/namespace/name``.
         :param options: manager options of StateTable. ``operation_timeout`` keeps the table's own
@@ -216,7 +216,7 @@ class PulsarStateHook(BaseHook):
             backend = open_backend(config)
             topic = config.topic_name(HEALTHCHECK_TOPIC)
             if config.kind == "pulsar":
-                from airflow_provider_pulsarstate.backends.pulsar import PulsarBackend
+                from airflow_provider_pulsarstate.engine.backends.pulsar import PulsarBackend
 
                 assert isinstance(backend, PulsarBackend)
                 answer = backend.admin.request("GET", "brokers/health").text.strip()

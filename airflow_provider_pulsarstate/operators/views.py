@@ -15,7 +15,7 @@ wires the three, with ``spark-submit`` in the middle, and drops the view when th
     )
     prices >> report  # runs after apply; prices.apply.output is the apply's result
 
-Each operator is a thin layer over :class:`~airflow_provider_pulsarstate.recipes.table.StateTable`,
+Each operator is a thin layer over :class:`~airflow_provider_pulsarstate.engine.recipes.table.StateTable`,
 reached through :class:`~airflow_provider_pulsarstate.hooks.pulsarstate.PulsarStateHook`.
 """
 
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 from airflow.sdk import BaseOperator, TaskGroup, TriggerRule
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_provider_pulsarstate.errors import (
+from airflow_provider_pulsarstate.engine.errors import (
     ViewClosedError,
     ViewConflictError,
     ViewGuardError,
@@ -135,9 +135,9 @@ class CreateTempViewOperator(BaseOperator):
 class ApplyTempViewOperator(BaseOperator):
     """Publish a view's diff to its table (or, with ``dry_run``, only count it).
 
-    Returns the :class:`~airflow_provider_pulsarstate.recipes.table.ViewResult` as a dict
+    Returns the :class:`~airflow_provider_pulsarstate.engine.recipes.table.ViewResult` as a dict
     (``view_id, set, delete, unchanged, commit_offset, already_applied``), or with ``dry_run`` the
-    :class:`~airflow_provider_pulsarstate.recipes.table.ViewPlan` (``view_id, set, delete,
+    :class:`~airflow_provider_pulsarstate.engine.recipes.table.ViewPlan` (``view_id, set, delete,
     unchanged, sample_set, sample_delete, conflicts``), and logs a table of the counts with
     sample keys. Applying an applied view again publishes nothing and returns the original
     result, so a retried task is safe.

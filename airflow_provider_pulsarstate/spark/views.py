@@ -11,7 +11,7 @@ job, handed the view by :class:`~airflow_provider_pulsarstate.operators.views.Cr
                         view_id=args.view_id, key_column="sku")
 
 Every executor partition opens its own back end from the config and stages its rows through a
-:class:`~airflow_provider_pulsarstate.recipes.table.ViewStager`, in batches; the live table and
+:class:`~airflow_provider_pulsarstate.engine.recipes.table.ViewStager`, in batches; the live table and
 its readers see nothing until the view is applied.
 """
 
@@ -25,8 +25,8 @@ import os
 from dataclasses import asdict, fields
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
-from airflow_provider_pulsarstate.config import ConnectionConfig
-from airflow_provider_pulsarstate.errors import ConfigurationError, SerializationError
+from airflow_provider_pulsarstate.engine.config import ConnectionConfig
+from airflow_provider_pulsarstate.engine.errors import ConfigurationError, SerializationError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Row, SparkSession
@@ -118,7 +118,7 @@ def write_view(
     """Stage every row of ``df`` into the open view ``view_id`` of ``table_topic``; returns the row count.
 
     Runs ``df.foreachPartition``: each non-empty partition opens its own back end from ``config``
-    and a :class:`~airflow_provider_pulsarstate.recipes.table.ViewStager`, and stages its rows in
+    and a :class:`~airflow_provider_pulsarstate.engine.recipes.table.ViewStager`, and stages its rows in
     batches of ``batch_rows``. Every column except ``key_column`` becomes a field of the row's
     record, converted to a JSON scalar: booleans, integers, strings and nulls as they are, finite
     floats as numbers, decimals as numbers (integers when integral), dates and timestamps as ISO
@@ -189,8 +189,8 @@ def _stage_rows(
     field_plan: list[tuple[str, int, Callable[[Any], Any] | None]],
 ) -> int:
     """Stage one partition (runs on an executor); returns how many rows it staged."""
-    from airflow_provider_pulsarstate.backends import open_backend
-    from airflow_provider_pulsarstate.recipes.table import ViewStager
+    from airflow_provider_pulsarstate.engine.backends import open_backend
+    from airflow_provider_pulsarstate.engine.recipes.table import ViewStager
 
     backend = open_backend(ConnectionConfig(**config_dict))
     try:
@@ -310,8 +310,8 @@ def read_table(
     """
     from pyspark.sql import types as T
 
-    from airflow_provider_pulsarstate.backends import open_backend
-    from airflow_provider_pulsarstate.recipes.table import StateTable
+    from airflow_provider_pulsarstate.engine.backends import open_backend
+    from airflow_provider_pulsarstate.engine.recipes.table import StateTable
 
     cfg = _as_config(config)
     backend = open_backend(cfg)

@@ -6,8 +6,8 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from airflow_provider_pulsarstate.backends.base import EARLIEST, AcquireMode, Backend, RawEntry, RawReader, RawWriter
-from airflow_provider_pulsarstate.errors import OperationTimeoutError, UnknownOutcomeError
+from airflow_provider_pulsarstate.engine.backends.base import EARLIEST, AcquireMode, Backend, RawEntry, RawReader, RawWriter
+from airflow_provider_pulsarstate.engine.errors import OperationTimeoutError, UnknownOutcomeError
 
 
 def wait_until(predicate: Callable[[], Any], *, timeout: float = 10.0, interval: float = 0.05, what: str = "condition") -> Any:

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import pytest
 
 from airflow_provider_pulsarstate import ConfigurationError, ConnectionConfig, SerializationError, open_backend
-from airflow_provider_pulsarstate.recipes.table import StateTable
+from airflow_provider_pulsarstate.engine.recipes.table import StateTable
 from airflow_provider_pulsarstate.spark import AUTH_TOKEN_ENV, dump_config, load_config, portable_config, read_table, write_view
 
 

@@ -24,7 +24,7 @@ import pytest
 
 from airflow_provider_pulsarstate import ConnectionConfig
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
-from airflow_provider_pulsarstate.recipes.table import (
+from airflow_provider_pulsarstate.engine.recipes.table import (
     StateTable,
     TableChange,
     ViewStager,

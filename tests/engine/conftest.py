@@ -7,7 +7,7 @@ from typing import Any, Iterator
 import pytest
 
 from airflow_provider_pulsarstate import PulsarMap
-from airflow_provider_pulsarstate.backends.base import Backend
+from airflow_provider_pulsarstate.engine.backends.base import Backend
 
 
 @pytest.fixture

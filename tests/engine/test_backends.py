@@ -15,8 +15,8 @@ from airflow_provider_pulsarstate import (
     PulsarMap,
     open_backend,
 )
-from airflow_provider_pulsarstate.backends.embedded import EmbeddedBackend
-from airflow_provider_pulsarstate.backends.pulsar import PulsarBackend
+from airflow_provider_pulsarstate.engine.backends.embedded import EmbeddedBackend
+from airflow_provider_pulsarstate.engine.backends.pulsar import PulsarBackend
 
 
 def test_url_selects_the_back_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

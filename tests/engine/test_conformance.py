@@ -20,9 +20,9 @@ from airflow_provider_pulsarstate import (
     WriterBusyError,
     WriterFencedError,
 )
-from airflow_provider_pulsarstate.backends.base import Backend
-from airflow_provider_pulsarstate.envelope import RecordKind, decode_writes
-from airflow_provider_pulsarstate.log import LogReader
+from airflow_provider_pulsarstate.engine.backends.base import Backend
+from airflow_provider_pulsarstate.engine.envelope import RecordKind, decode_writes
+from airflow_provider_pulsarstate.engine.log import LogReader
 from airflow_provider_pulsarstate.testing import FaultInjectingBackend, wait_until
 
 

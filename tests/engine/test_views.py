@@ -15,8 +15,8 @@ from typing import Any, Iterator
 import pytest
 
 from airflow_provider_pulsarstate import ConnectionConfig, open_backend
-from airflow_provider_pulsarstate.backends.base import Backend
-from airflow_provider_pulsarstate.errors import (
+from airflow_provider_pulsarstate.engine.backends.base import Backend
+from airflow_provider_pulsarstate.engine.errors import (
     ConfigurationError,
     SerializationError,
     ViewClosedError,
@@ -24,7 +24,7 @@ from airflow_provider_pulsarstate.errors import (
     ViewGuardError,
     ViewScopeError,
 )
-from airflow_provider_pulsarstate.recipes.table import StateTable, TableChange, ViewStager, canonical, staging_topic
+from airflow_provider_pulsarstate.engine.recipes.table import StateTable, TableChange, ViewStager, canonical, staging_topic
 from tests.engine.test_conformance import records
 
 APPLY_WORKER = Path(__file__).with_name("view_apply_worker.py")

@@ -6,7 +6,7 @@ import json
 import sys
 
 from airflow_provider_pulsarstate import ConnectionConfig, open_backend
-from airflow_provider_pulsarstate.recipes.table import StateTable
+from airflow_provider_pulsarstate.engine.recipes.table import StateTable
 
 if __name__ == "__main__":
     config = ConnectionConfig(**json.loads(sys.argv[1]))

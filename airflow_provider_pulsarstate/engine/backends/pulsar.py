@@ -22,8 +22,8 @@ from typing import Any, Sequence
 
 import pulsar
 
-from airflow_provider_pulsarstate.admin import PulsarAdmin
-from airflow_provider_pulsarstate.backends.base import (
+from airflow_provider_pulsarstate.engine.backends.admin import PulsarAdmin
+from airflow_provider_pulsarstate.engine.backends.base import (
     EARLIEST,
     is_earliest,
     AcquireMode,
@@ -32,8 +32,8 @@ from airflow_provider_pulsarstate.backends.base import (
     RawReader,
     RawWriter,
 )
-from airflow_provider_pulsarstate.config import ConnectionConfig
-from airflow_provider_pulsarstate.errors import (
+from airflow_provider_pulsarstate.engine.config import ConnectionConfig
+from airflow_provider_pulsarstate.engine.errors import (
     BackendUnavailableError,
     ClosedError,
     OperationTimeoutError,
@@ -41,7 +41,7 @@ from airflow_provider_pulsarstate.errors import (
     WriterBusyError,
     WriterFencedError,
 )
-from airflow_provider_pulsarstate.retry import Backoff
+from airflow_provider_pulsarstate.engine.retry import Backoff
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     from typing_extensions import Self
 
-from airflow_provider_pulsarstate.manager import SharedStateManager
+from airflow_provider_pulsarstate.engine.manager import SharedStateManager
 
 
 class Recipe:

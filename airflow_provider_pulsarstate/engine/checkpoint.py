@@ -10,7 +10,7 @@ Layout, over the ordinary back-end contract (so both back ends behave the same):
 * ``T-checkpoint-<offset>-<id>`` holds one image, cut into CHECKPOINT frames (any size);
 * ``T-checkpoints`` holds one small JSON manifest per checkpoint, appended only after its image is
   stored in full, so the last manifest always names a complete image. Finding the newest
-  checkpoint reads one entry (:meth:`~airflow_provider_pulsarstate.backends.base.Backend.read_last`),
+  checkpoint reads one entry (:meth:`~airflow_provider_pulsarstate.engine.backends.base.Backend.read_last`),
   however long the log is.
 
 Each manifest names its predecessor's image. Writing checkpoint N deletes the image of N-2, so
@@ -28,10 +28,10 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_provider_pulsarstate.backends.base import Backend
-from airflow_provider_pulsarstate.envelope import RecordKind, encode_frames
-from airflow_provider_pulsarstate.errors import CheckpointError, CorruptEntryError, PulsarStateError
-from airflow_provider_pulsarstate.log import DEFAULT_MAX_FRAME_BYTES, LogReader
+from airflow_provider_pulsarstate.engine.backends.base import Backend
+from airflow_provider_pulsarstate.engine.envelope import RecordKind, encode_frames
+from airflow_provider_pulsarstate.engine.errors import CheckpointError, CorruptEntryError, PulsarStateError
+from airflow_provider_pulsarstate.engine.log import DEFAULT_MAX_FRAME_BYTES, LogReader
 
 log = logging.getLogger(__name__)
 

@@ -1,14 +1,14 @@
 """The contract both back ends implement: an exclusive fenced writer, readers, and the tail.
 
 The contract is deliberately small and byte-oriented. Framing, offsets, epoch markers, zombie
-filtering and atomic multi-part records live one level up (:mod:`airflow_provider_pulsarstate.log`)
+filtering and atomic multi-part records live one level up (:mod:`airflow_provider_pulsarstate.engine.log`)
 and are shared by both back ends, so they behave the same by construction.
 
 Guarantees every back end gives:
 
 * at most one writer per topic holds an epoch at a time; epochs only grow;
 * a writer whose epoch was superseded can never append again (its append raises
-  :class:`~airflow_provider_pulsarstate.errors.WriterFencedError`);
+  :class:`~airflow_provider_pulsarstate.engine.errors.WriterFencedError`);
 * :meth:`RawWriter.append` is all-or-nothing per call from the caller's point of view only when
   the back end is transactional (embedded); on Pulsar, frames of one call may land partially,
   which the framing layer makes harmless;

@@ -17,9 +17,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from airflow_provider_pulsarstate.backends.base import EARLIEST, AcquireMode, Backend, RawReader, RawWriter, is_earliest
-from airflow_provider_pulsarstate.envelope import NO_OFFSET, Frame, FrameError, RecordKind, decode_frame, encode_frames
-from airflow_provider_pulsarstate.errors import CorruptEntryError
+from airflow_provider_pulsarstate.engine.backends.base import EARLIEST, AcquireMode, Backend, RawReader, RawWriter, is_earliest
+from airflow_provider_pulsarstate.engine.envelope import NO_OFFSET, Frame, FrameError, RecordKind, decode_frame, encode_frames
+from airflow_provider_pulsarstate.engine.errors import CorruptEntryError
 
 log = logging.getLogger(__name__)
 

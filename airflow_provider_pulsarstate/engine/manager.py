@@ -25,7 +25,7 @@ Guarantees:
 * **Bounded waits.** Taking the writer waits at most ``acquire_timeout``; an idle writer is
   released after ``writer_idle_timeout`` so other instances are not starved.
 * **Checkpoints** (when given a state serializer and deserializer). Bootstrap loads the newest
-  checkpoint (:mod:`~airflow_provider_pulsarstate.checkpoint`) and replays only the records after
+  checkpoint (:mod:`~airflow_provider_pulsarstate.engine.checkpoint`) and replays only the records after
   it, so its cost follows the size of the state, not the length of the history. A missing or
   damaged checkpoint is logged and the whole log is replayed: checkpoints never decide the state.
   With ``checkpoint_after_bytes`` the writer checkpoints by itself; :meth:`checkpoint` does it
@@ -51,10 +51,10 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterable, Iterator, TypeVar
 
-from airflow_provider_pulsarstate.backends.base import EARLIEST, AcquireMode, Backend
-from airflow_provider_pulsarstate.checkpoint import CheckpointInfo, CheckpointStore
-from airflow_provider_pulsarstate.envelope import FrameError, RecordKind, decode_writes, encode_writes
-from airflow_provider_pulsarstate.errors import (
+from airflow_provider_pulsarstate.engine.backends.base import EARLIEST, AcquireMode, Backend
+from airflow_provider_pulsarstate.engine.checkpoint import CheckpointInfo, CheckpointStore
+from airflow_provider_pulsarstate.engine.envelope import FrameError, RecordKind, decode_writes, encode_writes
+from airflow_provider_pulsarstate.engine.errors import (
     CheckpointError,
     ClosedError,
     ConfigurationError,
@@ -65,8 +65,8 @@ from airflow_provider_pulsarstate.errors import (
     UnknownOutcomeError,
     WriterFencedError,
 )
-from airflow_provider_pulsarstate.log import DEFAULT_MAX_FRAME_BYTES, CorruptPolicy, LogReader, LogRecord, LogWriter, open_writer
-from airflow_provider_pulsarstate.progress import Progress
+from airflow_provider_pulsarstate.engine.log import DEFAULT_MAX_FRAME_BYTES, CorruptPolicy, LogReader, LogRecord, LogWriter, open_writer
+from airflow_provider_pulsarstate.engine.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class SharedStateManager(Generic[S, O]):
 
     Construction does no I/O: the log is replayed on first use (or :meth:`start`).
 
-    :param backend: where the log lives (:func:`~airflow_provider_pulsarstate.backends.open_backend`).
+    :param backend: where the log lives (:func:`~airflow_provider_pulsarstate.engine.backends.open_backend`).
     :param topic: the fully qualified topic.
     :param initializer: returns a new empty state.
     :param applier: applies one op to the state; returns the new state, or None when it

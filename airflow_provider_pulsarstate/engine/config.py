@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlparse
 
-from airflow_provider_pulsarstate.errors import ConfigurationError
+from airflow_provider_pulsarstate.engine.errors import ConfigurationError
 
 PULSAR_SCHEMES = ("pulsar", "pulsar+ssl")
 ENV_URL = "PULSARSTATE_URL"

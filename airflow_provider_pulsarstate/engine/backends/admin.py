@@ -11,7 +11,7 @@ from urllib.parse import quote
 
 import requests
 
-from airflow_provider_pulsarstate.errors import BackendUnavailableError, ConfigurationError
+from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, ConfigurationError
 
 
 class PulsarAdmin:

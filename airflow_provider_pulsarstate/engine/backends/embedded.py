@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from airflow_provider_pulsarstate.backends.base import (
+from airflow_provider_pulsarstate.engine.backends.base import (
     EARLIEST,
     is_earliest,
     AcquireMode,
@@ -36,14 +36,14 @@ from airflow_provider_pulsarstate.backends.base import (
     RawReader,
     RawWriter,
 )
-from airflow_provider_pulsarstate.errors import (
+from airflow_provider_pulsarstate.engine.errors import (
     BackendUnavailableError,
     ClosedError,
     OperationTimeoutError,
     WriterBusyError,
     WriterFencedError,
 )
-from airflow_provider_pulsarstate.retry import Backoff
+from airflow_provider_pulsarstate.engine.retry import Backoff
 
 log = logging.getLogger(__name__)
 

@@ -8,13 +8,13 @@ from typing import Any, Callable, Generic, Hashable, Literal, TypeVar
 
 import msgspec
 
-from airflow_provider_pulsarstate.backends.base import Backend
-from airflow_provider_pulsarstate.envelope import KEY_DELETE, KEY_SET, decode_key_op, encode_key_op
-from airflow_provider_pulsarstate.errors import SerializationError, ValueTooLargeError
-from airflow_provider_pulsarstate.checkpoint import CheckpointInfo
-from airflow_provider_pulsarstate.manager import Change, SharedStateManager
-from airflow_provider_pulsarstate.recipes.base import Recipe
-from airflow_provider_pulsarstate.serde import JSON, STR, Serde
+from airflow_provider_pulsarstate.engine.backends.base import Backend
+from airflow_provider_pulsarstate.engine.envelope import KEY_DELETE, KEY_SET, decode_key_op, encode_key_op
+from airflow_provider_pulsarstate.engine.errors import SerializationError, ValueTooLargeError
+from airflow_provider_pulsarstate.engine.checkpoint import CheckpointInfo
+from airflow_provider_pulsarstate.engine.manager import Change, SharedStateManager
+from airflow_provider_pulsarstate.engine.recipes.base import Recipe
+from airflow_provider_pulsarstate.engine.serde import JSON, STR, Serde
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")

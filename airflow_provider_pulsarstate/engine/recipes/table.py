@@ -38,9 +38,9 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
-from airflow_provider_pulsarstate.backends.base import Backend, RawWriter
-from airflow_provider_pulsarstate.envelope import KEY_DELETE, KEY_SET, decode_key_op, decode_writes, encode_key_op, encode_writes
-from airflow_provider_pulsarstate.errors import (
+from airflow_provider_pulsarstate.engine.backends.base import Backend, RawWriter
+from airflow_provider_pulsarstate.engine.envelope import KEY_DELETE, KEY_SET, decode_key_op, decode_writes, encode_key_op, encode_writes
+from airflow_provider_pulsarstate.engine.errors import (
     BackendUnavailableError,
     ConfigurationError,
     SerializationError,
@@ -50,9 +50,9 @@ from airflow_provider_pulsarstate.errors import (
     ViewNotFoundError,
     ViewScopeError,
 )
-from airflow_provider_pulsarstate.manager import Change, SharedStateManager
-from airflow_provider_pulsarstate.recipes.base import Recipe
-from airflow_provider_pulsarstate.progress import Progress
+from airflow_provider_pulsarstate.engine.manager import Change, SharedStateManager
+from airflow_provider_pulsarstate.engine.recipes.base import Recipe
+from airflow_provider_pulsarstate.engine.progress import Progress
 
 log = logging.getLogger(__name__)
 
