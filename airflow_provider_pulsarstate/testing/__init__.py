@@ -1,7 +1,8 @@
 """Test support shipped with the provider (like ``kazoo.testing``): use it in your own DAG tests.
 
 * :mod:`.harness`: a fault-injecting back end (lose an acknowledgement, die half-way through a
-  record) and :func:`~.harness.wait_until`, a polling wait with a deadline.
+  record, delay an append, an outage of the whole back end) and :func:`~.harness.wait_until`, a
+  polling wait with a deadline.
 * :mod:`.broker`: a real Pulsar standalone broker from Maven Central, no Docker.
 """
 

@@ -7,7 +7,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from airflow_provider_pulsarstate.engine.backends.base import EARLIEST, AcquireMode, Backend, RawEntry, RawReader, RawWriter
-from airflow_provider_pulsarstate.engine.errors import OperationTimeoutError, UnknownOutcomeError
+from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, OperationTimeoutError, UnknownOutcomeError
 
 
 def wait_until(predicate: Callable[[], Any], *, timeout: float = 10.0, interval: float = 0.05, what: str = "condition") -> Any:
@@ -23,7 +23,8 @@ def wait_until(predicate: Callable[[], Any], *, timeout: float = 10.0, interval:
 
 
 class FaultInjectingBackend(Backend):
-    """Wraps a real back end; the next appends can be made to fail in chosen ways.
+    """Wraps a real back end; the next appends can be made to fail in chosen ways, and the whole
+    back end can be made unreachable for a while (an outage).
 
     The log underneath stays real: a "lost acknowledgement" really appends, then reports an
     unknown outcome, exactly as a send time-out after the broker persisted the entry would.
@@ -33,41 +34,93 @@ class FaultInjectingBackend(Backend):
         faulty = FaultInjectingBackend(open_backend(config))
         faulty.lose_next_ack()            # the next append lands, but the caller hears a time-out
         faulty.crash_next_append(after_frames=2)  # the next append stops after 2 frames
+        faulty.lose_next_ack(then=faulty.start_outage)  # ... and then nothing can be read any more
+        faulty.end_outage()
     """
 
     def __init__(self, inner: Backend) -> None:
         self.inner = inner
-        self._faults: list[tuple[str, int]] = []
-        self._then: Callable[[], None] | None = None
+        self._faults: list[tuple[str, float, Callable[[], None] | None]] = []
         self._lock = threading.Lock()
+        self._outage_until: float | None = None
+        self._outage_error: Callable[[str], BaseException] | None = None
+        self._close_failures = 0
         self.injected: list[str] = []
 
+    # -- append faults ------------------------------------------------------------------------
     def lose_next_ack(self, *, then: Callable[[], None] | None = None) -> None:
         """The next append is persisted, then raises UnknownOutcomeError.
 
         :param then: runs after the append landed and before the error is raised (to make
             something happen while the writer does not know its outcome).
         """
-        with self._lock:
-            self._faults.append(("lose_ack", 0))
-            self._then = then
+        self._add("lose_ack", 0, then)
 
-    def fail_next_append(self) -> None:
-        """The next append persists nothing and raises UnknownOutcomeError."""
-        with self._lock:
-            self._faults.append(("fail", 0))
+    def fail_next_append(self, *, then: Callable[[], None] | None = None) -> None:
+        """The next append persists nothing and raises UnknownOutcomeError (``then`` runs first)."""
+        self._add("fail", 0, then)
 
     def crash_next_append(self, *, after_frames: int) -> None:
         """The next append persists only its first ``after_frames`` frames, then raises."""
-        with self._lock:
-            self._faults.append(("partial", after_frames))
+        self._add("partial", after_frames, None)
 
-    def _take_fault(self) -> tuple[str, int] | None:
+    def delay_next_append(self, seconds: float) -> None:
+        """The next append waits ``seconds`` before it is sent (then lands normally)."""
+        self._add("delay", seconds, None)
+
+    def fail_next_close(self, count: int = 1) -> None:
+        """The next ``count`` closes of an exclusive writer raise RuntimeError (a driver bug); the
+        writer underneath is closed all the same."""
+        with self._lock:
+            self._close_failures += count
+
+    def _add(self, kind: str, arg: float, then: Callable[[], None] | None) -> None:
+        with self._lock:
+            self._faults.append((kind, arg, then))
+
+    def _take_fault(self) -> tuple[str, float, Callable[[], None] | None] | None:
         with self._lock:
             return self._faults.pop(0) if self._faults else None
 
+    def _take_close_failure(self) -> bool:
+        with self._lock:
+            if self._close_failures:
+                self._close_failures -= 1
+                return True
+            return False
+
+    # -- outages ------------------------------------------------------------------------------
+    def start_outage(self, *, duration: float | None = None, error: Callable[[str], BaseException] | None = None) -> None:
+        """From now on (for ``duration`` seconds, or until :meth:`end_outage`), taking a writer,
+        appending, creating readers and reading fail: with BackendUnavailableError, or with
+        ``error(message)`` (e.g. a raw driver exception). Appends fail without writing anything."""
+        with self._lock:
+            self._outage_until = time.monotonic() + duration if duration is not None else float("inf")
+            self._outage_error = error
+        self.injected.append("outage")
+
+    def end_outage(self) -> None:
+        with self._lock:
+            self._outage_until = None
+
+    @property
+    def in_outage(self) -> bool:
+        with self._lock:
+            return self._outage_until is not None and time.monotonic() < self._outage_until
+
+    def _check_outage(self, what: str) -> None:
+        if self.in_outage:
+            message = f"injected outage: {what} failed"
+            raise self._outage_error(message) if self._outage_error is not None else BackendUnavailableError(message)
+
+    # -- the Backend contract -----------------------------------------------------------------
     def acquire_writer(self, topic: str, *, mode: AcquireMode, timeout: float) -> RawWriter:
+        self._check_outage(f"taking the writer of {topic}")
         return _FaultyWriter(self, self.inner.acquire_writer(topic, mode=mode, timeout=timeout))
+
+    def current_epoch(self, topic: str) -> int:
+        self._check_outage(f"reading the epoch of {topic}")
+        return self.inner.current_epoch(topic)
 
     def open_shared_writer(self, topic: str, *, compress: bool = False) -> RawWriter:
         return self.inner.open_shared_writer(topic, compress=compress)
@@ -76,9 +129,11 @@ class FaultInjectingBackend(Backend):
         self.inner.delete_topic(topic)
 
     def create_reader(self, topic: str, *, start: Any = EARLIEST) -> RawReader:
-        return self.inner.create_reader(topic, start=start)
+        self._check_outage(f"creating a reader of {topic}")
+        return _FaultyReader(self, self.inner.create_reader(topic, start=start))
 
     def read_last(self, topic: str, *, timeout: float) -> RawEntry | None:
+        self._check_outage(f"reading the last entry of {topic}")
         return self.inner.read_last(topic, timeout=timeout)
 
     def encode_position(self, position: Any) -> bytes:
@@ -102,20 +157,46 @@ class _FaultyWriter(RawWriter):
         self.epoch = inner.epoch
 
     def append(self, payloads: Sequence[bytes], *, timeout: float) -> list[Any]:
+        if self.owner.in_outage:
+            self.inner.close()
+            raise UnknownOutcomeError(f"injected outage: no acknowledgement from {self.topic}")
         fault = self.owner._take_fault()
         if fault is None:
             return self.inner.append(payloads, timeout=timeout)
-        kind, frames = fault
+        kind, arg, then = fault
         self.owner.injected.append(kind)
+        if kind == "delay":
+            time.sleep(arg)
+            return self.inner.append(payloads, timeout=timeout)
         if kind == "lose_ack":
             self.inner.append(payloads, timeout=timeout)
-            then, self.owner._then = self.owner._then, None
-            if then is not None:
-                then()
-        elif kind == "partial" and frames:
-            self.inner.append(payloads[:frames], timeout=timeout)
+        elif kind == "partial" and arg:
+            self.inner.append(payloads[: int(arg)], timeout=timeout)
+        if then is not None:
+            then()
         self.inner.close()
         raise UnknownOutcomeError(f"injected fault {kind!r} on {self.topic}")
+
+    def close(self) -> None:
+        self.inner.close()
+        if self.owner._take_close_failure():
+            self.owner.injected.append("close")
+            raise RuntimeError(f"injected failure closing the writer of {self.topic}")
+
+
+class _FaultyReader(RawReader):
+    def __init__(self, owner: FaultInjectingBackend, inner: RawReader) -> None:
+        self.owner = owner
+        self.inner = inner
+        self.topic = inner.topic
+
+    def read_next(self, *, timeout: float) -> RawEntry | None:
+        self.owner._check_outage(f"reading {self.topic}")
+        return self.inner.read_next(timeout=timeout)
+
+    def has_next(self) -> bool:
+        self.owner._check_outage(f"reading {self.topic}")
+        return self.inner.has_next()
 
     def close(self) -> None:
         self.inner.close()

@@ -15,7 +15,10 @@ Guarantees every back end gives:
 * readers see entries in append order, from the start or from a remembered position;
 * the last entry of a topic can be read without reading the others (:meth:`Backend.read_last`),
   and positions survive a round trip through bytes (so they can be stored in a checkpoint);
-* the writer lock is released when the holding process dies.
+* the writer lock is released when the holding process dies;
+* the back end can tell the topic's current epoch (:meth:`Backend.current_epoch`);
+* every failure surfaces as one of our errors (never a driver's own exception type), and a
+  writer or reader that is closed is forgotten by its back end (no list grows with their number).
 """
 
 from __future__ import annotations
@@ -65,7 +68,9 @@ class RawWriter(ABC):
     def append(self, payloads: Sequence[bytes], *, timeout: float) -> list[Any]:
         """Append entries in order and wait until all are durable; returns their positions.
 
-        :raises WriterFencedError: a newer epoch exists; this writer is dead for good.
+        :raises WriterFencedError: a newer epoch exists; this writer is dead for good (nothing of
+            this call can complete a record: entries after the fencing never land).
+        :raises BackendUnavailableError: the store failed before anything was written.
         :raises UnknownOutcomeError: some entries may or may not have landed.
         """
 
@@ -101,6 +106,16 @@ class Backend(ABC):
 
         :raises WriterBusyError: FAIL_FAST and another writer holds it.
         :raises OperationTimeoutError: WAIT and it did not come free within ``timeout``.
+        :raises BackendUnavailableError: the store cannot be reached.
+        """
+
+    @abstractmethod
+    def current_epoch(self, topic: str) -> int:
+        """The highest epoch the back end ever granted an exclusive writer of ``topic`` (-1 or 0: none).
+
+        Readers check frame epochs against it: a frame claiming a higher epoch was not written by
+        a writer of this topic and must not be obeyed.
+
         :raises BackendUnavailableError: the store cannot be reached.
         """
 

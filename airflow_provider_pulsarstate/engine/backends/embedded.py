@@ -13,6 +13,9 @@ How the contract is kept:
 * **Durability.** A committed append survives the crash of any process (WAL, ``synchronous=NORMAL``);
   pass ``synchronous="FULL"`` to also survive power loss.
 * **Readers** poll the file; they see committed entries only, in append order.
+* **Errors.** Every ``sqlite3`` or OS error becomes one of ours (BackendUnavailableError, or
+  UnknownOutcomeError when a commit failed in a way that may have written it), so callers and the
+  state manager's background threads never see a driver's exception.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from airflow_provider_pulsarstate.engine.errors import (
     BackendUnavailableError,
     ClosedError,
     OperationTimeoutError,
+    UnknownOutcomeError,
     WriterBusyError,
     WriterFencedError,
 )
@@ -88,7 +92,7 @@ class EmbeddedBackend(Backend):
         self.poll_interval = poll_interval
         self._lock_dir = self.path.with_name(self.path.name + ".locks")
         self._closed = False
-        self._children: list[RawWriter | RawReader] = []
+        self._children: set[RawWriter | RawReader] = set()
         self._children_lock = threading.Lock()
         self._initialized = False
 
@@ -113,8 +117,12 @@ class EmbeddedBackend(Backend):
 
     def _track(self, child: Any) -> Any:
         with self._children_lock:
-            self._children.append(child)
+            self._children.add(child)
         return child
+
+    def _untrack(self, child: Any) -> None:
+        with self._children_lock:
+            self._children.discard(child)
 
     def topic_url(self, topic: str) -> str:
         return f"{topic} (embedded {self.path})"
@@ -143,22 +151,35 @@ class EmbeddedBackend(Backend):
                     )
                 backoff.sleep(deadline)
         except BaseException:
-            conn.close()
+            _close_quietly(conn)
             raise
 
     def _current_epoch(self, conn: sqlite3.Connection, topic: str) -> int:
-        row = conn.execute("SELECT epoch FROM topics WHERE name = ?", (topic,)).fetchone()
+        try:
+            row = conn.execute("SELECT epoch FROM topics WHERE name = ?", (topic,)).fetchone()
+        except sqlite3.Error as exc:
+            raise BackendUnavailableError(f"cannot read the epoch of {self.topic_url(topic)}: {exc}") from exc
         return row[0] if row else 0
 
+    def current_epoch(self, topic: str) -> int:
+        conn = self.connect()
+        try:
+            return self._current_epoch(conn, topic)
+        finally:
+            _close_quietly(conn)
+
     def _try_acquire(self, conn: sqlite3.Connection, topic: str, *, fence: bool) -> "EmbeddedWriter | None":
-        self._lock_dir.mkdir(parents=True, exist_ok=True)
         current = self._current_epoch(conn, topic)
-        if not fence and current > 0 and _lock_is_held(self.lock_path(topic, current)):
-            return None
         # Hold the next epoch's liveness lock before publishing that epoch, so nobody ever sees
         # an epoch whose lock is free while its holder is alive.
         new_epoch = current + 1
-        fd = _try_flock(self.lock_path(topic, new_epoch))
+        try:
+            self._lock_dir.mkdir(parents=True, exist_ok=True)
+            if not fence and current > 0 and _lock_is_held(self.lock_path(topic, current)):
+                return None
+            fd = _try_flock(self.lock_path(topic, new_epoch))
+        except OSError as exc:
+            raise BackendUnavailableError(f"cannot lock the writer of {self.topic_url(topic)}: {exc}") from exc
         if fd is None:
             return None  # a concurrent acquirer is taking this very epoch
         try:
@@ -174,13 +195,15 @@ class EmbeddedBackend(Backend):
             )
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+            _rollback_quietly(conn)
             _release_flock(fd, self.lock_path(topic, new_epoch))
             raise BackendUnavailableError(f"cannot take the writer of {self.topic_url(topic)}: {exc}") from exc
-        for stale in self._lock_dir.glob(self.lock_path(topic, 0).name.rsplit(".", 2)[0] + ".*.lock"):
-            if stale.name != self.lock_path(topic, new_epoch).name and not _lock_is_held(stale):
-                stale.unlink(missing_ok=True)
+        try:
+            for stale in self._lock_dir.glob(self.lock_path(topic, 0).name.rsplit(".", 2)[0] + ".*.lock"):
+                if stale.name != self.lock_path(topic, new_epoch).name and not _lock_is_held(stale):
+                    stale.unlink(missing_ok=True)
+        except OSError as exc:  # only tidying: the writer is taken
+            log.warning("removing stale writer locks of %s: %s", self.topic_url(topic), exc)
         return EmbeddedWriter(self, conn, topic, new_epoch, fd)
 
     def open_shared_writer(self, topic: str, *, compress: bool = False) -> RawWriter:
@@ -195,11 +218,10 @@ class EmbeddedBackend(Backend):
             conn.execute("DELETE FROM topics WHERE name = ?", (topic,))
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+            _rollback_quietly(conn)
             raise BackendUnavailableError(f"cannot delete {self.topic_url(topic)}: {exc}") from exc
         finally:
-            conn.close()
+            _close_quietly(conn)
 
     # -- readers ----------------------------------------------------------------------------
     def create_reader(self, topic: str, *, start: Any = EARLIEST) -> RawReader:
@@ -215,7 +237,7 @@ class EmbeddedBackend(Backend):
         except sqlite3.Error as exc:
             raise BackendUnavailableError(f"cannot read the last entry of {self.topic_url(topic)}: {exc}") from exc
         finally:
-            conn.close()
+            _close_quietly(conn)
         return RawEntry(row[0], row[1], row[2]) if row else None
 
     def encode_position(self, position: Any) -> bytes:
@@ -228,7 +250,7 @@ class EmbeddedBackend(Backend):
         if self._closed:
             return
         with self._children_lock:
-            children, self._children = self._children, []
+            children, self._children = self._children, set()
         for child in children:
             child.close()
         self._closed = True
@@ -257,7 +279,7 @@ class EmbeddedWriter(RawWriter):
                 conn.execute("BEGIN IMMEDIATE")
                 current = self.epoch if self._shared else self.backend._current_epoch(conn, self.topic)
                 if current != self.epoch:
-                    conn.execute("ROLLBACK")
+                    _rollback_quietly(conn)
                     self._release()
                     raise WriterFencedError(
                         f"writer of {self.backend.topic_url(self.topic)} at epoch {self.epoch} was fenced "
@@ -272,24 +294,38 @@ class EmbeddedWriter(RawWriter):
                     "INSERT INTO entries(topic, pos, payload, publish_time) VALUES (?, ?, ?, ?)",
                     [(self.topic, first + i, p, now) for i, p in enumerate(payloads)],
                 )
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
+            except (sqlite3.Error, BackendUnavailableError) as exc:
+                _rollback_quietly(conn)
                 raise BackendUnavailableError(
                     f"append to {self.backend.topic_url(self.topic)} failed, nothing was written: {exc}"
+                ) from exc
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if conn.in_transaction:  # still open: rolling it back leaves nothing written
+                    _rollback_quietly(conn)
+                    raise BackendUnavailableError(
+                        f"append to {self.backend.topic_url(self.topic)} failed, nothing was written: {exc}"
+                    ) from exc
+                raise UnknownOutcomeError(
+                    f"committing an append to {self.backend.topic_url(self.topic)} failed ({exc}); "
+                    "it may or may not have been written"
                 ) from exc
             return list(range(first, first + len(payloads)))
 
     def _release(self) -> None:
         if self._fd is not None:
-            _release_flock(self._fd, self.backend.lock_path(self.topic, self.epoch))
-            self._fd = None
+            fd, self._fd = self._fd, None
+            try:
+                _release_flock(fd, self.backend.lock_path(self.topic, self.epoch))
+            except OSError as exc:  # the kernel drops the lock with the descriptor anyway
+                log.warning("releasing the writer lock of %s: %s", self.topic, exc)
 
     def close(self) -> None:
         with self._lock:
             self._release()
-            self._conn.close()
+            _close_quietly(self._conn)
+        self.backend._untrack(self)
 
 
 class EmbeddedReader(RawReader):
@@ -306,11 +342,17 @@ class EmbeddedReader(RawReader):
     def _fetch(self) -> None:
         if self._closed:
             raise ClosedError(f"reader of {self.topic} is closed")
-        self._buffer = self._conn.execute(
-            "SELECT pos, payload, publish_time FROM entries WHERE topic = ? AND pos > ? ORDER BY pos LIMIT ?",
-            (self.topic, self._after, _READ_BATCH),
-        ).fetchall()
-        self._buffer.reverse()
+        try:
+            rows = self._conn.execute(
+                "SELECT pos, payload, publish_time FROM entries WHERE topic = ? AND pos > ? ORDER BY pos LIMIT ?",
+                (self.topic, self._after, _READ_BATCH),
+            ).fetchall()
+        except sqlite3.Error as exc:
+            raise BackendUnavailableError(
+                f"reading {self.backend.topic_url(self.topic)} after position {self._after} failed: {exc}"
+            ) from exc
+        rows.reverse()
+        self._buffer = rows
 
     def read_next(self, *, timeout: float) -> RawEntry | None:
         if not self._buffer:
@@ -335,7 +377,24 @@ class EmbeddedReader(RawReader):
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._conn.close()
+            _close_quietly(self._conn)
+        self.backend._untrack(self)
+
+
+def _rollback_quietly(conn: sqlite3.Connection) -> None:
+    """Roll back the open transaction, if any; a failing rollback is logged (SQLite undoes it anyway)."""
+    try:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+    except sqlite3.Error as exc:
+        log.warning("rollback failed: %s", exc)
+
+
+def _close_quietly(conn: sqlite3.Connection) -> None:
+    try:
+        conn.close()
+    except sqlite3.Error as exc:
+        log.warning("closing an embedded state connection failed: %s", exc)
 
 
 def _try_flock(path: Path) -> int | None:

@@ -69,7 +69,7 @@ class PulsarBackend(Backend):
         )
         self._client: pulsar.Client | None = None
         self._lock = threading.Lock()
-        self._children: list[RawWriter | RawReader] = []
+        self._children: set[RawWriter | RawReader] = set()
         self._closed = False
 
     @property
@@ -109,8 +109,12 @@ class PulsarBackend(Backend):
 
     def _track(self, child: Any) -> Any:
         with self._lock:
-            self._children.append(child)
+            self._children.add(child)
         return child
+
+    def _untrack(self, child: Any) -> None:
+        with self._lock:
+            self._children.discard(child)
 
     # -- writer -----------------------------------------------------------------------------
     def acquire_writer(self, topic: str, *, mode: AcquireMode, timeout: float) -> RawWriter:
@@ -151,6 +155,12 @@ class PulsarBackend(Backend):
             raise
         log.debug("acquired writer of %s at epoch %d", topic, epoch)
         return self._track(PulsarWriter(self, topic, epoch, producer))
+
+    def current_epoch(self, topic: str) -> int:
+        # The broker persists topicEpoch with the topic (it survives unloads and restarts); a topic
+        # that never had an exclusive producer reports none.
+        epoch = self.admin.topic_stats(topic).get("topicEpoch")
+        return -1 if epoch is None else int(epoch)
 
     def open_shared_writer(self, topic: str, *, compress: bool = False) -> RawWriter:
         try:
@@ -218,7 +228,7 @@ class PulsarBackend(Backend):
         with self._lock:
             if self._closed:
                 return
-            children, self._children = self._children, []
+            children, self._children = self._children, set()
             self._closed = True
         for child in children:
             child.close()
@@ -287,6 +297,7 @@ class PulsarWriter(RawWriter):
     def close(self) -> None:
         producer, self._producer = self._producer, None
         _close_quietly(producer)
+        self.backend._untrack(self)
 
 
 class PulsarReader(RawReader):
@@ -337,6 +348,7 @@ class PulsarReader(RawReader):
         reader, self._reader = self._reader, None
         self._peeked = None
         _close_quietly(reader)
+        self.backend._untrack(self)
 
 
 def _entry(msg: pulsar.Message) -> RawEntry:
