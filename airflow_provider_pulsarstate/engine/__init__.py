@@ -2,7 +2,8 @@
 
 * :mod:`.backends`: the log contract and its two back ends (a Pulsar broker, the embedded SQLite log);
 * :mod:`.envelope`, :mod:`.log`: frames, records, epochs and offsets, shared by both back ends;
-* :mod:`.manager`: :class:`SharedStateManager` (PIP-137); :mod:`.checkpoint`: state images;
+* :mod:`.manager`: :class:`SharedStateManager` (PIP-137); :mod:`.writes`: writes in flight and
+  outcomes in doubt; :mod:`.checkpoint`: state images;
 * :mod:`.recipes`: small classes over the manager (:class:`PulsarMap`, ``StateTable`` with temp views);
 * :mod:`.config`, :mod:`.errors`: connection settings and the one exception hierarchy.
 
@@ -26,15 +27,17 @@ from airflow_provider_pulsarstate.engine.errors import (
     SerializationError,
     UnknownOutcomeError,
     ValueTooLargeError,
+    WriteId,
     WriterBusyError,
     WriterFencedError,
 )
 from airflow_provider_pulsarstate.engine.manager import Change, SharedStateManager
+from airflow_provider_pulsarstate.engine.writes import WriteOutcome
 from airflow_provider_pulsarstate.engine.recipes.map import MapChange, PulsarMap
 
 __all__ = [
     "AcquireMode", "Backend", "BackendUnavailableError", "Change", "CheckpointError", "ClosedError",
     "ConfigurationError", "ConnectionConfig", "CorruptEntryError", "MapChange", "OperationTimeoutError",
     "PulsarMap", "PulsarStateError", "SerializationError", "SharedStateManager", "UnknownOutcomeError",
-    "ValueTooLargeError", "WriterBusyError", "WriterFencedError", "open_backend",
+    "ValueTooLargeError", "WriteId", "WriteOutcome", "WriterBusyError", "WriterFencedError", "open_backend",
 ]

@@ -120,7 +120,7 @@ class CheckpointStore:
     def load(self, info: CheckpointInfo) -> bytes:
         """The image ``info`` names, checked against its length and CRC-32."""
         try:
-            reader = LogReader(self.backend, info.data_topic)
+            reader = LogReader(self.backend, info.data_topic, epoch_topic=self.topic)  # its frames carry the log's epoch
             try:
                 record = reader.read_next(timeout=self.timeout, drain=True)
             finally:

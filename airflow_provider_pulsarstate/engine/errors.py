@@ -9,6 +9,8 @@ or fix the configuration (:class:`ConfigurationError`, :class:`BackendUnavailabl
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 
 class PulsarStateError(Exception):
     """Root of every error raised by airflow_provider_pulsarstate."""
@@ -43,27 +45,58 @@ class WriterFencedError(PulsarStateError):
         self.epoch = epoch
 
 
-class UnknownOutcomeError(PulsarStateError):
-    """An append may or may not have reached the log (send time-out, dropped connection).
+class WriteId(NamedTuple):
+    """Identifies one write: the writing instance's id and the write's sequence number in it.
 
-    The engine resolves this itself by looking for the write's (writer id, sequence) in the log
-    before retrying; it only surfaces when the caller asked for no retries.
+    Both are stored with the write in the log, which is how an instance finds its own write there.
     """
+
+    writer_id: bytes
+    seq: int
+
+
+class UnknownOutcomeError(PulsarStateError):
+    """A write may or may not have reached the log (send time-out, dropped connection, outage).
+
+    A back end raises it for one append; the state manager then looks for the write in the log
+    before retrying, so callers see it only when that could not be finished (retries exhausted or
+    off, the back end unreachable, or the caller's ``timeout`` ran out while the write was being
+    sent). The write is then kept as pending: ask
+    :meth:`~airflow_provider_pulsarstate.engine.manager.SharedStateManager.outcome` with
+    :attr:`write_id` before sending it again, or it may be applied twice.
+
+    :ivar writer_id: the writing instance's id (16 bytes); None when raised by a back end.
+    :ivar seq: the write's sequence number in that instance; None when raised by a back end.
+    """
+
+    def __init__(self, message: str, *, writer_id: bytes | None = None, seq: int | None = None) -> None:
+        super().__init__(message)
+        self.writer_id = writer_id
+        self.seq = seq
+
+    @property
+    def write_id(self) -> WriteId | None:
+        """``WriteId(writer_id, seq)``, or None when the error does not name one write."""
+        if self.writer_id is None or self.seq is None:
+            return None
+        return WriteId(self.writer_id, self.seq)
 
 
 class CorruptEntryError(PulsarStateError):
-    """A log entry could not be decoded or applied.
+    """A log entry could not be decoded or applied, or a frame claims an epoch the back end never granted.
 
     :ivar topic: the topic holding the entry.
     :ivar position: where it is (an offset, or the back end's position when no offset is known).
     :ivar cause: why it was rejected.
+    :ivar epoch: the epoch the frame claims, when that is what is wrong with it (else None).
     """
 
-    def __init__(self, *, topic: str, position: object, cause: str) -> None:
+    def __init__(self, *, topic: str, position: object, cause: str, epoch: int | None = None) -> None:
         super().__init__(f"corrupt entry in topic {topic!r} at {position}: {cause}")
         self.topic = topic
         self.position = position
         self.cause = cause
+        self.epoch = epoch
 
 
 class CheckpointError(PulsarStateError):

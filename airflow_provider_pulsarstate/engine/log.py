@@ -6,6 +6,11 @@ Reading rules (applied identically on every back end):
   frames of a record its writer never finished are dropped when the next epoch begins.
 * Epochs never go back: a frame whose epoch is lower than the highest seen so far comes from a
   fenced ("zombie") writer whose send landed late; it is skipped with a warning.
+* Epochs come from the back end: a frame claiming an epoch above the back end's current epoch
+  (:meth:`Backend.current_epoch`) was not written by a writer of the topic. It is corruption
+  (``CorruptEntryError`` naming the epoch), never obeyed: it does not raise the epoch that later
+  frames are held to, so it cannot turn every real writer into a "zombie". The back end is asked
+  only when a frame claims more than the highest epoch already confirmed (once per new epoch).
 * DATA records carry consecutive offsets from 0. A gap or repeat is reported as corruption.
 * A frame that does not decode is corruption: the error names the topic and position; with
   ``on_corrupt="skip"`` it is logged and skipped instead.
@@ -15,9 +20,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
-from airflow_provider_pulsarstate.engine.backends.base import EARLIEST, AcquireMode, Backend, RawReader, RawWriter, is_earliest
+from airflow_provider_pulsarstate.engine.backends.base import EARLIEST, AcquireMode, Backend, RawEntry, RawReader, RawWriter, is_earliest
 from airflow_provider_pulsarstate.engine.envelope import NO_OFFSET, Frame, FrameError, RecordKind, decode_frame, encode_frames
 from airflow_provider_pulsarstate.engine.errors import CorruptEntryError
 
@@ -25,6 +30,7 @@ log = logging.getLogger(__name__)
 
 CorruptPolicy = Literal["raise", "skip"]
 DEFAULT_MAX_FRAME_BYTES = 1024 * 1024
+_SAME_TOPIC = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +96,8 @@ class LogReader:
 
     def __init__(
         self, backend: Backend, topic: str, *, start: Any = EARLIEST, on_corrupt: CorruptPolicy = "raise",
-        next_offset: int | None = None, max_epoch: int = -1,
+        next_offset: int | None = None, max_epoch: int = -1, epoch_topic: Any = _SAME_TOPIC,
+        on_forged_epoch: CorruptPolicy | None = None, on_skip: Callable[[CorruptEntryError], None] | None = None,
     ) -> None:
         """
         :param start: EARLIEST, or the position of an entry to resume after.
@@ -98,24 +105,47 @@ class LogReader:
             after the last record read, so that gaps are still detected).
         :param max_epoch: the highest epoch seen before ``start`` (frames of lower epochs after it
             are zombie frames and are skipped).
+        :param epoch_topic: the topic whose back-end epoch bounds the frames' epochs (this topic by
+            default; a checkpoint image names its log; None: do not check).
+        :param on_forged_epoch: policy for a frame claiming an epoch the back end never granted
+            (``on_corrupt`` by default).
+        :param on_skip: called with the error of every corrupt frame skipped.
         """
-        if on_corrupt not in ("raise", "skip"):
-            raise ValueError(f"on_corrupt must be 'raise' or 'skip', got {on_corrupt!r}")
+        if on_corrupt not in ("raise", "skip") or on_forged_epoch not in (None, "raise", "skip"):
+            raise ValueError(f"on_corrupt must be 'raise' or 'skip', got {on_corrupt!r} / {on_forged_epoch!r}")
         self.backend = backend
         self.topic = topic
         self.on_corrupt = on_corrupt
+        self.on_forged_epoch: CorruptPolicy = on_forged_epoch or on_corrupt
+        self.epoch_topic: str | None = topic if epoch_topic is _SAME_TOPIC else epoch_topic
+        self.on_skip = on_skip
         self.raw: RawReader = backend.create_reader(topic, start=start)
         self.max_epoch = max_epoch
         self.next_offset: int | None = next_offset if next_offset is not None else (0 if is_earliest(start) else None)
         self.skipped = 0
         self._parts: list[Frame] = []
+        self._confirmed_epoch = -1  # frames up to this epoch are known to come from granted epochs
+        self._held: RawEntry | None = None  # read, not yet handled (the epoch check failed to answer)
 
-    def _corrupt(self, where: Any, cause: str) -> None:
-        err = CorruptEntryError(topic=self.topic, position=where, cause=cause)
-        if self.on_corrupt == "raise":
+    def confirm_epoch(self, epoch: int) -> None:
+        """Tell the reader an epoch is real (e.g. the one the back end just granted this instance's writer)."""
+        self._confirmed_epoch = max(self._confirmed_epoch, epoch)
+
+    def _corrupt(self, where: Any, cause: str, *, epoch: int | None = None) -> None:
+        err = CorruptEntryError(topic=self.topic, position=where, cause=cause, epoch=epoch)
+        if (self.on_forged_epoch if epoch is not None else self.on_corrupt) == "raise":
             raise err
         self.skipped += 1
-        log.error("skipping %s (on_corrupt='skip')", err)
+        log.error("skipping %s", err)
+        if self.on_skip is not None:
+            self.on_skip(err)
+
+    def _epoch_granted(self, epoch: int) -> bool:
+        """Whether the back end ever granted ``epoch`` (asked only above the highest confirmed)."""
+        if epoch <= self._confirmed_epoch or self.epoch_topic is None:
+            return True
+        self._confirmed_epoch = max(self._confirmed_epoch, self.backend.current_epoch(self.epoch_topic))
+        return epoch <= self._confirmed_epoch
 
     def _where(self, position: Any) -> str:
         return f"position {position} (next offset {self.next_offset})"
@@ -129,16 +159,31 @@ class LogReader:
             unless ``on_corrupt="skip"``.
         """
         while True:
-            if drain and not self.raw.has_next():
-                return None
-            entry = self.raw.read_next(timeout=timeout)
+            entry = self._held
             if entry is None:
-                return None
+                if drain and not self.raw.has_next():
+                    return None
+                entry = self.raw.read_next(timeout=timeout)
+                if entry is None:
+                    return None
+            self._held = None
             try:
                 frame = decode_frame(entry.payload)
             except FrameError as exc:
                 self._corrupt(self._where(entry.position), str(exc))
                 continue
+            if frame.epoch > self.max_epoch:
+                self._held = entry  # kept if the back end cannot answer now: read again next call
+                granted = self._epoch_granted(frame.epoch)
+                self._held = None
+                if not granted:
+                    self._corrupt(
+                        self._where(entry.position),
+                        f"frame claims epoch {frame.epoch}, above the back end's current epoch "
+                        f"{self._confirmed_epoch}: no writer of {self.epoch_topic} wrote it; it is not obeyed",
+                        epoch=frame.epoch,
+                    )
+                    continue
             if frame.epoch < self.max_epoch:
                 log.warning(
                     "%s: ignoring a late frame of fenced epoch %d (current epoch %d) at %s",
@@ -194,7 +239,7 @@ class LogReader:
 
     def has_next(self) -> bool:
         """Whether entries exist past this reader, checked against the tail now."""
-        return self.raw.has_next()
+        return self._held is not None or self.raw.has_next()
 
     def close(self) -> None:
         self.raw.close()

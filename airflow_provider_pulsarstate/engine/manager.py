@@ -1,29 +1,44 @@
 """SharedStateManager: a shared in-memory object kept consistent through an op log (PIP-137).
 
 Every instance replays the topic into its own copy of the state. Writes go through the topic's
-single exclusive writer; an instance takes it, catches up to the tail while holding it, generates
-the ops from that state, appends them as one record, then applies them locally.
+single exclusive writer; an instance catches up, takes the writer, reads the short tail up to its
+own EPOCH record, generates the ops from that state, appends them as one record, then applies them
+locally.
 
 Guarantees:
 
 * **Atomic writes.** The ops of one write reach the log as one record (cut into frames when large);
   readers apply a record only when all of it arrived, so a write lands whole or not at all.
-* **Ops from the latest state.** ``ops_generator`` runs only after the instance holds the writer
-  and has read up to its own EPOCH record, i.e. after every earlier write is applied.
+* **Ops from the latest state.** The ops that are appended were generated only after the instance
+  held the writer and had read up to its own EPOCH record, i.e. after every earlier write was
+  applied. Before taking the writer, the ops are generated once against the caught-up state: a
+  write that fails there (its generator or serializer raises) or has nothing to append completes
+  without the writer, as long as no earlier write of the same batch changes the state first.
 * **No double application.** An appended record is applied once, locally, when its append is
   acknowledged; replay skips offsets already applied.
 * **Exactly once.** Every write carries (writer id, sequence). After an unknown outcome (time-out,
   dropped connection) the state is rebuilt from the log and a write found there completes
-  without being sent again; only writes not found are regenerated and retried.
+  without being sent again; only writes proven absent (a newer epoch began without them, after
+  which they can never land) are regenerated and retried.
+* **Unknown stays unknown.** A write that may have landed never fails with an error that invites
+  sending it again: when the manager cannot settle it (retries exhausted or off, the back end
+  unreachable, the caller's ``timeout``), it fails with UnknownOutcomeError carrying its write id
+  and stays pending; later catch-ups settle it, and :meth:`outcome` says what became of it.
 * **Fencing.** A fenced writer never appends again. The write is retried on a new epoch with ops
   regenerated from the new state, or fails with WriterFencedError when ``retry=False``.
-* **Reads.** ``read(latest=False)`` answers from local state; ``latest=True`` first reads up to the
+* **Reads.** ``read(latest=False)`` answers from local state and never waits for the writer to be
+  taken (the writer is acquired without the state lock); ``latest=True`` first reads up to the
   tail as of the call; ``linearizable=True`` goes through the writer and appends a BARRIER record
   (the PIP's "dummy write"), proving no newer writer exists.
 * **Group commit.** Writes submitted while another is in flight share one writer acquisition and
   one record; each still gets its own result, computed right after its own ops are applied.
 * **Bounded waits.** Taking the writer waits at most ``acquire_timeout``; an idle writer is
-  released after ``writer_idle_timeout`` so other instances are not starved.
+  released after ``writer_idle_timeout`` so other instances are not starved. ``read``, ``write``
+  and :meth:`outcome` take a ``timeout`` for the whole call.
+* **No silent background failures.** The commit thread fails every pending write with the error
+  that stopped it and is started again by the next write; the follow thread logs and counts
+  (``stats["follower_errors"]``) each failure and keeps following; listener exceptions are
+  logged with topic and offset and counted (``stats["listener_errors"]``).
 * **Checkpoints** (when given a state serializer and deserializer). Bootstrap loads the newest
   checkpoint (:mod:`~airflow_provider_pulsarstate.engine.checkpoint`) and replays only the records after
   it, so its cost follows the size of the state, not the length of the history. A missing or
@@ -34,6 +49,9 @@ Guarantees:
 While ops are staged and the append is in flight, the lock that readers take is held, so no
 read ever sees state that is not in the log. If an append fails after ops were applied locally,
 the state is rebuilt from the log before anything else happens.
+
+Locks: the state lock (``_lock``) may be held while taking the queue's condition (``_cv``), never
+the other way round (a listener runs under the state lock and may call :meth:`write_async`).
 """
 
 from __future__ import annotations
@@ -48,13 +66,15 @@ import time
 import uuid
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from concurrent.futures import TimeoutError as FutureTimeoutError
+from dataclasses import dataclass
 from typing import Any, Callable, Generic, Iterable, Iterator, TypeVar
 
 from airflow_provider_pulsarstate.engine.backends.base import EARLIEST, AcquireMode, Backend
 from airflow_provider_pulsarstate.engine.checkpoint import CheckpointInfo, CheckpointStore
 from airflow_provider_pulsarstate.engine.envelope import FrameError, RecordKind, decode_writes, encode_writes
 from airflow_provider_pulsarstate.engine.errors import (
+    BackendUnavailableError,
     CheckpointError,
     ClosedError,
     ConfigurationError,
@@ -63,10 +83,12 @@ from airflow_provider_pulsarstate.engine.errors import (
     PulsarStateError,
     SerializationError,
     UnknownOutcomeError,
+    WriteId,
     WriterFencedError,
 )
 from airflow_provider_pulsarstate.engine.log import DEFAULT_MAX_FRAME_BYTES, CorruptPolicy, LogReader, LogRecord, LogWriter, open_writer
 from airflow_provider_pulsarstate.engine.progress import Progress
+from airflow_provider_pulsarstate.engine.writes import OutcomeBook, PendingWrite, WriteOutcome
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +110,9 @@ class Change(Generic[O]):
     publish_time: float
 
 
+ListenerErrorHandler = Callable[[BaseException, "Change[Any]"], None]
+
+
 def json_op_serializer(op: Any) -> bytes:
     """Default op serializer: compact JSON with sorted keys."""
     return json.dumps(op, separators=(",", ":"), sort_keys=True).encode()
@@ -96,25 +121,6 @@ def json_op_serializer(op: Any) -> bytes:
 def json_op_deserializer(data: bytes) -> Any:
     """Default op deserializer."""
     return json.loads(data)
-
-
-@dataclass(eq=False)
-class _Write:
-    seq: int
-    generator: Callable[[Any], Iterable[Any]] | None
-    reader: Callable[[Any], Any] | None
-    retry: bool
-    barrier: bool
-    future: Future = field(default_factory=Future)
-    result: Any = None
-
-    def fail(self, exc: BaseException) -> None:
-        if not self.future.done():
-            self.future.set_exception(exc)
-
-    def succeed(self) -> None:
-        if not self.future.done():
-            self.future.set_result(self.result)
 
 
 class SharedStateManager(Generic[S, O]):
@@ -159,6 +165,11 @@ class SharedStateManager(Generic[S, O]):
         is taken under the state lock (a consistent state at one offset) and stored on a
         background thread. None: only :meth:`checkpoint` writes them.
     :param use_checkpoints: load the newest checkpoint at bootstrap (False: replay everything).
+
+    A frame that claims an epoch the back end never granted (a foreign producer's) is logged as
+    corrupt, counted in ``stats["corrupt_skipped"]`` and skipped whatever ``on_corrupt`` says: it
+    cannot belong to any record of the log, so skipping it loses nothing, while stopping on it
+    would let anyone able to append one message halt every instance.
     """
 
     def __init__(
@@ -215,11 +226,14 @@ class SharedStateManager(Generic[S, O]):
         self._applying_offset = -1
         self._notified_offset = -1
         self._broken = True  # no state yet: (re)build on first use
-        self._inflight: dict[int, _Write] = {}
-        self._listeners: list[Callable[[Change[O]], None]] = []
+        self._inflight: dict[int, PendingWrite] = {}  # sent, not yet acknowledged or found in the log
+        self._outcomes = OutcomeBook()  # writes reported unknown to their callers, until settled
+        self._listeners: list[tuple[Callable[[Change[O]], None], ListenerErrorHandler | None]] = []
+        self._listeners_lock = threading.Lock()
+        self._replay_paused = False  # a bootstrap cut short by a caller's timeout; the next use goes on
 
         self._seq = itertools.count(1)
-        self._queue: deque[_Write] = deque()
+        self._queue: deque[PendingWrite] = deque()
         self._last_submitted: Future | None = None
         self._cv = threading.Condition()
         self._committer: threading.Thread | None = None
@@ -241,6 +255,8 @@ class SharedStateManager(Generic[S, O]):
         self.stats = {
             "records_appended": 0, "writes_committed": 0, "acquisitions": 0, "rebuilds": 0, "retries": 0,
             "records_replayed": 0, "checkpoints_written": 0, "checkpoint_loaded_offset": -1,
+            "corrupt_skipped": 0, "unknown_outcomes": 0, "listener_errors": 0, "follower_errors": 0,
+            "committer_errors": 0,
         }
 
     # ------------------------------------------------------------------ lifecycle
@@ -248,9 +264,8 @@ class SharedStateManager(Generic[S, O]):
         """Replay the log now (otherwise it happens on first use) and start following if asked."""
         with self._lock:
             self._ensure_state()
-        if self._follow_interval is not None and self._follower is None:
-            self._follower = threading.Thread(target=self._follow, name=f"pulsarstate-follow-{self.topic}", daemon=True)
-            self._follower.start()
+        if self._follow_interval is not None:
+            self._start_follower()
         return self
 
     def close(self) -> None:
@@ -268,7 +283,7 @@ class SharedStateManager(Generic[S, O]):
         with self._cv:
             pending, self._queue = list(self._queue), deque()
         for w in pending:
-            w.fail(ClosedError(f"state manager of {self.topic} closed before the write was committed"))
+            self._give_up(w, ClosedError(f"state manager of {self.topic} closed before the write was committed"))
         with self._lock:
             self._drop_writer()
             if self._reader is not None:
@@ -283,13 +298,37 @@ class SharedStateManager(Generic[S, O]):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def add_listener(self, listener: Callable[[Change[O]], None]) -> None:
+    def add_listener(
+        self, listener: Callable[[Change[O]], None], *, on_error: ListenerErrorHandler | None = None
+    ) -> Callable[[Change[O]], None]:
         """Call ``listener`` once per op applied from now on, in log order, after it is committed.
 
-        Listeners run on the thread that applied the op, with the state lock held: keep them short
-        and do not call back into this manager from them.
+        Listeners run on the thread that applied the op, with the state lock held: keep them short.
+        They may call :meth:`write_async` (not wait on it) and local reads; a blocking
+        :meth:`write` from a listener would wait for the thread it runs on.
+
+        An exception from a listener is logged with the topic and offset, counted in
+        ``stats["listener_errors"]`` and passed to ``on_error(exc, change)`` when given; the other
+        listeners and later changes are not affected.
+
+        :returns: ``listener``, to pass to :meth:`remove_listener`.
         """
-        self._listeners.append(listener)
+        with self._listeners_lock:
+            self._listeners = [*self._listeners, (listener, on_error)]  # copied: _notify iterates the old list
+        return listener
+
+    def remove_listener(self, listener: Callable[[Change[O]], None]) -> bool:
+        """Stop calling ``listener`` (one registration of it); False if it was not registered.
+
+        Once this returns, the listener sees no op applied afterwards (it waits for an op being
+        applied on another thread to finish).
+        """
+        with self._lock, self._listeners_lock:
+            for i, (registered, _) in enumerate(self._listeners):
+                if registered is listener or registered == listener:
+                    self._listeners = self._listeners[:i] + self._listeners[i + 1 :]
+                    return True
+        return False
 
     @property
     def applied_offset(self) -> int:
@@ -307,30 +346,50 @@ class SharedStateManager(Generic[S, O]):
         return self._writer is not None
 
     # ------------------------------------------------------------------ reads
-    def read(self, reader: Callable[[S], R], *, latest: bool = False, linearizable: bool = False) -> R:
+    def read(
+        self, reader: Callable[[S], R], *, latest: bool = False, linearizable: bool = False, timeout: float | None = None
+    ) -> R:
         """Run ``reader`` on the state and return its result.
+
+        A local read (``latest=False``) never waits for this instance to take the writer; it
+        waits only while ops are being applied (an append in flight, a catch-up).
 
         :param latest: first read up to the tail as it is at the time of the call, after this
             instance's own earlier writes (even un-awaited ``write_async`` ones) completed:
             read-your-writes.
         :param linearizable: go through the exclusive writer (appends a BARRIER record): the
             answer reflects every write acknowledged to anyone before the call.
+        :param timeout: seconds the whole call may take (None: each wait is bounded by
+            ``operation_timeout`` / ``acquire_timeout`` only). A first replay cut short by it is
+            resumed, not restarted, by the next call.
+        :raises OperationTimeoutError: ``timeout`` ran out (nothing was changed).
         :raises CorruptEntryError: a log entry could not be applied (``on_corrupt="raise"``).
         """
+        self._ensure_follower()
         if linearizable:
-            return self._submit(None, reader, retry=True, barrier=True).result()
-        if latest and (last := self._last_submitted) is not None:
-            wait([last])  # writes complete in submission order; its outcome is the writer's business
-        with self._lock:
-            self._ensure_state()
+            return self._await(self._enqueue(None, reader, retry=True, barrier=True), timeout)
+        deadline = _deadline(timeout)
+        if latest and (last := self._last_submitted) is not None and not last.done():
+            # writes complete in submission order; their outcome is the writer's business
+            if not wait([last], timeout=_left(deadline)).done:
+                raise OperationTimeoutError(
+                    f"{self.topic}: this instance's earlier writes did not complete within {timeout:.1f}s"
+                )
+        left = _left(deadline)
+        if not self._lock.acquire(timeout=-1 if left is None else left):
+            raise OperationTimeoutError(f"{self.topic}: the local state stayed busy (an append or a catch-up) for {timeout:.1f}s")
+        try:
+            self._ensure_state(deadline=deadline)
             if latest:
-                self._catch_up()
+                self._catch_up(deadline=deadline)
             return reader(self._state)
+        finally:
+            self._lock.release()
 
     def read_async(self, reader: Callable[[S], R], *, latest: bool = False, linearizable: bool = False) -> Future:
         """:meth:`read` on a helper thread; returns a Future of the result."""
         if linearizable:
-            return self._submit(None, reader, retry=True, barrier=True)
+            return self._enqueue(None, reader, retry=True, barrier=True).future
         with self._cv:
             if self._read_pool is None:
                 self._read_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pulsarstate-read")
@@ -338,112 +397,285 @@ class SharedStateManager(Generic[S, O]):
 
     # ------------------------------------------------------------------ writes
     def write(
-        self, ops_generator: Callable[[S], Iterable[O]], reader: Callable[[S], R] | None = None, *, retry: bool = True
+        self,
+        ops_generator: Callable[[S], Iterable[O]],
+        reader: Callable[[S], R] | None = None,
+        *,
+        retry: bool = True,
+        timeout: float | None = None,
     ) -> R | None:
         """Generate ops from the latest state, append them atomically, apply them; return ``reader(state)``.
 
-        ``ops_generator`` may run more than once (after fencing or an unknown outcome); it must
-        not have side effects other than capturing values for the caller.
+        ``ops_generator`` may run more than once (after fencing or an unknown outcome, and once
+        against the caught-up state before the writer is taken); it must not have side effects
+        other than capturing values for the caller.
 
         :param retry: retry on a new epoch after fencing (default); False raises WriterFencedError.
+        :param timeout: seconds to wait for the result (None: until the write completes; each
+            step is bounded by ``acquire_timeout`` / ``operation_timeout``).
         :raises WriterFencedError: fenced and ``retry=False`` (or retries exhausted).
         :raises WriterBusyError: FAIL_FAST mode and another instance holds the writer.
-        :raises OperationTimeoutError: the writer did not come free within ``acquire_timeout``.
+        :raises OperationTimeoutError: the writer did not come free within ``acquire_timeout``, or
+            ``timeout`` ran out before the write was sent; nothing was appended.
+        :raises UnknownOutcomeError: the write may or may not have been appended and this could
+            not be settled (``err.write_id``): call :meth:`outcome` before sending it again.
         :raises SerializationError: an op could not be serialized; nothing was appended.
         """
-        return self.write_async(ops_generator, reader, retry=retry).result()
+        return self._await(self._enqueue(ops_generator, reader, retry=retry), timeout)
 
     def write_async(
         self, ops_generator: Callable[[S], Iterable[O]], reader: Callable[[S], R] | None = None, *, retry: bool = True
     ) -> Future:
-        """:meth:`write` without waiting: returns a Future. Writes queued together share one record."""
-        return self._submit(ops_generator, reader, retry=retry, barrier=False)
+        """:meth:`write` without waiting: returns a Future (its ``write_id`` attribute names the write).
 
-    def _submit(self, generator: Any, reader: Any, *, retry: bool, barrier: bool) -> Future:
-        w = _Write(next(self._seq), generator, reader, retry, barrier)
+        Writes queued together share one record.
+        """
+        return self._enqueue(ops_generator, reader, retry=retry).future
+
+    def outcome(self, write_id: WriteId | tuple[bytes, int], *, timeout: float | None = None) -> WriteOutcome:
+        """What became of a write whose caller got UnknownOutcomeError (``err.write_id``).
+
+        Without ``timeout`` it answers from what this instance knows now (no I/O). With one, a
+        PENDING write is settled if the log can be read: a catch-up finds it (LANDED) or shows a
+        newer epoch without it; failing that, the writer is taken, and its EPOCH record proves
+        that the write, not found before it, can never land (NOT_LANDED).
+
+        Retrying safely after UnknownOutcomeError: send the write again only on NOT_LANDED; on
+        LANDED it is applied already; on PENDING ask again later (the back end is unreachable or
+        the timeout too short). Sending it again while PENDING may apply it twice.
+
+        :returns: LANDED, NOT_LANDED, PENDING, or UNKNOWN (not a write of this instance that
+            was reported unknown, or forgotten).
+        """
+        writer_id, seq = write_id
+        if writer_id != self.writer_id:
+            return WriteOutcome.UNKNOWN
+        state = self._outcomes.known(seq)
+        if state is not WriteOutcome.PENDING or timeout is None:
+            return state
+        deadline = _deadline(timeout)
+        try:
+            self.read(lambda s: None, latest=True, timeout=timeout)
+            if self._outcomes.known(seq) is WriteOutcome.PENDING:
+                self._await(self._enqueue(None, None, retry=True, probe=True), _left(deadline))
+        except PulsarStateError as exc:
+            log.info("%s: write %d not settled yet: %s", self.topic, seq, exc)
+        return self._outcomes.known(seq)
+
+    def _enqueue(self, generator: Any, reader: Any, *, retry: bool, barrier: bool = False, probe: bool = False) -> PendingWrite:
+        w = PendingWrite(next(self._seq), generator, reader, retry, barrier, probe)
+        w.future.write_id = WriteId(self.writer_id, w.seq)  # type: ignore[attr-defined]
         with self._cv:
             if self._closed:
                 raise ClosedError(f"state manager of {self.topic} is closed")
             self._queue.append(w)
             self._last_submitted = w.future
-            if self._committer is None:
+            if self._committer is None or not self._committer.is_alive():
+                if self._committer is not None:
+                    log.warning("%s: the commit thread had stopped; starting a new one", self.topic)
                 self._committer = threading.Thread(
                     target=self._commit_loop, name=f"pulsarstate-commit-{self.topic}", daemon=True
                 )
                 self._committer.start()
             self._cv.notify()
-        return w.future
+        self._ensure_follower()
+        return w
+
+    def _await(self, w: PendingWrite, timeout: float | None) -> Any:
+        """The write's result, waiting at most ``timeout``; then cancel it, or report it unknown."""
+        future = w.future
+        if timeout is None:
+            return future.result()
+        try:
+            return future.result(timeout=max(0.0, timeout))
+        except (TimeoutError, FutureTimeoutError):
+            if future.done():
+                raise  # the write's own error
+        if future.cancel():  # still queued or waiting for the writer: it will never be sent
+            raise OperationTimeoutError(
+                f"{self.topic}: write {w.seq} was not sent within {timeout:.1f}s (waiting for the writer or "
+                "for earlier writes); nothing was appended"
+            )
+        if w.barrier or w.probe:
+            raise OperationTimeoutError(f"{self.topic}: a linearizable read did not complete within {timeout:.1f}s")
+        self._outcomes.abandon(w)
+        if future.done():
+            return future.result()
+        raise UnknownOutcomeError(
+            f"{self.topic}: write {w.seq} was being sent when the {timeout:.1f}s timeout ran out; it may or may "
+            "not land: ask outcome(write_id) before sending it again",
+            writer_id=self.writer_id, seq=w.seq,
+        )
 
     # ------------------------------------------------------------------ committer
     def _commit_loop(self) -> None:
-        while True:
-            with self._cv:
-                while not self._queue and not self._closed:
-                    if self._writer is not None and self.writer_idle_timeout is not None:
-                        idle_left = self._last_write + self.writer_idle_timeout - time.monotonic()
-                        if idle_left <= 0:
-                            self._release_idle_writer()
-                            continue
-                        self._cv.wait(timeout=idle_left)
-                    else:
-                        self._cv.wait()
-                if self._closed:
-                    return
-                batch = [self._queue.popleft() for _ in range(min(len(self._queue), self.max_group_writes))]
-            self._commit(batch)
-            self._last_write = time.monotonic()
-            self._maybe_checkpoint()
+        batch: list[PendingWrite] = []
+        try:
+            while True:
+                release = False
+                with self._cv:
+                    while not self._queue and not self._closed:
+                        if self._writer is not None and self.writer_idle_timeout is not None:
+                            idle_left = self._last_write + self.writer_idle_timeout - time.monotonic()
+                            if idle_left <= 0:
+                                release = True
+                                break
+                            self._cv.wait(timeout=idle_left)
+                        else:
+                            self._cv.wait()
+                    if self._closed:
+                        return
+                    if not release:
+                        batch = [self._queue.popleft() for _ in range(min(len(self._queue), self.max_group_writes))]
+                if release:  # outside the condition: see "Locks" in the module docstring
+                    self._release_idle_writer()
+                    continue
+                self._commit(batch)
+                batch = []
+                self._last_write = time.monotonic()
+                self._maybe_checkpoint()
+        except BaseException as exc:  # noqa: BLE001 - no write may wait forever on a dead thread
+            self._commit_thread_failed(exc, batch)
+            if not isinstance(exc, Exception):
+                raise
+
+    def _commit_thread_failed(self, exc: BaseException, batch: list[PendingWrite]) -> None:
+        """Fail the batch and every queued write with ``exc``; the next write starts a new thread."""
+        self.stats["committer_errors"] += 1
+        log.error("%s: the commit thread failed (%s); failing the pending writes", self.topic, _describe(exc), exc_info=exc)
+        err = exc
+        if not isinstance(exc, PulsarStateError):
+            err = PulsarStateError(f"{self.topic}: the commit thread failed: {_describe(exc)}")
+            err.__cause__ = exc
+        with self._cv:
+            pending, self._queue = list(self._queue), deque()
+            self._committer = None
+        with contextlib.suppress(Exception), self._lock:
+            self._drop_writer()
+        for w in [*batch, *pending]:
+            with contextlib.suppress(Exception):
+                self._give_up(w, err)
 
     def _release_idle_writer(self) -> None:
         with self._lock:
-            if self._writer is not None:
-                log.info("%s: releasing the idle writer (epoch %d)", self.topic, self._writer.epoch)
-                self._drop_writer()
+            if self._writer is None:
+                return
+            with self._cv:
+                if self._queue:
+                    return  # work arrived meanwhile: keep the writer
+            log.info("%s: releasing the idle writer (epoch %d)", self.topic, self._writer.epoch)
+            self._drop_writer()
 
-    def _commit(self, batch: list[_Write]) -> None:
+    def _commit(self, batch: list[PendingWrite]) -> None:
         attempt = 0
         while True:
             batch = [w for w in batch if not w.future.done()]
             if not batch:
                 return
+            if self._closed:
+                for w in batch:
+                    self._give_up(w, ClosedError(f"state manager of {self.topic} closed before the write was committed"))
+                return
             try:
-                with self._lock:
-                    self._ensure_state()
-                    self._ensure_writer()
-                    self._stage_and_append(batch)
+                self._commit_once(batch)
                 return
             except _Restage:
-                continue  # the state is marked broken: rebuild it and stage the other writes again
+                continue  # the state was rebuilt: take the writer and stage the writes again
             except (WriterFencedError, UnknownOutcomeError) as exc:
                 attempt += 1
                 self.stats["retries"] += 1
                 log.warning("%s: write attempt %d failed (%s); looking for it in the log", self.topic, attempt, exc)
-                with self._lock:
-                    self._drop_writer()
-                    try:
+                try:
+                    with self._lock:
+                        self._drop_writer()
                         self._ensure_state()  # rebuilds if ops were applied; finds writes that did land
-                    except PulsarStateError as rebuild_exc:
-                        log.warning("%s: could not re-read the log yet: %s", self.topic, rebuild_exc)
+                except Exception as rebuild_exc:  # noqa: BLE001 - settled on the next attempt or given up below
+                    log.warning("%s: could not re-read the log yet: %s", self.topic, rebuild_exc)
                 for w in batch:
                     if not w.retry or attempt > self.max_retries:
-                        self._inflight.pop(w.seq, None)
-                        w.fail(exc)
+                        self._give_up(w, exc)
             except BaseException as exc:  # noqa: BLE001 - every write must complete
-                with self._lock:
-                    self._drop_writer()
-                for w in batch:
-                    self._inflight.pop(w.seq, None)
-                    w.fail(exc)
+                try:
+                    with self._lock:
+                        self._drop_writer()
+                finally:
+                    for w in batch:
+                        self._give_up(w, exc)
                 if not isinstance(exc, Exception):
                     raise
                 return
 
-    def _stage_and_append(self, batch: list[_Write]) -> None:
-        """Generate, serialize and apply each write's ops, then append them as one record."""
-        staged: list[tuple[_Write, list[O], list[bytes]]] = []
-        for w in batch:
+    def _give_up(self, w: PendingWrite, exc: BaseException) -> None:
+        """Complete a write with an error for good.
+
+        A write that may have landed fails with UnknownOutcomeError naming it and stays pending
+        (later catch-ups settle it); one that certainly did not never fails with
+        UnknownOutcomeError, so that error always means "ask :meth:`outcome` before retrying".
+        """
+        with self._lock:
+            self._inflight.pop(w.seq, None)
+            if w.future.done():
+                return
+            if w.unknown:
+                self._outcomes.unresolved(w)
+                self.stats["unknown_outcomes"] += 1
+                err: BaseException = UnknownOutcomeError(
+                    f"{self.topic}: write {w.seq} was sent at epoch {w.epoch} and may or may not have landed; "
+                    f"it could not be looked up ({_describe(exc)}). Ask outcome(write_id) before sending it again",
+                    writer_id=self.writer_id, seq=w.seq,
+                )
+                err.__cause__ = exc
+            elif isinstance(exc, UnknownOutcomeError):  # e.g. the EPOCH record's: this write was never sent
+                err = BackendUnavailableError(f"{self.topic}: write {w.seq} was not sent: {exc}")
+                err.__cause__ = exc
+            else:
+                err = exc
+            w.fail(err)
+
+    def _commit_once(self, batch: list[PendingWrite]) -> None:
+        """One attempt: settle what needs no writer, take it (without the state lock), stage, append."""
+        writer: LogWriter | None = None
+        if self._writer is None:
+            with self._lock:
+                self._ensure_state()
+                self._catch_up()  # before taking the writer: only the short tail is read under it
+                batch = self._settle_without_writer(batch)
+            if not batch:
+                return
+            # Without the state lock: local reads go on while another instance holds the writer.
+            writer = open_writer(
+                self.backend, self.topic, writer_id=self.writer_id, mode=self.acquire_mode,
+                timeout=self.acquire_timeout, max_frame_bytes=self.max_frame_bytes,
+            )
+        with self._lock:
+            try:
+                self._ensure_state()  # a rebuild here drops the old writer, not the new one
+                if self._closed:
+                    raise ClosedError(f"state manager of {self.topic} closed before the write was committed")
+                if writer is not None:
+                    adopted, writer = writer, None
+                    self._adopt_writer(adopted)
+            finally:
+                if writer is not None:
+                    writer.close()
+            if self._writer is None:
+                raise _Restage()
+            self._stage_and_append(batch)
+
+    def _settle_without_writer(self, batch: list[PendingWrite]) -> list[PendingWrite]:
+        """Complete, against the caught-up state, the writes that need no writer; return the rest.
+
+        Going in order, a write whose generator or serializer fails is failed, and one with
+        nothing to append completes, until the first write that needs the writer: it has ops
+        (kept in ``prepared``), is a barrier or probe, or its earlier send is of unknown outcome.
+        From there on every write must be generated after the earlier ones are applied, so
+        the rest is left for the writer. So a rejected value never takes the writer.
+        """
+        for i, w in enumerate(batch):
             if w.future.done():
                 continue
+            if w.needs_writer:
+                return batch[i:]
             try:
                 ops = list(w.generator(self._state)) if w.generator is not None else []
                 payloads = [self._serialize(op) for op in ops]
@@ -451,6 +683,45 @@ class SharedStateManager(Generic[S, O]):
                 w.fail(exc)
                 continue
             if ops:
+                w.prepared = (self._applied_offset, ops, payloads)
+                return batch[i:]
+            try:
+                w.result = w.reader(self._state) if w.reader is not None else None
+            except Exception as exc:
+                w.fail(exc)
+                continue
+            w.succeed()
+        return []
+
+    def _stage_and_append(self, batch: list[PendingWrite]) -> None:
+        """Generate, serialize and apply each write's ops, then append them as one record."""
+        staged: list[tuple[PendingWrite, list[O], list[bytes]]] = []
+        writer = self._writer
+        assert writer is not None
+        dirty = False  # ops of this record were applied: prepared ops of later writes are stale
+        if any(w.unknown for w in batch):  # cannot be after _adopt_writer: a new epoch settles it first
+            self._drop_writer()
+            raise _Restage()
+        for w in batch:
+            self._inflight.pop(w.seq, None)  # from an earlier attempt, proven absent: sent again below or failed
+        for w in batch:
+            if w.abandoned and not w.unknown:  # its caller gave up before it was sent: never send it
+                w.fail(OperationTimeoutError(f"{self.topic}: write {w.seq} timed out before it was sent; nothing was appended"))
+                continue
+            if not w.claim():
+                continue  # cancelled by its caller's timeout, or done
+            prepared, w.prepared = w.prepared, None
+            try:
+                if prepared is not None and not dirty and prepared[0] == self._applied_offset:
+                    ops, payloads = prepared[1], prepared[2]  # the state did not move since they were made
+                else:
+                    ops = list(w.generator(self._state)) if w.generator is not None else []
+                    payloads = [self._serialize(op) for op in ops]
+            except Exception as exc:  # the caller's generator or serializer: fail this write only
+                w.fail(exc)
+                continue
+            if ops:
+                dirty = True
                 self._broken = True  # until the append is acknowledged
                 self._applying_offset = self._applied_offset + 1
                 try:
@@ -469,8 +740,6 @@ class SharedStateManager(Generic[S, O]):
             staged.append((w, ops, payloads))
         if not staged:
             return
-        writer = self._writer
-        assert writer is not None
         data = [(w.seq, payloads) for w, ops, payloads in staged if payloads]
         if data:
             offset = self._applied_offset + 1
@@ -478,7 +747,17 @@ class SharedStateManager(Generic[S, O]):
                 if payloads:
                     self._inflight[w.seq] = w
             body = encode_writes(data)
-            position = writer.append(RecordKind.DATA, body, offset=offset, timeout=self.operation_timeout)
+            try:
+                position = writer.append(RecordKind.DATA, body, offset=offset, timeout=self.operation_timeout)
+            except (WriterFencedError, BackendUnavailableError):
+                raise  # the back end says none of it can land
+            except BaseException as exc:
+                for w, _, payloads in staged:
+                    if payloads:
+                        w.unknown, w.epoch = True, writer.epoch
+                if isinstance(exc, UnknownOutcomeError) or not isinstance(exc, Exception):
+                    raise
+                raise UnknownOutcomeError(f"{self.topic}: append failed ({_describe(exc)}); it may or may not have landed") from exc
             self._advance(offset, position, writer.epoch, len(body))
             self._broken = False
             self.stats["records_appended"] += 1
@@ -508,32 +787,59 @@ class SharedStateManager(Generic[S, O]):
         if new_state is not None:
             self._state = new_state
 
-    def _ensure_state(self) -> None:
-        """Build the state by replaying the log from the start when there is none (or it is suspect)."""
+    def _ensure_state(self, *, deadline: float | None = None) -> None:
+        """Build the state by replaying the log from the start when there is none (or it is suspect).
+
+        :param deadline: (monotonic) a replay still running then stops with OperationTimeoutError;
+            what was replayed is kept and the next call goes on from there.
+        """
         if self._closed:
             raise ClosedError(f"state manager of {self.topic} is closed")
         if not self._broken:
+            if self._replay_paused:
+                self._resume_replay(deadline)
             return
         # Writes of unknown outcome would land right after the confirmed offset: a checkpoint
         # past it could hide them, and they would be sent twice. Replay from before them instead.
-        limit = self._applied_offset if self._inflight else None
+        limit = self._applied_offset if self._inflight or self._outcomes else None
         if self._reader is not None:
             self._reader.close()
             self._reader = None
             self.stats["rebuilds"] += 1
         self._drop_writer()
         self._bytes_since_checkpoint = 0
-        self._broken = False
+        self._broken = self._replay_paused = False
         try:
             if not self._load_checkpoint(limit):
-                self._reader = LogReader(self.backend, self.topic, on_corrupt=self.on_corrupt)
+                self._reader = self._open_reader()
                 self._state = self._initializer()
                 self._applied_offset = -1
                 self._applied_position, self._applied_epoch = EARLIEST, -1
-            self._catch_up(bootstrap=True)
+            self._catch_up(bootstrap=True, deadline=deadline)
+        except _ReplayPaused:
+            self._replay_paused = True  # the state so far is a correct prefix of the log
+            raise
         except BaseException:
             self._broken = True
             raise
+
+    def _resume_replay(self, deadline: float | None) -> None:
+        self._replay_paused = False
+        try:
+            self._catch_up(bootstrap=True, deadline=deadline)
+        except BaseException:
+            self._replay_paused = not self._broken
+            raise
+
+    def _open_reader(self, **options: Any) -> LogReader:
+        """A reader of the log with this manager's policies (see the class docstring on forged epochs)."""
+        return LogReader(
+            self.backend, self.topic, on_corrupt=self.on_corrupt, on_forged_epoch="skip", on_skip=self._count_skip,
+            **options,
+        )
+
+    def _count_skip(self, err: CorruptEntryError) -> None:
+        self.stats["corrupt_skipped"] += 1
 
     def _load_checkpoint(self, limit: int | None) -> bool:
         """Start from the newest usable checkpoint; False (after logging why) to replay everything."""
@@ -558,10 +864,7 @@ class SharedStateManager(Generic[S, O]):
                 raise CheckpointError(
                     topic=self.topic, cause=f"image {info.data_topic} does not deserialize: {_describe(exc)}"
                 ) from exc
-            reader = LogReader(
-                self.backend, self.topic, start=info.position, on_corrupt=self.on_corrupt,
-                next_offset=info.offset + 1, max_epoch=info.epoch,
-            )
+            reader = self._open_reader(start=info.position, next_offset=info.offset + 1, max_epoch=info.epoch)
         except PulsarStateError as exc:
             log.warning("%s; replaying the whole log of %s instead", exc, self.topic)
             return False
@@ -639,24 +942,21 @@ class SharedStateManager(Generic[S, O]):
         def store() -> None:
             try:
                 self._store_image(image)
-            except PulsarStateError as exc:
-                log.warning("%s: automatic checkpoint at offset %d failed: %s", self.topic, image[0], exc)
+            except Exception as exc:  # noqa: BLE001 - derived data: the log is unaffected
+                log.warning("%s: automatic checkpoint at offset %d failed: %s", self.topic, image[0], _describe(exc),
+                            exc_info=not isinstance(exc, PulsarStateError))
 
         self._checkpointer = threading.Thread(target=store, name=f"pulsarstate-checkpoint-{self.topic}", daemon=True)
         self._checkpointer.start()
 
-    def _ensure_writer(self) -> None:
-        """Take the writer if not held, then read up to our own EPOCH record."""
-        if self._writer is not None:
-            return
-        self._writer = open_writer(
-            self.backend, self.topic, writer_id=self.writer_id, mode=self.acquire_mode,
-            timeout=self.acquire_timeout, max_frame_bytes=self.max_frame_bytes,
-        )
+    def _adopt_writer(self, writer: LogWriter) -> None:
+        """Hold ``writer`` and read up to its own EPOCH record (the tail left since the catch-up)."""
+        self._writer = writer
         self.stats["acquisitions"] += 1
-        epoch = self._writer.epoch
+        epoch = writer.epoch
         reader = self._reader
         assert reader is not None
+        reader.confirm_epoch(epoch)  # granted to us just now: no need to ask the back end
         deadline = time.monotonic() + self.operation_timeout
         while True:
             record = reader.read_next(timeout=max(0.001, deadline - time.monotonic()))
@@ -665,28 +965,56 @@ class SharedStateManager(Generic[S, O]):
                 raise OperationTimeoutError(
                     f"{self.topic}: did not read back our own epoch {epoch} record within {self.operation_timeout:.1f}s"
                 )
+            self._take_record(record)
             if record.kind is RecordKind.EPOCH and record.writer_id == self.writer_id and record.epoch == epoch:
                 log.debug("%s: writer at epoch %d caught up to offset %d", self.topic, epoch, self._applied_offset)
                 return
-            self._apply_record(record)
 
     def _drop_writer(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            try:
+                writer.close()
+            except Exception as exc:  # noqa: BLE001 - it is dropped either way
+                log.warning("%s: closing the writer of epoch %d failed: %s", self.topic, writer.epoch, _describe(exc))
 
-    def _catch_up(self, *, bootstrap: bool = False) -> None:
-        """Read and apply everything up to the tail as it is now."""
+    def _catch_up(self, *, bootstrap: bool = False, deadline: float | None = None) -> None:
+        """Read and apply everything up to the tail as it is now (stopping at ``deadline``, if given)."""
         reader = self._reader
         assert reader is not None
         progress = Progress(
             log, f"replaying {self.topic}" if bootstrap else f"catching up {self.topic}",
             interval=self.progress_interval, unit="records", quiet=not bootstrap,
         )
-        while (record := reader.read_next(timeout=self.operation_timeout, drain=True)) is not None:
-            self._apply_record(record)
+        wait_s = self.operation_timeout
+        while True:
+            if deadline is not None:
+                wait_s = min(self.operation_timeout, deadline - time.monotonic())
+                if wait_s <= 0:
+                    raise _ReplayPaused(
+                        f"{self.topic}: read up to offset {self._applied_offset}, not yet to the tail, within the timeout"
+                    )
+            record = reader.read_next(timeout=wait_s, drain=True)
+            if record is None:
+                break
+            self._take_record(record)
             progress.tick(offset=self._applied_offset)
         progress.done(offset=self._applied_offset)
+
+    def _take_record(self, record: LogRecord) -> None:
+        self._apply_record(record)
+        if self._inflight or self._outcomes:
+            self._settle_pending(record.epoch)
+
+    def _settle_pending(self, epoch: int) -> None:
+        """A record of ``epoch`` was read: writes sent at older epochs and not found so far never land
+        (readers skip a frame of an older epoch after a newer one)."""
+        for w in self._inflight.values():
+            if w.unknown and w.epoch is not None and w.epoch < epoch:
+                w.unknown = False  # proven absent: it may be generated and sent again
+        if self._outcomes:
+            for seq in self._outcomes.epoch_began(epoch):
+                log.info("%s: write %d did not land (epoch %d began without it); it is safe to send again", self.topic, seq, epoch)
 
     def _apply_record(self, record: LogRecord) -> None:
         if record.kind is not RecordKind.DATA or record.offset <= self._applied_offset:
@@ -699,6 +1027,7 @@ class SharedStateManager(Generic[S, O]):
                 self._broken = True  # stop here; the next use replays again and stops again
                 raise err from exc
             log.error("skipping %s (on_corrupt='skip')", err)
+            self.stats["corrupt_skipped"] += 1
             self._record_applied(record)
             return
         mine = record.writer_id == self.writer_id
@@ -712,7 +1041,9 @@ class SharedStateManager(Generic[S, O]):
                 raise CorruptEntryError(
                     topic=self.topic, position=f"offset {record.offset}", cause=f"applier failed: {_describe(exc)}"
                 ) from exc
-            w = self._inflight.pop(seq, None) if mine else None
+            if not mine:
+                continue
+            w = self._inflight.pop(seq, None)
             if w is not None:  # our own write whose acknowledgement was lost: it did land
                 log.info("%s: write %d found in the log at offset %d; not sending it again", self.topic, seq, record.offset)
                 try:
@@ -720,6 +1051,8 @@ class SharedStateManager(Generic[S, O]):
                     w.succeed()
                 except Exception as exc:
                     w.fail(exc)
+            elif self._outcomes and self._outcomes.found(seq):
+                log.info("%s: write %d, reported unknown, landed at offset %d", self.topic, seq, record.offset)
         self._record_applied(record)
         if self._listeners:
             self._notify(record.offset, [op for _, ops in writes for op in ops], record.publish_time)
@@ -740,26 +1073,73 @@ class SharedStateManager(Generic[S, O]):
         if offset <= self._notified_offset:
             return
         self._notified_offset = offset
-        for listener in self._listeners:
+        for listener, on_error in self._listeners:
             for op in ops:
+                change = Change(offset, op, publish_time)
                 try:
-                    listener(Change(offset, op, publish_time))
-                except Exception:
-                    log.exception("%s: change listener %r failed at offset %d", self.topic, listener, offset)
+                    listener(change)
+                except Exception as exc:
+                    self.stats["listener_errors"] += 1
+                    log.error(
+                        "%s: change listener %r failed at offset %d: %s", self.topic, listener, offset, _describe(exc),
+                        exc_info=exc,
+                    )
+                    if on_error is not None:
+                        try:
+                            on_error(exc, change)
+                        except Exception:
+                            log.exception("%s: the error handler of listener %r failed at offset %d", self.topic, listener, offset)
+
+    # ------------------------------------------------------------------ follower
+    def _start_follower(self) -> None:
+        with self._cv:
+            if self._closed or (self._follower is not None and self._follower.is_alive()):
+                return
+            if self._follower is not None:
+                log.warning("%s: the follow thread had stopped; starting a new one", self.topic)
+            self._follower = threading.Thread(target=self._follow, name=f"pulsarstate-follow-{self.topic}", daemon=True)
+            self._follower.start()
+
+    def _ensure_follower(self) -> None:
+        """Start the follow thread again if it was started and has died."""
+        follower = self._follower
+        if follower is not None and not follower.is_alive() and not self._closed:
+            self._start_follower()
 
     def _follow(self) -> None:
         interval = self._follow_interval or 0.1
-        while not self._stop.wait(interval):
+        delay = interval
+        while not self._stop.wait(delay):
             try:
                 with self._lock:
                     self._ensure_state()
                     self._catch_up()
-            except PulsarStateError as exc:
-                log.warning("%s: follower could not catch up: %s", self.topic, exc)
+                delay = interval
+            except Exception as exc:  # noqa: BLE001 - a follower never dies silently
+                if self._closed:
+                    return
+                self.stats["follower_errors"] += 1
+                delay = min(max(2 * delay, interval), 5.0)
+                log.warning(
+                    "%s: follower could not catch up (%s); trying again in %.1fs", self.topic, _describe(exc), delay,
+                    exc_info=exc if not isinstance(exc, PulsarStateError) else None,
+                )
 
 
 class _Restage(PulsarStateError):
-    """Internal: the applier failed on a freshly generated op; rebuild and stage again."""
+    """Internal: the state was rebuilt (or the applier failed on a fresh op); take the writer and stage again."""
+
+
+class _ReplayPaused(OperationTimeoutError):
+    """Internal: a catch-up reached its caller's deadline; what was applied stays applied."""
+
+
+def _deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + max(0.0, timeout)
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 @contextlib.contextmanager

@@ -10,11 +10,12 @@ import msgspec
 
 from airflow_provider_pulsarstate.engine.backends.base import Backend
 from airflow_provider_pulsarstate.engine.envelope import KEY_DELETE, KEY_SET, decode_key_op, encode_key_op
-from airflow_provider_pulsarstate.engine.errors import SerializationError, ValueTooLargeError
+from airflow_provider_pulsarstate.engine.errors import SerializationError, ValueTooLargeError, WriteId
 from airflow_provider_pulsarstate.engine.checkpoint import CheckpointInfo
-from airflow_provider_pulsarstate.engine.manager import Change, SharedStateManager
+from airflow_provider_pulsarstate.engine.manager import Change, ListenerErrorHandler, SharedStateManager
 from airflow_provider_pulsarstate.engine.recipes.base import Recipe
 from airflow_provider_pulsarstate.engine.serde import JSON, STR, Serde
+from airflow_provider_pulsarstate.engine.writes import WriteOutcome
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -61,7 +62,15 @@ class PulsarMap(Recipe, Generic[K, V]):
     across instances. Return values follow the PIP: a single-key write returns the key's value
     after the write (None when absent); :meth:`pop` returns the value before.
 
-    A write whose result equals the current value (same serialized bytes) appends nothing.
+    A write whose result equals the current value (same serialized bytes) appends nothing. Keys
+    and given values are serialized when the method is called, values computed by an
+    ``operation`` when it runs; either way a key or value that does not serialize or is too large
+    fails before the writer is taken and appends nothing.
+
+    Every blocking method takes ``timeout`` (seconds for the whole call; see
+    :meth:`SharedStateManager.write` and :meth:`SharedStateManager.read`). A write that times
+    out while being sent raises UnknownOutcomeError: ask :meth:`outcome` with ``err.write_id``
+    before sending it again.
 
     Checkpoints: the writer stores an image of the table once ``checkpoint_after_bytes`` of log
     (and at least a quarter of the last image's size) accumulated, so a new instance loads the
@@ -99,6 +108,7 @@ class PulsarMap(Recipe, Generic[K, V]):
         self.key_serde = key_serde
         self.value_serde = value_serde
         self.max_value_bytes = max_value_bytes
+        self._listeners: list[tuple[Callable[..., None], Callable[..., None]]] = []
         self.manager: SharedStateManager[dict[K, bytes], tuple[int, Any, Any]] = SharedStateManager(
             backend,
             topic,
@@ -134,15 +144,17 @@ class PulsarMap(Recipe, Generic[K, V]):
         except Exception as exc:
             raise SerializationError(f"{self.topic}: the stored value of key {key!r} does not decode: {exc}") from exc
 
+    def _key_bytes(self, key: K) -> bytes:
+        try:
+            return self.key_serde.serialize(key)
+        except Exception as exc:
+            raise SerializationError(f"{self.topic}: cannot serialize key {key!r}: {exc}") from exc
+
     def _serialize_op(self, op: tuple[int, Any, Any]) -> bytes:
         kind, key, value_bytes = op
         if kind == _CLEAR:
             return bytes([_CLEAR])
-        try:
-            key_bytes = self.key_serde.serialize(key)
-        except Exception as exc:
-            raise SerializationError(f"{self.topic}: cannot serialize key {key!r}: {exc}") from exc
-        return encode_key_op(kind, key_bytes, value_bytes or b"")
+        return encode_key_op(kind, self._key_bytes(key), value_bytes or b"")
 
     def _deserialize_op(self, data: bytes) -> tuple[int, Any, Any]:
         """(kind, key, serialized value): values stay bytes until read."""
@@ -167,17 +179,26 @@ class PulsarMap(Recipe, Generic[K, V]):
         raise ValueError(f"image tag {tag!r} does not match this map's key serde")
 
     # ------------------------------------------------------------------ reads
-    def get(self, key: K, *, latest: bool = False, linearizable: bool = False) -> V | None:
+    def get(
+        self, key: K, *, latest: bool = False, linearizable: bool = False, timeout: float | None = None
+    ) -> V | None:
         """The value of ``key``, or None."""
-        return self.get_or_default(key, None, latest=latest, linearizable=linearizable)
+        return self.get_or_default(key, None, latest=latest, linearizable=linearizable, timeout=timeout)
 
-    def get_or_default(self, key: K, default: V | None, *, latest: bool = False, linearizable: bool = False) -> V | None:
+    def get_or_default(
+        self, key: K, default: V | None, *, latest: bool = False, linearizable: bool = False, timeout: float | None = None
+    ) -> V | None:
         """The value of ``key``, or ``default``."""
-        data = self.manager.read(lambda m: m.get(key), latest=latest, linearizable=linearizable)
+        data = self.manager.read(lambda m: m.get(key), latest=latest, linearizable=linearizable, timeout=timeout)
         return default if data is None else self._decode(key, data)
 
     def scan(
-        self, filter: Callable[[K], bool], processor: Callable[[K, V], None], *, latest: bool = False
+        self,
+        filter: Callable[[K], bool],
+        processor: Callable[[K, V], None],
+        *,
+        latest: bool = False,
+        timeout: float | None = None,
     ) -> int:
         """Call ``processor(key, value)`` for every key that ``filter`` accepts; returns how many.
 
@@ -192,30 +213,39 @@ class PulsarMap(Recipe, Generic[K, V]):
                     n += 1
             return n
 
-        return self.manager.read(run, latest=latest)
+        return self.manager.read(run, latest=latest, timeout=timeout)
 
-    def list_keys(self, *, latest: bool = False) -> list[K]:
+    def list_keys(self, *, latest: bool = False, timeout: float | None = None) -> list[K]:
         """All keys, in insertion order."""
-        return self.manager.read(lambda m: list(m), latest=latest)
+        return self.manager.read(lambda m: list(m), latest=latest, timeout=timeout)
 
-    def to_dict(self, *, latest: bool = False) -> dict[K, V]:
+    def to_dict(self, *, latest: bool = False, timeout: float | None = None) -> dict[K, V]:
         """A shallow copy of the whole table."""
-        return self.manager.read(lambda m: {k: self._decode(k, v) for k, v in m.items()}, latest=latest)  # type: ignore[misc]
+        return self.manager.read(
+            lambda m: {k: self._decode(k, v) for k, v in m.items()}, latest=latest, timeout=timeout  # type: ignore[misc]
+        )
 
-    def size(self, *, latest: bool = False) -> int:
+    def size(self, *, latest: bool = False, timeout: float | None = None) -> int:
         """Number of keys."""
-        return self.manager.read(len, latest=latest)
+        return self.manager.read(len, latest=latest, timeout=timeout)
 
     # ------------------------------------------------------------------ writes
-    def update(self, key: K, operation: Callable[[K, V | None], V | None], *, retry: bool = True) -> V | None:
+    def update(
+        self, key: K, operation: Callable[[K, V | None], V | None], *, retry: bool = True, timeout: float | None = None
+    ) -> V | None:
         """Atomically set ``key`` to ``operation(key, current)``; None deletes it. Returns the new value.
 
-        ``operation`` may run more than once (after fencing); it must be free of side effects.
+        ``operation`` may run more than once (after fencing, and once before the writer is
+        taken); it must be free of side effects.
         """
-        return self.update_async(key, operation, retry=retry).result()
+        return self.manager.write(*self._update(key, operation), retry=retry, timeout=timeout)
 
     def update_async(self, key: K, operation: Callable[[K, V | None], V | None], *, retry: bool = True) -> Future:
         """:meth:`update` returning a Future; concurrent updates share one commit."""
+        return self.manager.write_async(*self._update(key, operation), retry=retry)
+
+    def _update(self, key: K, operation: Callable[[K, V | None], V | None]) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        self._key_bytes(key)  # a bad key fails now, not in the committer
 
         def ops(m: dict[K, bytes]) -> list[tuple[int, Any, Any]]:
             stored = m.get(key)
@@ -225,10 +255,28 @@ class PulsarMap(Recipe, Generic[K, V]):
             data = self._encode(key, new)
             return [] if data == stored else [(_PUT, key, data)]
 
-        return self.manager.write_async(ops, lambda m: self._decode(key, m.get(key)), retry=retry)
+        return ops, lambda m: self._decode(key, m.get(key))
+
+    def _set(self, key: K, value: V | None, when: Callable[[V | None], bool]) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        """Set ``key`` to ``value`` (None: delete) if ``when(current)``; key and value serialized now."""
+        self._key_bytes(key)
+        data = None if value is None else self._encode(key, value)
+
+        def ops(m: dict[K, bytes]) -> list[tuple[int, Any, Any]]:
+            stored = m.get(key)
+            if stored == data or (when is not _always and not when(self._decode(key, stored))):
+                return []
+            return [(_DELETE, key, None)] if data is None else [(_PUT, key, data)]
+
+        return ops, lambda m: self._decode(key, m.get(key))
 
     def update_multiple(
-        self, filter: Callable[[K], bool], operation: Callable[[K, V], V | None], *, retry: bool = True
+        self,
+        filter: Callable[[K], bool],
+        operation: Callable[[K, V], V | None],
+        *,
+        retry: bool = True,
+        timeout: float | None = None,
     ) -> int:
         """Apply ``operation`` to every key ``filter`` accepts, all in one atomic write.
 
@@ -249,42 +297,45 @@ class PulsarMap(Recipe, Generic[K, V]):
             changed[0] = len(out)
             return out
 
-        self.manager.write(ops, retry=retry)
+        self.manager.write(ops, retry=retry, timeout=timeout)
         return changed[0]
 
-    def put(self, key: K, value: V, *, retry: bool = True) -> V | None:
+    def put(self, key: K, value: V, *, retry: bool = True, timeout: float | None = None) -> V | None:
         """Set ``key`` to ``value``; returns the value after the write (``value``)."""
-        return self.update(key, lambda k, v: value, retry=retry)
+        return self.manager.write(*self._set(key, value, _always), retry=retry, timeout=timeout)
 
     def put_async(self, key: K, value: V, *, retry: bool = True) -> Future:
         """:meth:`put` returning a Future."""
-        return self.update_async(key, lambda k, v: value, retry=retry)
+        return self.manager.write_async(*self._set(key, value, _always), retry=retry)
 
-    def put_if_absent(self, key: K, value: V, *, retry: bool = True) -> V | None:
+    def put_if_absent(self, key: K, value: V, *, retry: bool = True, timeout: float | None = None) -> V | None:
         """Set ``key`` only when it has no value; returns the value after (existing or ``value``)."""
-        return self.update(key, lambda k, v: value if v is None else v, retry=retry)
+        return self.manager.write(*self._set(key, value, _is_none), retry=retry, timeout=timeout)
 
-    def replace(self, key: K, expected: V | None, value: V, *, retry: bool = True) -> V | None:
+    def replace(
+        self, key: K, expected: V | None, value: V, *, retry: bool = True, timeout: float | None = None
+    ) -> V | None:
         """Compare-and-set: set ``key`` to ``value`` only when it currently equals ``expected``
         (None: absent). Returns the value after the write."""
-        return self.update(key, lambda k, v: value if v == expected else v, retry=retry)
+        return self.manager.write(*self._set(key, value, lambda v: v == expected), retry=retry, timeout=timeout)
 
-    def delete(self, key: K, *, retry: bool = True) -> None:
+    def delete(self, key: K, *, retry: bool = True, timeout: float | None = None) -> None:
         """Remove ``key`` (PIP semantics: returns the value after, i.e. None)."""
-        self.update(key, lambda k, v: None, retry=retry)
+        self.manager.write(*self._set(key, None, _always), retry=retry, timeout=timeout)
 
-    def pop(self, key: K, *, retry: bool = True) -> V | None:
+    def pop(self, key: K, *, retry: bool = True, timeout: float | None = None) -> V | None:
         """Remove ``key`` and return the value it had."""
+        self._key_bytes(key)
         before: list[Any] = [None]
 
         def ops(m: dict[K, bytes]) -> list[tuple[int, Any, Any]]:
             before[0] = self._decode(key, m.get(key))
             return [(_DELETE, key, None)] if key in m else []
 
-        self.manager.write(ops, retry=retry)
+        self.manager.write(ops, retry=retry, timeout=timeout)
         return before[0]
 
-    def clear(self, *, retry: bool = True) -> int:
+    def clear(self, *, retry: bool = True, timeout: float | None = None) -> int:
         """Remove every key in one atomic write; returns how many there were."""
         count: list[int] = [0]
 
@@ -292,29 +343,75 @@ class PulsarMap(Recipe, Generic[K, V]):
             count[0] = len(m)
             return [(_CLEAR, None, None)] if m else []
 
-        self.manager.write(ops, retry=retry)
+        self.manager.write(ops, retry=retry, timeout=timeout)
         return count[0]
+
+    def outcome(self, write_id: WriteId | tuple[bytes, int], *, timeout: float | None = None) -> WriteOutcome:
+        """What became of a write that raised UnknownOutcomeError (``err.write_id``); see
+        :meth:`SharedStateManager.outcome`. Send it again only on NOT_LANDED."""
+        return self.manager.outcome(write_id, timeout=timeout)
 
     def checkpoint(self) -> CheckpointInfo | None:
         """Store an image of the table as of the tail now (see :meth:`SharedStateManager.checkpoint`)."""
         return self.manager.checkpoint()
 
     # ------------------------------------------------------------------ listeners & lifecycle
-    def add_listener(self, listener: Callable[[MapChange[K, V]], None]) -> None:
+    def add_listener(
+        self,
+        listener: Callable[[MapChange[K, V]], None],
+        *,
+        on_error: Callable[[BaseException, MapChange[K, V] | None], None] | None = None,
+    ) -> Callable[[MapChange[K, V]], None]:
         """Call ``listener`` for every committed change from now on (like TableView's listen).
 
         Changes by other instances arrive on the next read with ``latest=True``, or by
-        themselves when the map was created with ``follow_interval``.
+        themselves when the map was created with ``follow_interval``. An exception from the
+        listener is logged (topic, offset), counted in ``manager.stats["listener_errors"]`` and
+        passed to ``on_error(exc, change)`` (change None when the stored value does not decode).
+        See :meth:`SharedStateManager.add_listener` for what a listener may do.
+
+        :returns: ``listener``, to pass to :meth:`remove_listener`.
         """
 
         def on_change(change: Change[tuple[int, Any, Any]]) -> None:
-            kind, key, data = change.op
-            name = {_PUT: "set", _DELETE: "delete", _CLEAR: "clear"}[kind]
-            value = self._decode(key, data) if kind == _PUT else None
-            listener(MapChange(name, key, value, change.offset, change.publish_time))  # type: ignore[arg-type]
+            listener(self._map_change(change))
 
-        self.manager.add_listener(on_change)
+        handler: ListenerErrorHandler | None = None
+        if on_error is not None:
 
+            def handler(exc: BaseException, change: Change[Any]) -> None:
+                try:
+                    mapped: MapChange[K, V] | None = self._map_change(change)
+                except SerializationError:
+                    mapped = None
+                on_error(exc, mapped)
+
+        self.manager.add_listener(on_change, on_error=handler)
+        self._listeners.append((listener, on_change))
+        return listener
+
+    def remove_listener(self, listener: Callable[[MapChange[K, V]], None]) -> bool:
+        """Stop calling ``listener`` (one registration of it); False if it was not registered."""
+        for i, (registered, wrapper) in enumerate(self._listeners):
+            if registered is listener or registered == listener:
+                del self._listeners[i]
+                return self.manager.remove_listener(wrapper)
+        return False
+
+    def _map_change(self, change: Change[tuple[int, Any, Any]]) -> MapChange[K, V]:
+        kind, key, data = change.op
+        name = {_PUT: "set", _DELETE: "delete", _CLEAR: "clear"}[kind]
+        value = self._decode(key, data) if kind == _PUT else None
+        return MapChange(name, key, value, change.offset, change.publish_time)  # type: ignore[arg-type]
+
+
+
+def _always(current: Any) -> bool:
+    return True
+
+
+def _is_none(current: Any) -> bool:
+    return current is None
 
 
 def _apply(state: dict[Any, Any], op: tuple[int, Any, Any]) -> None:
