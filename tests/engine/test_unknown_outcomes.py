@@ -170,3 +170,21 @@ def test_a_map_write_that_times_out_while_being_sent(maps: Any, backend: Backend
     assert table.outcome(info.value.write_id) is WriteOutcome.PENDING
     wait_until(lambda: table.outcome(info.value.write_id) is WriteOutcome.LANDED, timeout=20, what="the put to land")
     assert maps().get("k", latest=True) == 2
+
+
+def test_a_first_replay_cut_short_by_a_timeout_is_resumed_not_restarted(maps: Any, backend: Backend, topic: str) -> None:
+    w = maps(checkpoint_after_bytes=None)
+    for i in range(400):
+        w.put(f"k{i}", i)
+    fresh = maps(checkpoint_after_bytes=None)
+    timeouts = 0
+    while True:
+        try:
+            size = fresh.size(timeout=0.002)
+            break
+        except OperationTimeoutError:
+            timeouts += 1
+    assert size == 400 and timeouts >= 1
+    stats = fresh.manager.stats
+    assert stats["records_replayed"] == len(records(backend, topic)) == 400  # each replayed once
+    assert stats["rebuilds"] == 0

@@ -20,6 +20,7 @@ How the contract is kept:
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import logging
@@ -316,10 +317,7 @@ class EmbeddedWriter(RawWriter):
     def _release(self) -> None:
         if self._fd is not None:
             fd, self._fd = self._fd, None
-            try:
-                _release_flock(fd, self.backend.lock_path(self.topic, self.epoch))
-            except OSError as exc:  # the kernel drops the lock with the descriptor anyway
-                log.warning("releasing the writer lock of %s: %s", self.topic, exc)
+            _release_flock(fd, self.backend.lock_path(self.topic, self.epoch))
 
     def close(self) -> None:
         with self._lock:
@@ -408,9 +406,15 @@ def _try_flock(path: Path) -> int | None:
 
 
 def _release_flock(fd: int, path: Path) -> None:
-    path.unlink(missing_ok=True)
-    fcntl.flock(fd, fcntl.LOCK_UN)
-    os.close(fd)
+    """Unlock and close; an error is logged (closing the descriptor drops the lock anyway)."""
+    try:
+        path.unlink(missing_ok=True)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except OSError as exc:
+        log.warning("releasing the lock file %s: %s", path, exc)
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _lock_is_held(path: Path) -> bool:
