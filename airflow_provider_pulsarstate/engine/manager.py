@@ -55,16 +55,19 @@ from airflow_provider_pulsarstate.engine.backends.base import EARLIEST, AcquireM
 from airflow_provider_pulsarstate.engine.checkpoint import CheckpointInfo, CheckpointStore
 from airflow_provider_pulsarstate.engine.envelope import FrameError, RecordKind, decode_writes, encode_writes
 from airflow_provider_pulsarstate.engine.errors import (
+    BackendUnavailableError,
     CheckpointError,
     ClosedError,
     ConfigurationError,
     CorruptEntryError,
+    LogLostError,
     OperationTimeoutError,
     PulsarStateError,
     SerializationError,
     UnknownOutcomeError,
     WriterFencedError,
 )
+from airflow_provider_pulsarstate.engine.genesis import Beginning, new_genesis_body, parse_genesis, read_beginning
 from airflow_provider_pulsarstate.engine.log import DEFAULT_MAX_FRAME_BYTES, CorruptPolicy, LogReader, LogRecord, LogWriter, open_writer
 from airflow_provider_pulsarstate.engine.progress import Progress
 
@@ -235,6 +238,7 @@ class SharedStateManager(Generic[S, O]):
         self.checkpoints = CheckpointStore(backend, topic, max_frame_bytes=max_frame_bytes, timeout=operation_timeout)
         self._applied_position: Any = EARLIEST
         self._applied_epoch = -1
+        self._log_id: str | None = None  # the log's GENESIS id (None: empty or legacy log)
         self._bytes_since_checkpoint = 0
         self._last_checkpoint_size = 0
         self._checkpointer: threading.Thread | None = None
@@ -525,7 +529,12 @@ class SharedStateManager(Generic[S, O]):
         self._bytes_since_checkpoint = 0
         self._broken = False
         try:
-            if not self._load_checkpoint(limit):
+            self._ensure_durable(strict=False)
+            beginning = read_beginning(self.backend, self.topic, timeout=self.operation_timeout)
+            self._log_id = beginning.genesis.log_id if beginning.genesis is not None else None
+            if beginning.empty:
+                self._check_not_recreated()
+            if not self._load_checkpoint(limit, beginning):
                 self._reader = LogReader(self.backend, self.topic, on_corrupt=self.on_corrupt)
                 self._state = self._initializer()
                 self._applied_offset = -1
@@ -535,21 +544,67 @@ class SharedStateManager(Generic[S, O]):
             self._broken = True
             raise
 
-    def _load_checkpoint(self, limit: int | None) -> bool:
-        """Start from the newest usable checkpoint; False (after logging why) to replay everything."""
+    def _ensure_durable(self, *, strict: bool) -> None:
+        """Check (once per topic and back end) that the store keeps the log; a reader that cannot
+        reach the admin API goes on with a warning, a writer does not."""
+        try:
+            self.backend.ensure_durable(self.topic)
+        except BackendUnavailableError as exc:
+            if strict:
+                raise
+            log.warning("%s: could not check its retention policies (%s); reading it anyway", self.topic, exc)
+
+    def _check_not_recreated(self) -> None:
+        """An empty log whose table has checkpoints was deleted (or recreated): fail loudly."""
+        index = self.checkpoints.index_topic
+        try:
+            entry = self.backend.read_last(index, timeout=self.operation_timeout)
+        except PulsarStateError as exc:
+            log.warning("%s: the log is empty and %s cannot be read (%s); treating it as a new table", self.topic, index, exc)
+            return
+        if entry is not None:
+            raise LogLostError(
+                topic=self.topic,
+                found=f"the log is empty or missing, but {index} holds checkpoint manifests: the topic was deleted "
+                "(retention or inactive-topic deletion) or recreated; restore it, or delete the checkpoint topics "
+                "to start a new table",
+            )
+
+    def _load_checkpoint(self, limit: int | None, beginning: Beginning) -> bool:
+        """Start from the newest usable checkpoint; False (after logging why) to replay everything.
+
+        :raises LogLostError: the checkpoint belongs to another log of the same name (its log id
+            differs from the log's GENESIS): the topic was recreated.
+        """
         if self._deserialize_state is None:
             return False
         started = time.monotonic()
         try:
             info = self.checkpoints.latest()
-            if info is None:
-                return False
-            if limit is not None and info.offset > limit:
-                log.info(
-                    "%s: not loading the checkpoint at offset %d: a write of unknown outcome may lie after offset %d; "
-                    "replaying the whole log to find it", self.topic, info.offset, limit,
-                )
-                return False
+        except PulsarStateError as exc:
+            log.warning("%s; replaying the whole log of %s instead", exc, self.topic)
+            return False
+        except Exception as exc:  # noqa: BLE001 - a checkpoint never stops a bootstrap
+            log.warning("checkpoint of %s: %s; replaying the whole log instead", self.topic, _describe(exc))
+            return False
+        if info is None:
+            return False
+        if info.log_id != self._log_id:
+            raise LogLostError(
+                topic=self.topic,
+                found=f"its GENESIS log id is {self._log_id or 'absent'}, but the newest checkpoint "
+                f"({info.data_topic}, offset {info.offset}) is of log {info.log_id or 'without a log id'}: the "
+                "topic was recreated or lost its beginning; restore it, or delete the checkpoint topics to start "
+                "a new table",
+            )
+        if limit is not None and info.offset > limit:
+            log.info(
+                "%s: not loading the checkpoint at offset %d: a write of unknown outcome may lie after offset %d; "
+                "replaying the whole log to find it", self.topic, info.offset, limit,
+            )
+            return False
+        try:
+            self.checkpoints.verify(info)
             image = self.checkpoints.load(info)
             try:
                 with _gc_paused():
@@ -564,6 +619,9 @@ class SharedStateManager(Generic[S, O]):
             )
         except PulsarStateError as exc:
             log.warning("%s; replaying the whole log of %s instead", exc, self.topic)
+            return False
+        except Exception as exc:  # noqa: BLE001 - a checkpoint never stops a bootstrap
+            log.warning("checkpoint of %s: %s; replaying the whole log instead", self.topic, _describe(exc))
             return False
         self._reader, self._state = reader, state
         self._applied_offset, self._applied_position, self._applied_epoch = info.offset, info.position, info.epoch
@@ -611,7 +669,7 @@ class SharedStateManager(Generic[S, O]):
 
     def _store_image(self, image: tuple[int, int, Any, bytes]) -> CheckpointInfo:
         offset, epoch, position, data = image
-        info = self.checkpoints.save(offset=offset, epoch=epoch, position=position, data=data)
+        info = self.checkpoints.save(offset=offset, epoch=epoch, position=position, data=data, log_id=self._log_id)
         self._last_checkpoint_size = info.size
         self.stats["checkpoints_written"] += 1
         return info
@@ -649,6 +707,7 @@ class SharedStateManager(Generic[S, O]):
         """Take the writer if not held, then read up to our own EPOCH record."""
         if self._writer is not None:
             return
+        self._ensure_durable(strict=True)
         self._writer = open_writer(
             self.backend, self.topic, writer_id=self.writer_id, mode=self.acquire_mode,
             timeout=self.acquire_timeout, max_frame_bytes=self.max_frame_bytes,
@@ -667,8 +726,15 @@ class SharedStateManager(Generic[S, O]):
                 )
             if record.kind is RecordKind.EPOCH and record.writer_id == self.writer_id and record.epoch == epoch:
                 log.debug("%s: writer at epoch %d caught up to offset %d", self.topic, epoch, self._applied_offset)
-                return
+                break
             self._apply_record(record)
+        if self._log_id is None and self._applied_offset < 0:
+            # The first writer of an empty log: the GENESIS record goes before any DATA. A
+            # concurrent first writer's GENESIS, if any landed first, was read above.
+            body = new_genesis_body()
+            self._writer.append(RecordKind.GENESIS, body, timeout=self.operation_timeout)
+            self._log_id = json.loads(body)["log_id"]
+            log.info("%s: new log %s started", self.topic, self._log_id)
 
     def _drop_writer(self) -> None:
         if self._writer is not None:
@@ -689,6 +755,9 @@ class SharedStateManager(Generic[S, O]):
         progress.done(offset=self._applied_offset)
 
     def _apply_record(self, record: LogRecord) -> None:
+        if record.kind is RecordKind.GENESIS and self._log_id is None and self._applied_offset < 0:
+            self._log_id = parse_genesis(record, self.topic).log_id  # only the first GENESIS counts
+            return
         if record.kind is not RecordKind.DATA or record.offset <= self._applied_offset:
             return
         try:

@@ -81,6 +81,12 @@ class FaultInjectingBackend(Backend):
     def read_last(self, topic: str, *, timeout: float) -> RawEntry | None:
         return self.inner.read_last(topic, timeout=timeout)
 
+    def read_at(self, topic: str, position: Any, *, timeout: float) -> RawEntry | None:
+        return self.inner.read_at(topic, position, timeout=timeout)
+
+    def ensure_durable(self, topic: str) -> None:
+        self.inner.ensure_durable(topic)
+
     def encode_position(self, position: Any) -> bytes:
         return self.inner.encode_position(position)
 
