@@ -246,7 +246,10 @@ class CheckpointStore:
             "created": info.created, "previous": info.previous, "log_id": log_id,
         }).encode()
         try:
-            self.backend.ensure_durable(self.index_topic)  # the manifests witness that the table existed
+            # Kept like the log: the manifests witness that the table existed (a deleted log is then
+            # noticed), and an image the broker deletes while idle would make checkpoints useless.
+            self.backend.ensure_durable(data_topic)
+            self.backend.ensure_durable(self.index_topic)
             self._append(data_topic, frames, compress=True)
             self._append(self.index_topic, [manifest])
         except PulsarStateError as exc:

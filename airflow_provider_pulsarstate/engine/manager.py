@@ -26,10 +26,17 @@ Guarantees:
   released after ``writer_idle_timeout`` so other instances are not starved.
 * **Checkpoints** (when given a state serializer and deserializer). Bootstrap loads the newest
   checkpoint (:mod:`~airflow_provider_pulsarstate.engine.checkpoint`) and replays only the records after
-  it, so its cost follows the size of the state, not the length of the history. A missing or
-  damaged checkpoint is logged and the whole log is replayed: checkpoints never decide the state.
+  it, so its cost follows the size of the state, not the length of the history. A checkpoint is
+  used only after its manifest was checked against the log; a missing, damaged, forged or
+  unreadable one is logged and the whole log is replayed: checkpoints never decide the state.
   With ``checkpoint_after_bytes`` the writer checkpoints by itself; :meth:`checkpoint` does it
   on demand from any instance.
+
+* **A lost log is never served as an empty table.** The first writer of a log writes a GENESIS
+  record (:mod:`~airflow_provider_pulsarstate.engine.genesis`); a bootstrap that finds the log's
+  beginning gone, an empty log under a table that has checkpoints, or a checkpoint of another
+  log id raises LogLostError. On Pulsar, first use also checks the topic's retention and
+  inactive-topic policies (:meth:`~airflow_provider_pulsarstate.engine.backends.base.Backend.ensure_durable`).
 
 While ops are staged and the append is in flight, the lock that readers take is held, so no
 read ever sees state that is not in the log. If an append fails after ops were applied locally,
@@ -67,7 +74,7 @@ from airflow_provider_pulsarstate.engine.errors import (
     UnknownOutcomeError,
     WriterFencedError,
 )
-from airflow_provider_pulsarstate.engine.genesis import Beginning, new_genesis_body, parse_genesis, read_beginning
+from airflow_provider_pulsarstate.engine.genesis import new_genesis_body, parse_genesis, read_beginning
 from airflow_provider_pulsarstate.engine.log import DEFAULT_MAX_FRAME_BYTES, CorruptPolicy, LogReader, LogRecord, LogWriter, open_writer
 from airflow_provider_pulsarstate.engine.progress import Progress
 
@@ -534,7 +541,7 @@ class SharedStateManager(Generic[S, O]):
             self._log_id = beginning.genesis.log_id if beginning.genesis is not None else None
             if beginning.empty:
                 self._check_not_recreated()
-            if not self._load_checkpoint(limit, beginning):
+            if not self._load_checkpoint(limit):
                 self._reader = LogReader(self.backend, self.topic, on_corrupt=self.on_corrupt)
                 self._state = self._initializer()
                 self._applied_offset = -1
@@ -570,8 +577,11 @@ class SharedStateManager(Generic[S, O]):
                 "to start a new table",
             )
 
-    def _load_checkpoint(self, limit: int | None, beginning: Beginning) -> bool:
+    def _load_checkpoint(self, limit: int | None) -> bool:
         """Start from the newest usable checkpoint; False (after logging why) to replay everything.
+
+        Any defect of a manifest or image (or no access to them) means a full replay, never an
+        exception and never an unchecked image.
 
         :raises LogLostError: the checkpoint belongs to another log of the same name (its log id
             differs from the log's GENESIS): the topic was recreated.
@@ -581,12 +591,8 @@ class SharedStateManager(Generic[S, O]):
         started = time.monotonic()
         try:
             info = self.checkpoints.latest()
-        except PulsarStateError as exc:
-            log.warning("%s; replaying the whole log of %s instead", exc, self.topic)
-            return False
         except Exception as exc:  # noqa: BLE001 - a checkpoint never stops a bootstrap
-            log.warning("checkpoint of %s: %s; replaying the whole log instead", self.topic, _describe(exc))
-            return False
+            return self._replay_instead(exc)
         if info is None:
             return False
         if info.log_id != self._log_id:
@@ -617,12 +623,8 @@ class SharedStateManager(Generic[S, O]):
                 self.backend, self.topic, start=info.position, on_corrupt=self.on_corrupt,
                 next_offset=info.offset + 1, max_epoch=info.epoch,
             )
-        except PulsarStateError as exc:
-            log.warning("%s; replaying the whole log of %s instead", exc, self.topic)
-            return False
         except Exception as exc:  # noqa: BLE001 - a checkpoint never stops a bootstrap
-            log.warning("checkpoint of %s: %s; replaying the whole log instead", self.topic, _describe(exc))
-            return False
+            return self._replay_instead(exc)
         self._reader, self._state = reader, state
         self._applied_offset, self._applied_position, self._applied_epoch = info.offset, info.position, info.epoch
         self._notified_offset = max(self._notified_offset, info.offset)
@@ -634,6 +636,11 @@ class SharedStateManager(Generic[S, O]):
             self.topic, info.offset, f"{info.size:,}", info.size / 1e6 / max(elapsed, 1e-9), elapsed,
         )
         return True
+
+    def _replay_instead(self, exc: Exception) -> bool:
+        cause = exc if isinstance(exc, PulsarStateError) else f"checkpoint: {_describe(exc)}"
+        log.warning("%s; replaying the whole log of %s instead", cause, self.topic)
+        return False
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint(self) -> CheckpointInfo | None:

@@ -48,12 +48,14 @@ def test_a_state_log_gets_safe_topic_policies_and_survives(backend: Backend, top
         table.checkpoint()
     assert admin.applied_policy(topic, RETENTION) == {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1}
     assert admin.applied_policy(topic, INACTIVE)["deleteWhileInactive"] is False
-    index = CheckpointStore(backend, topic).index_topic
-    assert admin.applied_policy(index, INACTIVE)["deleteWhileInactive"] is False
+    info = CheckpointStore(backend, topic).latest()
+    for derived in (info.data_topic, CheckpointStore(backend, topic).index_topic):
+        assert admin.applied_policy(derived, INACTIVE)["deleteWhileInactive"] is False
     time.sleep(2 * INACTIVE_WINDOW)  # long enough for the broker to delete an unprotected idle topic
     assert admin.topic_exists(topic)
     with PulsarMap(backend, topic, checkpoint_after_bytes=None) as fresh:
         assert fresh.to_dict(latest=True) == {"a": 1}
+        assert fresh.manager.stats["checkpoint_loaded_offset"] == 0  # the image survived too
 
 
 def test_a_role_that_may_not_set_policies_gets_an_error_naming_the_setting(
