@@ -242,3 +242,23 @@ def test_a_reader_without_access_to_checkpoint_topics_bootstraps_by_replaying(
     for i in range(5):
         automatic.put(f"auto{i}", i)  # failing automatic checkpoints cost nothing but a warning
     assert maps(use_checkpoints=False).get("auto4", latest=True) == 4
+
+
+def test_read_at_returns_exactly_the_entry_at_a_position(backend: Backend, topic: str) -> None:
+    """The contract call manifests are checked with, on each back end."""
+    writer = backend.open_shared_writer(topic)
+    try:
+        positions = writer.append([b"one", b"two", b"three"], timeout=10)
+    finally:
+        writer.close()
+    for position, payload in zip(positions, [b"one", b"two", b"three"]):
+        entry = backend.read_at(topic, position, timeout=5)
+        assert entry is not None and entry.payload == payload
+    assert backend.read_at(f"{topic}-missing", positions[0], timeout=5) is None
+    other = f"{topic}-short"
+    writer = backend.open_shared_writer(other)
+    try:
+        writer.append([b"only"], timeout=10)
+    finally:
+        writer.close()
+    assert backend.read_at(other, positions[2], timeout=5) is None  # no entry there in that topic
