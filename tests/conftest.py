@@ -43,6 +43,24 @@ def pulsar_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         broker.stop()
 
 
+@pytest.fixture(scope="session")
+def pulsar_defaults_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A second broker with Pulsar's own retention and inactive-topic defaults (retention 0,
+    inactive topics deleted), checked every 5 s: started only by the tests that ask for it."""
+    from airflow_provider_pulsarstate.testing.broker import PULSAR_DEFAULT_POLICIES, PulsarStandalone
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    broker = PulsarStandalone(
+        data_dir=tmp_path_factory.mktemp("pulsar-defaults-data"), log_file=ARTIFACTS / "pulsar-defaults-broker.log",
+        conf_overrides=PULSAR_DEFAULT_POLICIES,
+    )
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
 def pulsar_config(broker: object, **options: object) -> ConnectionConfig:
     """A ConnectionConfig for the test broker."""
     opts: dict = {"operation_timeout": 15.0, **options}

@@ -15,6 +15,13 @@ Layout, over the ordinary back-end contract (so both back ends behave the same):
 
 Each manifest names its predecessor's image. Writing checkpoint N deletes the image of N-2, so
 the two newest images exist at any time and a reader still loading N-1 is not cut off.
+
+Nothing in a manifest is trusted unchecked (anyone who can append to ``T-checkpoints`` can write
+one): every field is type-checked, the image topic must be exactly ``T-checkpoint-<offset>-<id>``
+for the manifest's own offset and id, and only such a topic of this log is ever deleted. Before
+an image is used, :meth:`CheckpointStore.verify` checks that the log holds, at the manifest's
+position, the last frame of DATA record ``offset`` of ``epoch``, and :meth:`CheckpointStore.load`
+that the image's frames carry the same id, offset and epoch.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import re
 import time
 import uuid
 import zlib
@@ -29,13 +37,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_pulsarstate.engine.backends.base import Backend
-from airflow_provider_pulsarstate.engine.envelope import RecordKind, encode_frames
+from airflow_provider_pulsarstate.engine.envelope import FrameError, RecordKind, decode_frame, encode_frames
 from airflow_provider_pulsarstate.engine.errors import CheckpointError, CorruptEntryError, PulsarStateError
 from airflow_provider_pulsarstate.engine.log import DEFAULT_MAX_FRAME_BYTES, LogReader
 
 log = logging.getLogger(__name__)
 
 FORMAT = 1
+_IMAGE_SUFFIX = re.compile(r"-checkpoint-(0|[1-9][0-9]*)-[0-9a-f]{8}")
+_HEX32 = re.compile(r"[0-9a-f]{32}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +70,8 @@ class CheckpointInfo:
     """Unix time the checkpoint was written."""
     previous: str | None
     """The predecessor's image topic (deleted when the next checkpoint is written)."""
+    log_id: str | None = None
+    """The log's GENESIS id (None: a log written before GENESIS records existed)."""
 
 
 class CheckpointStore:
@@ -92,6 +104,18 @@ class CheckpointStore:
         """The topic of the manifests."""
         return f"{self.topic}-checkpoints"
 
+    def image_topic(self, offset: int, checkpoint_id: str) -> str:
+        """The topic of the image at ``offset`` with id ``checkpoint_id`` (32 hex digits)."""
+        return f"{self.topic}-checkpoint-{offset}-{checkpoint_id[:8]}"
+
+    def is_own_image(self, name: object) -> bool:
+        """Whether ``name`` is exactly an image topic of this log (never the log, the manifest
+        topic or another table's topic): the only topics a checkpoint may delete."""
+        return (
+            isinstance(name, str) and name.startswith(self.topic)
+            and _IMAGE_SUFFIX.fullmatch(name, len(self.topic)) is not None
+        )
+
     def _error(self, cause: str) -> CheckpointError:
         return CheckpointError(topic=self.topic, cause=cause)
 
@@ -104,21 +128,65 @@ class CheckpointStore:
     def _parse(self, payload: bytes) -> CheckpointInfo:
         try:
             m = json.loads(payload)
+            if not isinstance(m, dict):
+                raise ValueError(f"manifest is a JSON {type(m).__name__}, not an object")
             if m.get("format") != FORMAT:
                 raise ValueError(f"unsupported manifest format {m.get('format')!r}")
-            if m["topic"] != self.topic:
-                raise ValueError(f"manifest is for topic {m['topic']!r}")
+            if m.get("topic") != self.topic:
+                raise ValueError(f"manifest is for topic {m.get('topic')!r}")
+            offset, epoch = _field(m, "offset", int, minimum=0), _field(m, "epoch", int, minimum=0)
+            ckpt_id = _field(m, "id", str)
+            if not _HEX32.fullmatch(ckpt_id):
+                raise ValueError(f"id {ckpt_id!r} is not 32 hex digits")
+            data_topic = _field(m, "data_topic", str)
+            if data_topic != self.image_topic(offset, ckpt_id):
+                raise ValueError(f"data_topic {data_topic!r} is not {self.image_topic(offset, ckpt_id)!r}")
+            previous = m.get("previous")
+            if previous is not None and (not self.is_own_image(previous) or previous == data_topic):
+                raise ValueError(f"previous {previous!r} is not an earlier image topic of this log")
+            log_id = m.get("log_id")
+            if log_id is not None and not (isinstance(log_id, str) and _HEX32.fullmatch(log_id)):
+                raise ValueError(f"log_id {log_id!r} is not 32 hex digits")
+            try:
+                position = self.backend.decode_position(base64.b64decode(_field(m, "position", str), validate=True))
+            except Exception as exc:  # noqa: BLE001 - whatever the back end's decoder raises on foreign bytes
+                raise ValueError(f"position does not decode: {type(exc).__name__}: {exc}") from exc
             return CheckpointInfo(
-                topic=m["topic"], offset=int(m["offset"]), epoch=int(m["epoch"]),
-                position=self.backend.decode_position(base64.b64decode(m["position"])),
-                data_topic=m["data_topic"], checkpoint_id=m["id"], size=int(m["size"]), crc32=int(m["crc32"]),
-                created=float(m["created"]), previous=m.get("previous"),
+                topic=self.topic, offset=offset, epoch=epoch, position=position, data_topic=data_topic,
+                checkpoint_id=ckpt_id, size=_field(m, "size", int, minimum=0),
+                crc32=_field(m, "crc32", int, minimum=0), created=float(_field(m, "created", (int, float))),
+                previous=previous, log_id=log_id,
             )
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise self._error(f"the last manifest in {self.index_topic} does not decode: {exc}") from exc
 
+    def verify(self, info: CheckpointInfo) -> None:
+        """Check a manifest against the log: the entry at its position must be the last frame of
+        DATA record ``info.offset`` written at ``info.epoch``.
+
+        :raises CheckpointError: it is not (a forged or foreign manifest), or it cannot be read.
+        """
+        try:
+            entry = self.backend.read_at(self.topic, info.position, timeout=self.timeout)
+        except PulsarStateError as exc:
+            raise self._error(f"cannot read the log at the manifest's position {info.position}: {exc}") from exc
+        if entry is None:
+            raise self._error(f"the log has no entry at the manifest's position {info.position} (offset {info.offset})")
+        try:
+            frame = decode_frame(entry.payload)
+        except FrameError as exc:
+            raise self._error(f"the log entry at the manifest's position {info.position} does not decode: {exc}") from exc
+        if (frame.kind, frame.offset, frame.epoch, frame.part_index + 1) != (
+            RecordKind.DATA, info.offset, info.epoch, frame.part_count
+        ):
+            raise self._error(
+                f"the log entry at the manifest's position {info.position} is {frame.kind.name} offset {frame.offset} "
+                f"epoch {frame.epoch} part {frame.part_index + 1}/{frame.part_count}; the manifest says the last "
+                f"part of DATA offset {info.offset} epoch {info.epoch}"
+            )
+
     def load(self, info: CheckpointInfo) -> bytes:
-        """The image ``info`` names, checked against its length and CRC-32."""
+        """The image ``info`` names, checked against its id, offset, epoch, length and CRC-32."""
         try:
             reader = LogReader(self.backend, info.data_topic, epoch_topic=self.topic)  # its frames carry the log's epoch
             try:
@@ -127,10 +195,16 @@ class CheckpointStore:
                 reader.close()
         except CorruptEntryError as exc:
             raise self._error(f"image {info.data_topic} has a damaged frame: {exc.cause}") from exc
+        except PulsarStateError as exc:
+            raise self._error(f"image {info.data_topic} cannot be read: {exc}") from exc
         if record is None:
             raise self._error(f"image {info.data_topic} of offset {info.offset} is missing or incomplete")
-        if record.kind is not RecordKind.CHECKPOINT or record.writer_id.hex() != info.checkpoint_id:
-            raise self._error(f"{info.data_topic} does not hold checkpoint {info.checkpoint_id}")
+        found = (record.kind, record.writer_id.hex(), record.offset, record.epoch)
+        if found != (RecordKind.CHECKPOINT, info.checkpoint_id, info.offset, info.epoch):
+            raise self._error(
+                f"{info.data_topic} holds {record.kind.name} {record.writer_id.hex()} of offset {record.offset} epoch "
+                f"{record.epoch}, not checkpoint {info.checkpoint_id} of offset {info.offset} epoch {info.epoch}"
+            )
         if len(record.body) != info.size or zlib.crc32(record.body) != info.crc32:
             raise self._error(
                 f"image {info.data_topic} is {len(record.body):,} bytes with CRC-32 {zlib.crc32(record.body):#010x}; "
@@ -139,22 +213,23 @@ class CheckpointStore:
         return record.body
 
     # ------------------------------------------------------------------ writing
-    def save(self, *, offset: int, epoch: int, position: Any, data: bytes) -> CheckpointInfo:
+    def save(self, *, offset: int, epoch: int, position: Any, data: bytes, log_id: str | None = None) -> CheckpointInfo:
         """Store ``data`` as the image at ``offset``, then publish its manifest.
 
         Not atomic across the two steps, and need not be: until the manifest is appended the
         image is invisible, so a writer dying half-way leaves only an unreferenced image topic.
 
+        :param log_id: the log's GENESIS id, recorded in the manifest.
         :raises CheckpointError: the image or its manifest could not be stored.
         """
         started = time.monotonic()
         try:
             previous = self.latest()
-        except CheckpointError as exc:
+        except PulsarStateError as exc:
             log.warning("%s; writing a new checkpoint anyway", exc)
             previous = None
         ckpt_id = uuid.uuid4().bytes
-        data_topic = f"{self.topic}-checkpoint-{offset}-{ckpt_id.hex()[:8]}"
+        data_topic = self.image_topic(offset, ckpt_id.hex())
         frames = encode_frames(
             kind=RecordKind.CHECKPOINT, epoch=epoch, offset=offset, writer_id=ckpt_id, body=data,
             max_frame_bytes=self.max_frame_bytes,
@@ -162,24 +237,29 @@ class CheckpointStore:
         info = CheckpointInfo(
             topic=self.topic, offset=offset, epoch=epoch, position=position, data_topic=data_topic,
             checkpoint_id=ckpt_id.hex(), size=len(data), crc32=zlib.crc32(data), created=time.time(),
-            previous=previous.data_topic if previous is not None else None,
+            previous=previous.data_topic if previous is not None else None, log_id=log_id,
         )
         manifest = json.dumps({
             "format": FORMAT, "topic": self.topic, "offset": offset, "epoch": epoch,
             "position": base64.b64encode(self.backend.encode_position(position)).decode(),
             "data_topic": data_topic, "id": info.checkpoint_id, "size": info.size, "crc32": info.crc32,
-            "created": info.created, "previous": info.previous,
+            "created": info.created, "previous": info.previous, "log_id": log_id,
         }).encode()
         try:
+            # Kept like the log: the manifests witness that the table existed (a deleted log is then
+            # noticed), and an image the broker deletes while idle would make checkpoints useless.
+            self.backend.ensure_durable(data_topic)
+            self.backend.ensure_durable(self.index_topic)
             self._append(data_topic, frames, compress=True)
             self._append(self.index_topic, [manifest])
         except PulsarStateError as exc:
             raise self._error(f"could not store the checkpoint at offset {offset}: {exc}") from exc
-        if previous is not None and previous.previous:
+        stale = previous.previous if previous is not None else None
+        if stale is not None and self.is_own_image(stale) and stale not in (data_topic, previous.data_topic):
             try:
-                self.backend.delete_topic(previous.previous)
+                self.backend.delete_topic(stale)
             except PulsarStateError as exc:
-                log.warning("%s: could not delete the old checkpoint image %s: %s", self.topic, previous.previous, exc)
+                log.warning("%s: could not delete the old checkpoint image %s: %s", self.topic, stale, exc)
         elapsed = time.monotonic() - started
         log.info(
             "%s: checkpoint at offset %d written: %s bytes in %d frames, %.2fs (%.1f MB/s)",
@@ -193,3 +273,13 @@ class CheckpointStore:
             writer.append(payloads, timeout=self.timeout)
         finally:
             writer.close()
+
+
+def _field(manifest: dict[str, Any], name: str, kind: type | tuple[type, ...], *, minimum: int | None = None) -> Any:
+    """``manifest[name]``, which must be of ``kind`` (never a bool for numbers) and >= ``minimum``."""
+    value = manifest[name]
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise TypeError(f"{name} {value!r} is a {type(value).__name__}, not {getattr(kind, '__name__', kind)}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} {value!r} is below {minimum}")
+    return value

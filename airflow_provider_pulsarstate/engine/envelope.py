@@ -40,6 +40,9 @@ class RecordKind(enum.IntEnum):
     """An empty record that proves the writer still holds its epoch (linearizable reads)."""
     CHECKPOINT = 4
     """A state image, in a checkpoint topic of its own (never in the log it summarizes)."""
+    GENESIS = 5
+    """The log's birth certificate (log id, creation time), written before its first DATA record
+    by the first writer that finds the log empty. Only the first one counts."""
 
 
 @dataclass(frozen=True, slots=True)

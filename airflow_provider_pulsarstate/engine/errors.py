@@ -20,6 +20,36 @@ class ConfigurationError(PulsarStateError, ValueError):
     """A connection URL, option or argument is invalid (the message names it)."""
 
 
+class RetentionPolicyError(ConfigurationError):
+    """The store would delete a state log (finite retention, or inactive topics deleted) and the
+    policy could not be fixed from here. The message names the topic, the setting and the
+    ``pulsar-admin`` commands that fix it.
+
+    :ivar topic: the state topic.
+    :ivar setting: ``retention`` or ``inactive-topic deletion``.
+    """
+
+    def __init__(self, message: str, *, topic: str, setting: str) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.setting = setting
+
+
+class LogLostError(PulsarStateError):
+    """The log's history is gone: its beginning was deleted, or the topic was recreated under a
+    table that existed. Serving the state would serve an empty or partial table, so nothing is
+    served; restore the topic (or delete its checkpoint topics to start a new table on purpose).
+
+    :ivar topic: the log topic.
+    :ivar found: what was found instead of the expected beginning.
+    """
+
+    def __init__(self, *, topic: str, found: str) -> None:
+        super().__init__(f"the log of {topic!r} lost its history: {found}")
+        self.topic = topic
+        self.found = found
+
+
 class BackendUnavailableError(PulsarStateError):
     """The back end (broker, admin API or state file) could not be reached in time."""
 

@@ -41,10 +41,17 @@ Guarantees:
   logged with topic and offset and counted (``stats["listener_errors"]``).
 * **Checkpoints** (when given a state serializer and deserializer). Bootstrap loads the newest
   checkpoint (:mod:`~airflow_provider_pulsarstate.engine.checkpoint`) and replays only the records after
-  it, so its cost follows the size of the state, not the length of the history. A missing or
-  damaged checkpoint is logged and the whole log is replayed: checkpoints never decide the state.
+  it, so its cost follows the size of the state, not the length of the history. A checkpoint is
+  used only after its manifest was checked against the log; a missing, damaged, forged or
+  unreadable one is logged and the whole log is replayed: checkpoints never decide the state.
   With ``checkpoint_after_bytes`` the writer checkpoints by itself; :meth:`checkpoint` does it
   on demand from any instance.
+
+* **A lost log is never served as an empty table.** The first writer of a log writes a GENESIS
+  record (:mod:`~airflow_provider_pulsarstate.engine.genesis`); a bootstrap that finds the log's
+  beginning gone, an empty log under a table that has checkpoints, or a checkpoint of another
+  log id raises LogLostError. On Pulsar, first use also checks the topic's retention and
+  inactive-topic policies (:meth:`~airflow_provider_pulsarstate.engine.backends.base.Backend.ensure_durable`).
 
 While ops are staged and the append is in flight, the lock that readers take is held, so no
 read ever sees state that is not in the log. If an append fails after ops were applied locally,
@@ -79,6 +86,7 @@ from airflow_provider_pulsarstate.engine.errors import (
     ClosedError,
     ConfigurationError,
     CorruptEntryError,
+    LogLostError,
     OperationTimeoutError,
     PulsarStateError,
     SerializationError,
@@ -86,6 +94,7 @@ from airflow_provider_pulsarstate.engine.errors import (
     WriteId,
     WriterFencedError,
 )
+from airflow_provider_pulsarstate.engine.genesis import new_genesis_body, parse_genesis, read_beginning
 from airflow_provider_pulsarstate.engine.log import DEFAULT_MAX_FRAME_BYTES, CorruptPolicy, LogReader, LogRecord, LogWriter, open_writer
 from airflow_provider_pulsarstate.engine.progress import Progress
 from airflow_provider_pulsarstate.engine.writes import OutcomeBook, PendingWrite, WriteOutcome
@@ -249,6 +258,7 @@ class SharedStateManager(Generic[S, O]):
         self.checkpoints = CheckpointStore(backend, topic, max_frame_bytes=max_frame_bytes, timeout=operation_timeout)
         self._applied_position: Any = EARLIEST
         self._applied_epoch = -1
+        self._log_id: str | None = None  # the log's GENESIS id (None: empty or legacy log)
         self._bytes_since_checkpoint = 0
         self._last_checkpoint_size = 0
         self._checkpointer: threading.Thread | None = None
@@ -642,6 +652,7 @@ class SharedStateManager(Generic[S, O]):
                 batch = self._settle_without_writer(batch)
             if not batch:
                 return
+            self._ensure_durable(strict=True)
             # Without the state lock: local reads go on while another instance holds the writer.
             writer = open_writer(
                 self.backend, self.topic, writer_id=self.writer_id, mode=self.acquire_mode,
@@ -810,6 +821,11 @@ class SharedStateManager(Generic[S, O]):
         self._bytes_since_checkpoint = 0
         self._broken = self._replay_paused = False
         try:
+            self._ensure_durable(strict=False)
+            beginning = read_beginning(self.backend, self.topic, timeout=self.operation_timeout)
+            self._log_id = beginning.genesis.log_id if beginning.genesis is not None else None
+            if beginning.empty:
+                self._check_not_recreated()
             if not self._load_checkpoint(limit):
                 self._reader = self._open_reader()
                 self._state = self._initializer()
@@ -841,21 +857,66 @@ class SharedStateManager(Generic[S, O]):
     def _count_skip(self, err: CorruptEntryError) -> None:
         self.stats["corrupt_skipped"] += 1
 
+    def _ensure_durable(self, *, strict: bool) -> None:
+        """Check (once per topic and back end) that the store keeps the log; a reader that cannot
+        reach the admin API goes on with a warning, a writer does not."""
+        try:
+            self.backend.ensure_durable(self.topic)
+        except BackendUnavailableError as exc:
+            if strict:
+                raise
+            log.warning("%s: could not check its retention policies (%s); reading it anyway", self.topic, exc)
+
+    def _check_not_recreated(self) -> None:
+        """An empty log whose table has checkpoints was deleted (or recreated): fail loudly."""
+        index = self.checkpoints.index_topic
+        try:
+            entry = self.backend.read_last(index, timeout=self.operation_timeout)
+        except PulsarStateError as exc:
+            log.warning("%s: the log is empty and %s cannot be read (%s); treating it as a new table", self.topic, index, exc)
+            return
+        if entry is not None:
+            raise LogLostError(
+                topic=self.topic,
+                found=f"the log is empty or missing, but {index} holds checkpoint manifests: the topic was deleted "
+                "(retention or inactive-topic deletion) or recreated; restore it, or delete the checkpoint topics "
+                "to start a new table",
+            )
+
     def _load_checkpoint(self, limit: int | None) -> bool:
-        """Start from the newest usable checkpoint; False (after logging why) to replay everything."""
+        """Start from the newest usable checkpoint; False (after logging why) to replay everything.
+
+        Any defect of a manifest or image (or no access to them) means a full replay, never an
+        exception and never an unchecked image.
+
+        :raises LogLostError: the checkpoint belongs to another log of the same name (its log id
+            differs from the log's GENESIS): the topic was recreated.
+        """
         if self._deserialize_state is None:
             return False
         started = time.monotonic()
         try:
             info = self.checkpoints.latest()
-            if info is None:
-                return False
-            if limit is not None and info.offset > limit:
-                log.info(
-                    "%s: not loading the checkpoint at offset %d: a write of unknown outcome may lie after offset %d; "
-                    "replaying the whole log to find it", self.topic, info.offset, limit,
-                )
-                return False
+        except Exception as exc:  # noqa: BLE001 - a checkpoint never stops a bootstrap
+            return self._replay_instead(exc)
+        if info is None:
+            return False
+        if info.log_id != self._log_id:
+            raise LogLostError(
+                topic=self.topic,
+                found=f"its GENESIS log id is {self._log_id or 'absent'}, but the newest checkpoint "
+                f"({info.data_topic}, offset {info.offset}) is of log {info.log_id or 'without a log id'}: the "
+                "topic was recreated or lost its beginning; restore it, or delete the checkpoint topics to start "
+                "a new table",
+            )
+        if limit is not None and info.offset > limit:
+            log.info(
+                "%s: not loading the checkpoint at offset %d: a write of unknown outcome may lie after offset %d; "
+                "replaying the whole log to find it", self.topic, info.offset, limit,
+            )
+            return False
+        try:
+            self.checkpoints.verify(info)
             image = self.checkpoints.load(info)
             try:
                 with _gc_paused():
@@ -865,9 +926,8 @@ class SharedStateManager(Generic[S, O]):
                     topic=self.topic, cause=f"image {info.data_topic} does not deserialize: {_describe(exc)}"
                 ) from exc
             reader = self._open_reader(start=info.position, next_offset=info.offset + 1, max_epoch=info.epoch)
-        except PulsarStateError as exc:
-            log.warning("%s; replaying the whole log of %s instead", exc, self.topic)
-            return False
+        except Exception as exc:  # noqa: BLE001 - a checkpoint never stops a bootstrap
+            return self._replay_instead(exc)
         self._reader, self._state = reader, state
         self._applied_offset, self._applied_position, self._applied_epoch = info.offset, info.position, info.epoch
         self._notified_offset = max(self._notified_offset, info.offset)
@@ -879,6 +939,11 @@ class SharedStateManager(Generic[S, O]):
             self.topic, info.offset, f"{info.size:,}", info.size / 1e6 / max(elapsed, 1e-9), elapsed,
         )
         return True
+
+    def _replay_instead(self, exc: Exception) -> bool:
+        cause = exc if isinstance(exc, PulsarStateError) else f"checkpoint: {_describe(exc)}"
+        log.warning("%s; replaying the whole log of %s instead", cause, self.topic)
+        return False
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint(self) -> CheckpointInfo | None:
@@ -914,7 +979,7 @@ class SharedStateManager(Generic[S, O]):
 
     def _store_image(self, image: tuple[int, int, Any, bytes]) -> CheckpointInfo:
         offset, epoch, position, data = image
-        info = self.checkpoints.save(offset=offset, epoch=epoch, position=position, data=data)
+        info = self.checkpoints.save(offset=offset, epoch=epoch, position=position, data=data, log_id=self._log_id)
         self._last_checkpoint_size = info.size
         self.stats["checkpoints_written"] += 1
         return info
@@ -968,7 +1033,14 @@ class SharedStateManager(Generic[S, O]):
             self._take_record(record)
             if record.kind is RecordKind.EPOCH and record.writer_id == self.writer_id and record.epoch == epoch:
                 log.debug("%s: writer at epoch %d caught up to offset %d", self.topic, epoch, self._applied_offset)
-                return
+                break
+        if self._log_id is None and self._applied_offset < 0:
+            # The first writer of an empty log: the GENESIS record goes before any DATA. A
+            # concurrent first writer's GENESIS, if any landed first, was read above.
+            body = new_genesis_body()
+            writer.append(RecordKind.GENESIS, body, timeout=self.operation_timeout)
+            self._log_id = json.loads(body)["log_id"]
+            log.info("%s: new log %s started", self.topic, self._log_id)
 
     def _drop_writer(self) -> None:
         writer, self._writer = self._writer, None
@@ -1017,6 +1089,9 @@ class SharedStateManager(Generic[S, O]):
                 log.info("%s: write %d did not land (epoch %d began without it); it is safe to send again", self.topic, seq, epoch)
 
     def _apply_record(self, record: LogRecord) -> None:
+        if record.kind is RecordKind.GENESIS and self._log_id is None and self._applied_offset < 0:
+            self._log_id = parse_genesis(record, self.topic).log_id  # only the first GENESIS counts
+            return
         if record.kind is not RecordKind.DATA or record.offset <= self._applied_offset:
             return
         try:

@@ -134,6 +134,19 @@ _SETTINGS_XML = f"""<?xml version="1.0" encoding="UTF-8"?>
 """
 
 
+PULSAR_DEFAULT_POLICIES: dict[str, str] = {
+    "brokerDeleteInactiveTopicsEnabled": "true",
+    "brokerDeleteInactiveTopicsMode": "delete_when_no_subscriptions",
+    "defaultRetentionTimeInMinutes": "0",
+    "defaultRetentionSizeInMB": "0",
+    # Pulsar's defaults are 60 s for both; short here so that a test sees a deletion happen.
+    "brokerDeleteInactiveTopicsFrequencySeconds": "5",
+    "brokerDeleteInactiveTopicsMaxInactiveDurationSeconds": "5",
+}
+"""Pulsar's own defaults for retention (none) and inactive topics (deleted), with a short period:
+what a namespace left at its defaults does to a state topic, in seconds instead of minutes."""
+
+
 class PulsarBrokerError(RuntimeError):
     """The broker (or its classpath) could not be set up, started or stopped."""
 
@@ -457,6 +470,9 @@ class PulsarStandalone:
         version: Pulsar release to run (see :func:`ensure_classpath`).
         heap: JVM heap size; also used as the direct-memory limit (``-Xmx``/``-XX:MaxDirectMemorySize``).
         log_file: Where the broker writes its log and its stdout/stderr.
+        conf_overrides: ``standalone.conf`` keys to set on top of the project's file, e.g.
+            :data:`PULSAR_DEFAULT_POLICIES` to run with Pulsar's own retention and inactive-topic
+            defaults (which delete unused topics) instead of the safe ones the project ships.
     """
 
     def __init__(
@@ -468,7 +484,9 @@ class PulsarStandalone:
         version: str = PULSAR_VERSION,
         heap: str = "1g",
         log_file: Path | None = None,
+        conf_overrides: dict[str, str] | None = None,
     ) -> None:
+        self.conf_overrides = dict(conf_overrides or {})
         self._owns_data_dir = data_dir is None
         self.data_dir: Path = (
             Path(tempfile.mkdtemp(prefix="pulsarstate-broker-"))
@@ -534,6 +552,7 @@ class PulsarStandalone:
                     "bookiePort": str(self.bookie_port),
                     "bindAddress": LOOPBACK,
                     "advertisedAddress": LOOPBACK,
+                    **self.conf_overrides,
                 },
             )
         )

@@ -136,6 +136,12 @@ class FaultInjectingBackend(Backend):
         self._check_outage(f"reading the last entry of {topic}")
         return self.inner.read_last(topic, timeout=timeout)
 
+    def read_at(self, topic: str, position: Any, *, timeout: float) -> RawEntry | None:
+        return self.inner.read_at(topic, position, timeout=timeout)
+
+    def ensure_durable(self, topic: str) -> None:
+        self.inner.ensure_durable(topic)
+
     def encode_position(self, position: Any) -> bytes:
         return self.inner.encode_position(position)
 

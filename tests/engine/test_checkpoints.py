@@ -113,7 +113,7 @@ def test_a_damaged_checkpoint_is_reported_and_the_log_replayed(
         manifest["crc32"] ^= 1
         store._append(store.index_topic, [json.dumps(manifest).encode()])
     else:  # a complete, checksummed image that the map cannot read
-        store.save(offset=info.offset, epoch=info.epoch, position=info.position, data=b"?garbage")
+        store.save(offset=info.offset, epoch=info.epoch, position=info.position, data=b"?garbage", log_id=info.log_id)
     caplog.set_level(logging.WARNING, logger="airflow_provider_pulsarstate")
     fresh = maps()
     assert fresh.to_dict(latest=True) == {f"k{i}": i for i in range(20)}  # nothing lost

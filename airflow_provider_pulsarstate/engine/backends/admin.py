@@ -74,6 +74,22 @@ class PulsarAdmin:
         except BackendUnavailableError:
             return False
 
+    def create_topic(self, topic: str) -> None:
+        """Create a non-partitioned topic; one that exists, or a role that may not create, is fine."""
+        self.request("PUT", self.topic_path(topic), ok=(200, 204, 401, 403, 409))
+
+    def applied_policy(self, topic: str, policy: str) -> dict[str, Any] | None:
+        """The policy in force for ``topic`` (topic, else namespace, else broker level):
+        ``GET .../{policy}?applied=true`` with ``policy`` ``retention`` or ``inactiveTopicPolicies``.
+        None when this role may not read it (401/403) or the topic does not exist (404)."""
+        resp = self.request("GET", f"{self.topic_path(topic)}/{policy}", ok=(200, 401, 403, 404), params={"applied": "true"})
+        return resp.json() if resp.status_code == 200 and resp.text.strip() else ({} if resp.status_code == 200 else None)
+
+    def set_policy(self, topic: str, policy: str, value: dict[str, Any]) -> bool:
+        """Set a topic-level policy; False when this role may not (401/403)."""
+        resp = self.request("POST", f"{self.topic_path(topic)}/{policy}", ok=(200, 204, 401, 403), json=value)
+        return resp.status_code in (200, 204)
+
     def delete_topic(self, topic: str, *, force: bool = True) -> None:
         """Delete a topic (404 is fine)."""
         self.request("DELETE", self.topic_path(topic), ok=(200, 204, 404), params={"force": str(force).lower()})

@@ -143,6 +143,26 @@ class Backend(ABC):
         """The topic's last entry as of now, or None when the topic is empty or missing."""
 
     @abstractmethod
+    def read_at(self, topic: str, position: Any, *, timeout: float) -> RawEntry | None:
+        """The entry stored exactly at ``position``, or None when the topic has no entry there.
+
+        Used to check a position read from elsewhere (a checkpoint manifest) against the log.
+        """
+
+    def ensure_durable(self, topic: str) -> None:
+        """Make sure the store keeps every entry of ``topic`` and never deletes it while unused.
+
+        Called at the first use of a state log (bootstrap, writer acquisition); cheap after the
+        first call per topic. The embedded back end keeps everything and deletes nothing by
+        itself: it needs nothing and this default does nothing. On Pulsar, the applied retention
+        must be infinite (-1/-1) and inactive-topic deletion off; they are set at topic level
+        when not.
+
+        :raises RetentionPolicyError: the policies would lose the log and could not be changed
+            (the message names the setting and the command that fixes it).
+        """
+
+    @abstractmethod
     def encode_position(self, position: Any) -> bytes:
         """A position from a RawEntry (or an append) as bytes, for storing elsewhere."""
 

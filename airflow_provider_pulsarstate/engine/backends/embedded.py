@@ -241,11 +241,29 @@ class EmbeddedBackend(Backend):
             _close_quietly(conn)
         return RawEntry(row[0], row[1], row[2]) if row else None
 
+    def read_at(self, topic: str, position: Any, *, timeout: float) -> RawEntry | None:
+        conn = self.connect()
+        try:
+            row = conn.execute(
+                "SELECT pos, payload, publish_time FROM entries WHERE topic = ? AND pos = ?", (topic, int(position))
+            ).fetchone()
+        except sqlite3.Error as exc:
+            raise BackendUnavailableError(f"cannot read {self.topic_url(topic)} at {position}: {exc}") from exc
+        finally:
+            conn.close()
+        return RawEntry(row[0], row[1], row[2]) if row else None
+
     def encode_position(self, position: Any) -> bytes:
         return str(int(position)).encode()
 
     def decode_position(self, data: bytes) -> Any:
-        return int(data.decode("ascii"))
+        try:
+            position = int(data.decode("ascii"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise ValueError(f"not an embedded log position: {data!r}") from exc
+        if position < 0:
+            raise ValueError(f"not an embedded log position: {data!r}")
+        return position
 
     def close(self) -> None:
         if self._closed:

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import pulsar
 
 from airflow_provider_pulsarstate.engine.backends.admin import PulsarAdmin
+from airflow_provider_pulsarstate.engine.backends.policies import ensure_topic_policies
 from airflow_provider_pulsarstate.engine.backends.base import (
     EARLIEST,
     is_earliest,
@@ -70,6 +71,7 @@ class PulsarBackend(Backend):
         self._client: pulsar.Client | None = None
         self._lock = threading.Lock()
         self._children: set[RawWriter | RawReader] = set()
+        self._durable: set[str] = set()  # topics whose retention policies were checked
         self._closed = False
 
     @property
@@ -215,6 +217,34 @@ class PulsarBackend(Backend):
             _close_quietly(reader)
         return _entry(msg)
 
+    def read_at(self, topic: str, position: Any, *, timeout: float) -> RawEntry | None:
+        if not self.admin.topic_exists(topic):
+            return None
+        try:
+            reader = self.client.create_reader(topic, position, start_message_id_inclusive=True)
+        except pulsar.PulsarException as exc:
+            raise self._unreachable("creating a reader of", topic, exc) from exc
+        try:
+            if not reader.has_message_available():
+                return None
+            msg = reader.read_next(max(1, int(timeout * 1000)))
+        except pulsar.Timeout:
+            return None
+        except pulsar.PulsarException as exc:
+            raise self._unreachable("reading", topic, exc) from exc
+        finally:
+            _close_quietly(reader)
+        entry = _entry(msg)
+        return entry if _id_tuple(entry.position) == _id_tuple(position) else None
+
+    def ensure_durable(self, topic: str) -> None:
+        with self._lock:
+            if topic in self._durable:
+                return
+        ensure_topic_policies(self.admin, topic, timeout=self.config.operation_timeout)
+        with self._lock:
+            self._durable.add(topic)
+
     def encode_position(self, position: Any) -> bytes:
         return position.serialize()
 
@@ -349,6 +379,10 @@ class PulsarReader(RawReader):
         self._peeked = None
         _close_quietly(reader)
         self.backend._untrack(self)
+
+
+def _id_tuple(msg_id: Any) -> tuple[int, int, int, int]:
+    return (msg_id.ledger_id(), msg_id.entry_id(), msg_id.batch_index(), msg_id.partition())
 
 
 def _entry(msg: pulsar.Message) -> RawEntry:
