@@ -7,17 +7,54 @@ selects the embedded single-host log. With nothing configured, the embedded log 
 
 from __future__ import annotations
 
+import ipaddress
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlparse
+from urllib.parse import urlparse, urlsplit, urlunsplit
 
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError
 
 PULSAR_SCHEMES = ("pulsar", "pulsar+ssl")
 ENV_URL = "PULSARSTATE_URL"
 _TOPIC_DOMAINS = ("persistent://", "non-persistent://")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any ``user:password@`` part replaced by ``***@`` (for messages and reprs)."""
+    if not url or "@" not in url or "://" not in url:
+        return url
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
+
+
+def url_secrets(url: str) -> list[str]:
+    """The credentials inside ``url`` (user info), to register for log masking."""
+    if not url or "://" not in url:
+        return []
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return []
+    return [s for s in (parts.password, parts.username if parts.password is None else None) if s]
+
+
+def is_loopback_host(host: str | None) -> bool:
+    """Whether ``host`` names this machine (``localhost`` or a loopback address)."""
+    if not host:
+        return False
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def default_embedded_path() -> Path:
@@ -38,6 +75,12 @@ class ConnectionConfig:
     :param auth_token: a Pulsar JWT (sent to the broker and the admin API).
     :param tls_trust_certs_file_path: CA bundle for ``pulsar+ssl://`` and ``https://`` admin.
     :param operation_timeout: seconds any single broker operation may take.
+    :param tls_hostname_verification: check that the broker's TLS certificate names the host
+        (on by default; turn off only for test certificates).
+    :param allow_insecure_token: allow sending ``auth_token`` over plain ``http://`` to a host
+        that is not loopback (off: such a config is refused).
+    :param allow_other_namespaces: accept full topic names outside ``tenant/namespace`` (off: a
+        full name must be in the connection's own namespace).
     """
 
     url: str = ""
@@ -47,11 +90,35 @@ class ConnectionConfig:
     auth_token: str | None = field(default=None, repr=False)
     tls_trust_certs_file_path: str | None = None
     operation_timeout: float = 30.0
+    tls_hostname_verification: bool = True
+    allow_insecure_token: bool = False
+    allow_other_namespaces: bool = False
 
     def __post_init__(self) -> None:
         if self.operation_timeout <= 0:
             raise ConfigurationError(f"operation_timeout must be positive, got {self.operation_timeout!r}")
         self.kind  # validates the URL scheme early
+        if self.kind == "embedded":
+            self.embedded_path  # validates a file:// URL early
+        elif self.auth_token and not self.allow_insecure_token:
+            admin = urlparse(self.resolved_admin_url)
+            if admin.scheme != "https" and not is_loopback_host(admin.hostname):
+                raise ConfigurationError(
+                    f"admin_url {redact_url(self.resolved_admin_url)!r} is plain {admin.scheme}:// to a host "
+                    "that is not loopback: the auth token would travel unencrypted. Use an https:// admin_url "
+                    "(a pulsar+ssl:// service URL derives one), or set allow_insecure_token to accept the risk"
+                )
+
+    def __repr__(self) -> str:
+        shown = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "auth_token":
+                value = None if value is None else "***"
+            elif f.name in ("url", "admin_url"):
+                value = redact_url(value)
+            shown.append(f"{f.name}={value!r}")
+        return f"ConnectionConfig({', '.join(shown)})"
 
     @classmethod
     def from_env(cls, **overrides: object) -> "ConnectionConfig":
@@ -69,7 +136,7 @@ class ConnectionConfig:
         if scheme in ("", "file"):
             return "embedded"
         raise ConfigurationError(
-            f"unsupported URL scheme {scheme!r} in {self.url!r}: use pulsar://, pulsar+ssl://, "
+            f"unsupported URL scheme {scheme!r} in {redact_url(self.url)!r}: use pulsar://, pulsar+ssl://, "
             "a file path or file:// URL"
         )
 
@@ -77,11 +144,18 @@ class ConnectionConfig:
     def embedded_path(self) -> Path:
         """The state file of the embedded back end."""
         if self.kind != "embedded":
-            raise ConfigurationError(f"{self.url!r} is not an embedded-log URL")
+            raise ConfigurationError(f"{redact_url(self.url)!r} is not an embedded-log URL")
         if not self.url:
             return default_embedded_path()
         parsed = urlparse(self.url)
-        return Path(parsed.path if parsed.scheme == "file" else self.url).expanduser()
+        if parsed.scheme != "file":
+            return Path(self.url).expanduser()
+        if parsed.netloc not in ("", "localhost"):
+            raise ConfigurationError(
+                f"file URL {redact_url(self.url)!r} has a host part ({parsed.netloc!r}), which would be dropped "
+                f"from the path; write file:///{parsed.netloc}{parsed.path} for an absolute path"
+            )
+        return Path(parsed.path)
 
     @property
     def resolved_admin_url(self) -> str:
@@ -94,10 +168,28 @@ class ConnectionConfig:
         return f"http://{parsed.hostname or '127.0.0.1'}:8080"
 
     def topic_name(self, topic: str) -> str:
-        """The fully qualified topic for a short name (``persistent://tenant/ns/name``)."""
+        """The fully qualified state topic for a short name (``persistent://tenant/ns/name``).
+
+        :raises ConfigurationError: empty name; a ``non-persistent://`` topic (it keeps no
+            messages, so it cannot hold state); a full name outside the connection's
+            ``tenant/namespace`` unless ``allow_other_namespaces``.
+        """
         if not topic or not topic.strip():
             raise ConfigurationError("topic name must not be empty")
+        if topic.startswith("non-persistent://"):
+            raise ConfigurationError(
+                f"topic {topic!r}: a non-persistent topic keeps no messages and cannot hold state; use persistent://"
+            )
         if topic.startswith(_TOPIC_DOMAINS):
+            rest = topic[len("persistent://") :]
+            parts = rest.split("/")
+            if len(parts) != 3 or not all(parts):
+                raise ConfigurationError(f"topic {topic!r} is not persistent://tenant/namespace/name")
+            if (parts[0], parts[1]) != (self.tenant, self.namespace) and not self.allow_other_namespaces:
+                raise ConfigurationError(
+                    f"topic {topic!r} is outside the connection's namespace {self.tenant}/{self.namespace}; "
+                    "use a short name, or set allow_other_namespaces on the connection"
+                )
             return topic
         if "/" in topic:
             raise ConfigurationError(

@@ -71,6 +71,24 @@ CONN_FIELDS: Final[dict[str, dict[str, Any]]] = {
         "description": "Seconds any single broker or state-file operation may take.",
         "schema": {"type": ["number", "null"], "default": _DEFAULTS["operation_timeout"], "exclusiveMinimum": 0},
     },
+    "tls_hostname_verification": {
+        "label": "Verify TLS host names",
+        "description": "Check that the broker's TLS certificate names the host (pulsar+ssl://). Turn off only for test certificates.",
+        "schema": {"type": ["boolean", "null"], "default": _DEFAULTS["tls_hostname_verification"]},
+    },
+    "allow_insecure_token": {
+        "label": "Allow the token over plain http",
+        "description": (
+            "Send the auth token to a plain http:// admin URL on a host that is not loopback. Off: such a "
+            "connection is refused; use https:// instead."
+        ),
+        "schema": {"type": ["boolean", "null"], "default": _DEFAULTS["allow_insecure_token"]},
+    },
+    "allow_other_namespaces": {
+        "label": "Allow topics of other namespaces",
+        "description": "Accept full topic names outside this connection's tenant/namespace. Off: such names are refused.",
+        "schema": {"type": ["boolean", "null"], "default": _DEFAULTS["allow_other_namespaces"]},
+    },
 }
 """``conn-fields`` of the connection type: ``{name: {label, description, schema}}`` (Airflow 3.3 format)."""
 

@@ -11,13 +11,14 @@ import json
 import logging
 import math
 import threading
+from pathlib import Path
 from typing import Any
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_provider_pulsarstate.engine.backends import Backend, open_backend
-from airflow_provider_pulsarstate.engine.config import ConnectionConfig
+from airflow_provider_pulsarstate.engine.config import ConnectionConfig, redact_url, url_secrets
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError
 from airflow_provider_pulsarstate.hooks.connection_form import (
     CONN_TYPE,
@@ -35,6 +36,7 @@ HEALTHCHECK_TOPIC = "__pulsarstate_healthcheck"
 """Short name of the topic :meth:`PulsarStateHook.test_connection` opens a reader on."""
 
 _STRING_FIELDS = ("service_url", "admin_url", "tenant", "namespace", "auth_token", "tls_trust_certs_file_path")
+_BOOL_FIELDS = ("tls_hostname_verification", "allow_insecure_token", "allow_other_namespaces")
 _default_logged = threading.Event()
 
 
@@ -102,13 +104,16 @@ class PulsarStateHook(BaseHook):
                     config.embedded_path,
                 )
             return config
-        return config_from_connection(
+        _mask_secrets(conn.password, conn.host, _extra_dict(conn.extra))
+        config = config_from_connection(
             conn_id,
             conn_type=conn.conn_type,
             host=conn.host,
             password=conn.password,
             extra=conn.extra,
         )
+        _mask_secrets(config.auth_token, config.url, {"admin_url": config.admin_url})
+        return config
 
     # ------------------------------------------------------------------ back end
     def get_conn(self) -> Backend:
@@ -197,8 +202,13 @@ class PulsarStateHook(BaseHook):
     def test_connection(self) -> tuple[bool, str]:
         """One cheap round trip with exactly the config real use builds; never raises.
 
-        Pulsar: the admin API's broker health check, then a reader created and closed on
-        ``__pulsarstate_healthcheck``. Embedded: the state file opened and read.
+        Least privilege, no side effect: nothing is created on the broker or on disk.
+
+        Pulsar: the admin API lists the topics of the connection's namespace (allowed to any role
+        that may produce or consume there; no super-user needed), then the binary protocol asks
+        for the partition metadata of one of them, or of ``__pulsarstate_healthcheck`` in an
+        empty namespace (a metadata lookup creates no topic). Embedded: the state file, when it
+        exists, is opened read-only and read; a missing file is reported, not created.
 
         :return: ``(True, what was reached)`` or ``(False, what failed and why)``.
         """
@@ -206,27 +216,19 @@ class PulsarStateHook(BaseHook):
             config = self.get_config()
         except Exception as exc:
             return False, f"{type(exc).__name__}: {exc}"
-        target = (
-            f"Pulsar broker {config.url} (admin {config.resolved_admin_url})"
-            if config.kind == "pulsar"
-            else f"embedded state file {config.embedded_path}"
-        )
+        if config.kind == "embedded":
+            return _test_embedded_file(config)
+        target = f"Pulsar broker {redact_url(config.url)} (admin {redact_url(config.resolved_admin_url)})"
         backend: Backend | None = None
         try:
-            backend = open_backend(config)
-            topic = config.topic_name(HEALTHCHECK_TOPIC)
-            if config.kind == "pulsar":
-                from airflow_provider_pulsarstate.engine.backends.pulsar import PulsarBackend
+            from airflow_provider_pulsarstate.engine.backends.pulsar import PulsarBackend
 
-                assert isinstance(backend, PulsarBackend)
-                answer = backend.admin.request("GET", "brokers/health").text.strip()
-                if answer.lower() != "ok":
-                    return False, f"{target}: the broker health check answered {answer[:200]!r}"
-            reader = backend.create_reader(topic)
-            try:
-                reader.has_next()
-            finally:
-                reader.close()
+            backend = open_backend(config)
+            assert isinstance(backend, PulsarBackend)
+            topics = backend.admin.namespace_topics(config.tenant, config.namespace)
+            persistent = sorted(t for t in topics if t.startswith("persistent://"))
+            probe = persistent[0] if persistent else f"persistent://{config.tenant}/{config.namespace}/{HEALTHCHECK_TOPIC}"
+            backend.client.get_topic_partitions(probe)
         except Exception as exc:
             return False, f"{target}: {type(exc).__name__}: {exc}"
         finally:
@@ -235,7 +237,58 @@ class PulsarStateHook(BaseHook):
                     backend.close()
                 except Exception:
                     log.debug("closing the back end after test_connection failed", exc_info=True)
-        return True, f"Connected to {target}"
+        return True, f"Connected to {target}, namespace {config.tenant}/{config.namespace} ({len(topics)} topics)"
+
+
+def _test_embedded_file(config: ConnectionConfig) -> tuple[bool, str]:
+    """Read an existing state file read-only; never create the file or its folder."""
+    import sqlite3
+    from urllib.parse import quote
+
+    path = config.embedded_path
+    target = f"embedded state file {path}"
+    if not path.exists():
+        return False, f"{target} does not exist yet (it is created on the first write; nothing was created now)"
+    # mode=ro still creates -wal/-shm beside a WAL database whose writers are all closed;
+    # then (no -wal) the file alone is the whole state and immutable=1 reads it without them.
+    params = "mode=ro" if Path(f"{path}-wal").exists() else "mode=ro&immutable=1"
+    try:
+        uri = f"file:{quote(str(path.resolve()))}?{params}"
+        conn = sqlite3.connect(uri, uri=True, timeout=config.operation_timeout)
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        finally:
+            conn.close()
+    except Exception as exc:
+        return False, f"{target}: {type(exc).__name__}: {exc}"
+    return True, f"Read {target}"
+
+
+def _extra_dict(extra: str | dict[str, Any] | None) -> dict[str, Any]:
+    if isinstance(extra, dict):
+        return extra
+    try:
+        data = json.loads(extra) if extra else {}
+    except (TypeError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _mask_secrets(token: str | None, url: str | None, extra: dict[str, Any]) -> None:
+    """Register the token and any URL credentials with Airflow's log masker (before parsing can fail)."""
+    from airflow.sdk.log import mask_secret
+
+    secrets = [token] if token else []
+    for key, value in extra.items():
+        if not isinstance(value, str):
+            continue
+        if key.endswith("auth_token"):
+            secrets.append(value)
+        secrets.extend(url_secrets(value))
+    secrets.extend(url_secrets(url or ""))
+    for secret in secrets:
+        if secret and secret.strip():
+            mask_secret(secret.strip())
 
 
 def config_from_connection(
@@ -286,6 +339,16 @@ def config_from_connection(
     if "auth_token" not in values and password:
         values["auth_token"] = password
 
+    for name in _BOOL_FIELDS:
+        raw = fields.get(name)
+        if raw is None or (isinstance(raw, str) and not raw.strip()):
+            continue
+        if isinstance(raw, str) and raw.strip().lower() in ("true", "false"):
+            raw = raw.strip().lower() == "true"
+        if not isinstance(raw, bool):
+            raise fail(name, f"must be true or false, got {raw!r}")
+        values[name] = raw
+
     timeout = fields.get("operation_timeout")
     if timeout is not None and not (isinstance(timeout, str) and not timeout.strip()):
         values["operation_timeout"] = _parse_seconds(timeout, lambda problem: fail("operation_timeout", problem))
@@ -297,7 +360,7 @@ def config_from_connection(
         raise fail(url_field, str(exc)) from None
     try:
         return ConnectionConfig(**config_args)
-    except ConfigurationError as exc:  # pragma: no cover - every field is checked above
+    except ConfigurationError as exc:  # the URLs together (token over plain http, file URL host)
         raise ConfigurationError(f"connection {conn_id!r}: {exc}") from None
 
 

@@ -11,6 +11,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
+from airflow_provider_pulsarstate.engine.errors import ConfigurationError
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.spark.views import AUTH_TOKEN_ENV
 
@@ -24,8 +25,15 @@ class ViewSparkSubmitOperator(SparkSubmitOperator):
     At run time, in the worker:
 
     * the ``pulsarstate`` connection's auth token, if any, is put into the job's environment as
-      ``$PULSARSTATE_AUTH_TOKEN`` (read by :func:`~airflow_provider_pulsarstate.spark.load_config`),
-      so it appears in no command line, XCom or rendered template;
+      ``$PULSARSTATE_AUTH_TOKEN`` (read by :func:`~airflow_provider_pulsarstate.spark.load_config`)
+      and registered for log masking. It appears in no XCom or rendered template, and the
+      operator checks the ``spark-submit`` command line it would run: on masters where the Spark
+      provider turns ``env_vars`` into ``--conf`` arguments (YARN, Kubernetes) the token would
+      land in argv, so the task fails with :class:`ConfigurationError` before anything runs.
+      There, give the job the token another way and pass ``pass_token=False``: a file readable by
+      the job named by ``token_file`` in its config JSON (only the path travels in argv), or
+      ``$PULSARSTATE_AUTH_TOKEN`` set by the cluster (e.g. a Kubernetes secret through
+      ``spark.kubernetes.driver.secretKeyRef.PULSARSTATE_AUTH_TOKEN``);
     * with a ``local`` master, ``PYSPARK_PYTHON`` defaults to the worker's own Python (where this
       provider is installed), and ``spark-submit`` is looked up next to it when it is not on
       ``PATH`` (a virtualenv that was not activated).
@@ -33,11 +41,17 @@ class ViewSparkSubmitOperator(SparkSubmitOperator):
     Everything else is SparkSubmitOperator's; ``env_vars`` you pass take precedence.
 
     :param pulsarstate_conn_id: the ``pulsarstate`` connection whose token to pass.
+    :param pass_token: put the token into the job's environment (see above); ``False`` when the
+        job gets it from a token file or the cluster.
+    :raises ConfigurationError: (at run time) the token would appear on the spark-submit command line.
     """
 
-    def __init__(self, *, pulsarstate_conn_id: str = PulsarStateHook.default_conn_name, **kwargs: Any) -> None:
+    def __init__(
+        self, *, pulsarstate_conn_id: str = PulsarStateHook.default_conn_name, pass_token: bool = True, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.pulsarstate_conn_id = pulsarstate_conn_id
+        self.pass_token = pass_token
 
     def execute(self, context: "Context") -> None:
         from airflow.sdk.log import mask_secret
@@ -46,7 +60,8 @@ class ViewSparkSubmitOperator(SparkSubmitOperator):
         token = PulsarStateHook(self.pulsarstate_conn_id).get_config().auth_token
         if token:
             mask_secret(token)
-            env.setdefault(AUTH_TOKEN_ENV, token)
+            if self.pass_token:
+                env.setdefault(AUTH_TOKEN_ENV, token)
         if _is_local_master(self._conn_id):
             env.setdefault("PYSPARK_PYTHON", sys.executable)
             bin_dir = os.path.dirname(sys.executable)
@@ -55,7 +70,23 @@ class ViewSparkSubmitOperator(SparkSubmitOperator):
                 env["PATH"] = os.pathsep.join([bin_dir, path]) if path else bin_dir
         self.env_vars = env or None
         self._hook = None  # rebuilt with the environment above
+        if token:
+            self._refuse_token_in_argv(token)
         return super().execute(context)
+
+    def _refuse_token_in_argv(self, token: str) -> None:
+        hook = self._get_hook()
+        command = hook._build_spark_submit_command(self.application)
+        if any(token in arg for arg in command):
+            raise ConfigurationError(
+                f"spark master {hook._connection.get('master')!r} puts env_vars on the spark-submit command line "
+                f"(--conf spark.yarn.appMasterEnv.* / spark.kubernetes.driverEnv.*), where the pulsarstate token of "
+                f"connection {self.pulsarstate_conn_id!r} would be visible to every local user. Give the job the "
+                f"token another way: a file readable by the job, named by 'token_file' in its config JSON, or "
+                f"${AUTH_TOKEN_ENV} set by the cluster (e.g. spark.kubernetes.driver.secretKeyRef.{AUTH_TOKEN_ENV}); "
+                f"then pass pass_token=False and keep the token out of env_vars and application_args"
+            )
+        self._hook = hook
 
 
 def _is_local_master(spark_conn_id: str) -> bool:

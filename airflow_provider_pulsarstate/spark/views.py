@@ -22,6 +22,7 @@ import decimal
 import json
 import math
 import os
+from pathlib import Path
 from dataclasses import asdict, fields
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
@@ -33,7 +34,8 @@ if TYPE_CHECKING:
     from pyspark.sql.types import DataType, StructType
 
 AUTH_TOKEN_ENV = "PULSARSTATE_AUTH_TOKEN"
-"""Environment variable a Spark job reads the broker token from (it never travels in argv or JSON)."""
+"""Environment variable a Spark job reads the broker token from (not in JSON; on YARN and Kubernetes
+masters the Spark provider would put env_vars in argv, so there use ``token_file`` or a cluster secret)."""
 
 _CONFIG_FIELDS = frozenset(f.name for f in fields(ConnectionConfig))
 _INT64 = (-(2**63), 2**63 - 1)
@@ -71,6 +73,9 @@ def dump_config(config: ConnectionConfig | Mapping[str, Any], *, include_token: 
 def load_config(text: str, *, environ: Mapping[str, str] | None = None) -> ConnectionConfig:
     """Parse :func:`dump_config` output; the token comes from ``$PULSARSTATE_AUTH_TOKEN`` when absent.
 
+    The JSON may also carry ``token_file``: the path of a file holding the token (for clusters
+    where environment variables travel on the command line); it wins over the variable.
+
     :raises ConfigurationError: not a JSON object, an unknown field, or an embedded path that is
         not absolute (executors would not find the same file).
     """
@@ -81,6 +86,14 @@ def load_config(text: str, *, environ: Mapping[str, str] | None = None) -> Conne
     if not isinstance(data, dict):
         raise ConfigurationError(f"config JSON must be an object, got {type(data).__name__}")
     env = os.environ if environ is None else environ
+    token_file = data.pop("token_file", None)
+    if token_file is not None and not data.get("auth_token"):
+        if not isinstance(token_file, str) or not token_file:
+            raise ConfigurationError(f"config JSON: token_file must be a file path, got {token_file!r}")
+        try:
+            data["auth_token"] = Path(token_file).read_text().strip() or None
+        except OSError as exc:
+            raise ConfigurationError(f"config JSON: cannot read token_file {token_file!r}: {exc}") from None
     if not data.get("auth_token") and env.get(AUTH_TOKEN_ENV):
         data["auth_token"] = env[AUTH_TOKEN_ENV]
     cfg = _as_config(data)

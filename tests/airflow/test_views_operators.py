@@ -505,9 +505,11 @@ def test_spark_operator_passes_the_token_by_environment_and_finds_local_spark(
     assert env["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
 
     env_connection("spark_yarn", conn_type="spark", host="yarn")
-    op = ViewSparkSubmitOperator(task_id="s2", application="/j.py", conn_id="spark_yarn", pulsarstate_conn_id=conn_id)
+    op = ViewSparkSubmitOperator(
+        task_id="s2", application="/j.py", conn_id="spark_yarn", pulsarstate_conn_id=conn_id, env_vars={"A": "1"}, pass_token=False
+    )
     op.execute({})
-    assert seen["env"] == {AUTH_TOKEN_ENV: "tok-123"}  # nothing local-only on a cluster
+    assert seen["env"] == {"A": "1"}  # nothing local-only on a cluster, no token (it would be in argv there)
 
 
 def test_provider_info_lists_the_operators() -> None:
@@ -522,7 +524,9 @@ def test_provider_info_lists_the_operators() -> None:
 def test_pulsar_config_round_trips_through_the_job_arguments() -> None:
     from airflow_provider_pulsarstate.spark import dump_config
 
-    config = ConnectionConfig(url="pulsar://h:6650", admin_url="http://h:8080", tenant="t", namespace="n", auth_token="x")
+    config = ConnectionConfig(
+        url="pulsar://h:6650", admin_url="http://h:8080", tenant="t", namespace="n", auth_token="x", allow_insecure_token=True
+    )
     text = dump_config(config)
     assert "auth_token" not in text
     assert load_config(text, environ={AUTH_TOKEN_ENV: "x"}) == config

@@ -11,6 +11,7 @@ from urllib.parse import quote
 
 import requests
 
+from airflow_provider_pulsarstate.engine.config import redact_url
 from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, ConfigurationError
 
 
@@ -19,8 +20,12 @@ class PulsarAdmin:
 
     :param url: the admin base URL, e.g. ``http://127.0.0.1:8080``.
     :param auth_token: sent as a Bearer token when given.
-    :param tls_trust_certs_file_path: CA bundle for https.
+    :param tls_trust_certs_file_path: CA bundle for https, passed with every request (so
+        ``$REQUESTS_CA_BUNDLE`` / ``$CURL_CA_BUNDLE`` cannot replace it); without it the system
+        CAs (or those variables) apply.
     :param timeout: seconds per request.
+
+    Error messages and ``repr`` never show credentials inside ``url``.
     """
 
     def __init__(
@@ -28,11 +33,15 @@ class PulsarAdmin:
     ) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self._shown_url = redact_url(self.url)
         self._session = requests.Session()
         if auth_token:
             self._session.headers["Authorization"] = f"Bearer {auth_token}"
-        if tls_trust_certs_file_path:
-            self._session.verify = tls_trust_certs_file_path
+        # Per request, not session.verify: requests lets $REQUESTS_CA_BUNDLE override the session's.
+        self._verify: str | bool = tls_trust_certs_file_path or True
+
+    def __repr__(self) -> str:
+        return f"PulsarAdmin({self._shown_url!r})"
 
     @staticmethod
     def topic_path(topic: str) -> str:
@@ -45,13 +54,18 @@ class PulsarAdmin:
     def request(self, method: str, path: str, *, ok: tuple[int, ...] = (200, 204), **kwargs: Any) -> requests.Response:
         """One request; raises BackendUnavailableError naming the URL and status on failure."""
         url = f"{self.url}/admin/v2/{path}"
+        shown = f"{self._shown_url}/admin/v2/{path}"
+        kwargs.setdefault("verify", self._verify)
         try:
             resp = self._session.request(method, url, timeout=self.timeout, **kwargs)
         except requests.RequestException as exc:
-            raise BackendUnavailableError(f"Pulsar admin API {self.url} unreachable ({method} {url}): {exc}") from exc
+            detail = str(exc).replace(self.url, self._shown_url)
+            raise BackendUnavailableError(
+                f"Pulsar admin API {self._shown_url} unreachable ({method} {shown}): {type(exc).__name__}: {detail}"
+            ) from None
         if resp.status_code not in ok:
             raise BackendUnavailableError(
-                f"Pulsar admin API {method} {url} answered {resp.status_code}: {resp.text[:300]}"
+                f"Pulsar admin API {method} {shown} answered {resp.status_code}: {resp.text[:300]}"
             )
         return resp
 
@@ -66,6 +80,10 @@ class PulsarAdmin:
     def internal_stats(self, topic: str) -> dict[str, Any]:
         """``GET .../internalStats``: ledgers, lastConfirmedEntry, cursors."""
         return self.request("GET", f"{self.topic_path(topic)}/internalStats").json()
+
+    def namespace_topics(self, tenant: str, namespace: str) -> list[str]:
+        """``GET namespaces/{tenant}/{ns}/topics``: allowed to any role that may produce or consume there."""
+        return list(self.request("GET", f"namespaces/{quote(tenant, safe='')}/{quote(namespace, safe='')}/topics").json())
 
     def health(self) -> bool:
         """Whether ``/admin/v2/brokers/health`` answers ok."""

@@ -103,7 +103,7 @@ class EmbeddedBackend(Backend):
         if self._closed:
             raise ClosedError(f"embedded back end {self.path} is closed")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            _create_private(self.path)
             conn = sqlite3.connect(
                 self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
             )
@@ -175,7 +175,7 @@ class EmbeddedBackend(Backend):
         # an epoch whose lock is free while its holder is alive.
         new_epoch = current + 1
         try:
-            self._lock_dir.mkdir(parents=True, exist_ok=True)
+            self._lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             if not fence and current > 0 and _lock_is_held(self.lock_path(topic, current)):
                 return None
             fd = _try_flock(self.lock_path(topic, new_epoch))
@@ -413,8 +413,20 @@ def _close_quietly(conn: sqlite3.Connection) -> None:
         log.warning("closing an embedded state connection failed: %s", exc)
 
 
+def _create_private(path: Path) -> None:
+    """Create the state file 0600 (its folder 0700) before SQLite opens it.
+
+    SQLite gives the ``-wal`` and ``-shm`` files the mode of the database file, so they are
+    private too. An existing file or folder keeps its mode.
+    """
+    if not path.parent.exists():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+
+
 def _try_flock(path: Path) -> int | None:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    # 0600: another local user who could open the lock file could also flock it and block writers.
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

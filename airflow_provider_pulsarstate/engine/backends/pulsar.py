@@ -33,7 +33,7 @@ from airflow_provider_pulsarstate.engine.backends.base import (
     RawReader,
     RawWriter,
 )
-from airflow_provider_pulsarstate.engine.config import ConnectionConfig
+from airflow_provider_pulsarstate.engine.config import ConnectionConfig, redact_url
 from airflow_provider_pulsarstate.engine.errors import (
     BackendUnavailableError,
     ClosedError,
@@ -60,7 +60,7 @@ class PulsarBackend(Backend):
 
     def __init__(self, config: ConnectionConfig) -> None:
         if config.kind != "pulsar":
-            raise ValueError(f"{config.url!r} is not a pulsar:// URL")
+            raise ValueError(f"{redact_url(config.url)!r} is not a pulsar:// URL")
         self.config = config
         self.admin = PulsarAdmin(
             config.resolved_admin_url,
@@ -79,7 +79,7 @@ class PulsarBackend(Backend):
         """The pulsar-client Client (created on first use)."""
         with self._lock:
             if self._closed:
-                raise ClosedError(f"Pulsar back end {self.config.url} is closed")
+                raise ClosedError(f"Pulsar back end {redact_url(self.config.url)} is closed")
             if self._client is None:
                 cfg = self.config
                 kwargs: dict[str, Any] = dict(
@@ -89,6 +89,7 @@ class PulsarBackend(Backend):
                     # logger can abort the process at exit (apache/pulsar-client-python#256),
                     # which would fail an Airflow task that succeeded.
                     logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn),
+                    tls_validate_hostname=cfg.tls_hostname_verification,
                 )
                 if cfg.auth_token:
                     kwargs["authentication"] = pulsar.AuthenticationToken(cfg.auth_token)
@@ -97,11 +98,13 @@ class PulsarBackend(Backend):
                 try:
                     self._client = pulsar.Client(cfg.url, **kwargs)
                 except pulsar.PulsarException as exc:
-                    raise BackendUnavailableError(f"cannot create a Pulsar client for {cfg.url}: {exc}") from exc
+                    raise BackendUnavailableError(
+                        f"cannot create a Pulsar client for {redact_url(cfg.url)}: {exc}"
+                    ) from exc
             return self._client
 
     def topic_url(self, topic: str) -> str:
-        return f"{topic} (broker {self.config.url})"
+        return f"{topic} (broker {redact_url(self.config.url)})"
 
     def _unreachable(self, what: str, topic: str, exc: Exception) -> BackendUnavailableError:
         return BackendUnavailableError(
