@@ -417,11 +417,19 @@ def _create_private(path: Path) -> None:
     """Create the state file 0600 (its folder 0700) before SQLite opens it.
 
     SQLite gives the ``-wal`` and ``-shm`` files the mode of the database file, so they are
-    private too. An existing file or folder keeps its mode.
+    private too. An existing file or folder keeps its mode, and is never opened here: closing any
+    descriptor of a database file drops every POSIX lock this process holds on it, including
+    those of open SQLite connections (which corrupts the database under concurrent writers).
     """
+    if path.exists():
+        return
     if not path.parent.exists():
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return  # created by another process or thread just now
+    os.close(fd)
 
 
 def _try_flock(path: Path) -> int | None:
