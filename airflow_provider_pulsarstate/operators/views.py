@@ -74,8 +74,10 @@ class CreateTempViewOperator(BaseOperator):
     :param table_topic: the table (short name or full ``persistent://...``). Templated.
     :param scope_prefix: the view owns only keys with this prefix (others are never deleted,
         staging one is an error). Templated.
-    :param scope_predicate: ``"package.module:function"`` of a ``(key) -> bool`` bounding the view
-        further; a path, so the apply task and the Spark job resolve the same scope. Templated.
+    :param scope_predicate: the name of a ``(key) -> bool`` bounding the view further, registered
+        in code with :func:`~airflow_provider_pulsarstate.engine.recipes.table.register_scope_predicate`
+        by a module the DAG file imports (only the name is logged; nothing is ever imported from it).
+        Not templated: the scope is the DAG author's choice, never ``dag_run.conf``'s.
     :param ttl: seconds after which an unapplied view may be dropped by the next create_view.
     :param view_id: the id to use ([A-Za-z0-9_-]{1,64}); default: :func:`default_view_id` of
         this task instance. Templated.
@@ -83,7 +85,7 @@ class CreateTempViewOperator(BaseOperator):
     :raises AirflowFailException: ``view_id`` names a view that was already applied or dropped.
     """
 
-    template_fields: Sequence[str] = ("table_topic", "scope_prefix", "scope_predicate", "view_id")
+    template_fields: Sequence[str] = ("table_topic", "scope_prefix", "view_id")
     ui_color = "#d9e7f5"
 
     def __init__(

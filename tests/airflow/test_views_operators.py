@@ -273,7 +273,9 @@ def test_create_operator_returns_the_view_and_pushes_a_portable_config(embedded_
 def test_create_operator_records_a_scope_predicate(embedded_conn: str) -> None:
     from airflow_provider_pulsarstate.operators.views import CreateTempViewOperator
 
-    path = "tests.engine.test_views:even_keys"
+    import tests.engine.test_views  # noqa: F401  (registers the "even-keys" scope predicate)
+
+    path = "even-keys"
     op = CreateTempViewOperator(task_id="c", table_topic="t6", scope_predicate=path, pulsarstate_conn_id=embedded_conn)
     out = op.execute(_context())
     with PulsarStateHook(embedded_conn) as hook:

@@ -12,9 +12,13 @@ is sonic-swss-common's create_temp_view / apply_temp_view, minus its weaknesses:
 * **No lost writes from other producers.** The view pins a baseline (the offset of its create
   record). If a key the diff touches was changed after the baseline, apply fails with
   :class:`ViewConflictError` naming the keys, unless ``overwrite=True``.
-* **Scoped deletes.** With ``scope_prefix`` and/or ``scope_predicate`` (a ``"module:function"``
-  path, so that every process resolves the same scope) the view owns only the keys in scope: keys
-  outside it are never deleted, and staging one is an error.
+* **Scoped deletes.** With ``scope_prefix`` and/or ``scope_predicate`` (the *name* of a predicate
+  registered in code with :func:`register_scope_predicate`; nothing named in the log is ever
+  imported or executed) the view owns only the keys in scope: keys outside it are never deleted,
+  and staging one is an error.
+* **Validated staging.** Every staged row is checked at plan and apply (frame, UTF-8 key, row
+  kind, value the canonical JSON of a dict of JSON scalars): a foreign or corrupt row fails the
+  apply naming the key, the stager and the view, and nothing is published.
 * **Durable staging.** Rows are staged into a topic of the view's own, from any number of
   processes at once; the live table and its readers see nothing until apply.
 * **Canonical comparison.** Records are compared as canonical JSON (sorted fields, integral floats
@@ -29,26 +33,36 @@ is sonic-swss-common's create_temp_view / apply_temp_view, minus its weaknesses:
 from __future__ import annotations
 
 import heapq
-import importlib
 import json
 import logging
 import re
+import secrets
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
 from airflow_provider_pulsarstate.engine.backends.base import Backend, RawWriter
-from airflow_provider_pulsarstate.engine.envelope import KEY_DELETE, KEY_SET, decode_key_op, decode_writes, encode_key_op, encode_writes
+from airflow_provider_pulsarstate.engine.envelope import (
+    KEY_DELETE,
+    KEY_SET,
+    FrameError,
+    decode_key_op,
+    decode_writes,
+    encode_key_op,
+    encode_writes,
+)
 from airflow_provider_pulsarstate.engine.errors import (
     BackendUnavailableError,
     ConfigurationError,
     SerializationError,
     ViewClosedError,
     ViewConflictError,
+    UnknownScopePredicateError,
     ViewGuardError,
     ViewNotFoundError,
     ViewScopeError,
+    ViewStagedRowError,
 )
 from airflow_provider_pulsarstate.engine.manager import Change, SharedStateManager
 from airflow_provider_pulsarstate.engine.recipes.base import Recipe
@@ -57,6 +71,8 @@ from airflow_provider_pulsarstate.engine.progress import Progress
 log = logging.getLogger(__name__)
 
 _VIEW_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_PREDICATE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+_SCOPE_PREDICATES: dict[str, Callable[[str], Any]] = {}
 _OPS = ("set", "del", "view", "view_end")
 Record = dict[str, Any]
 
@@ -110,12 +126,12 @@ class ViewInfo:
     commit_offset: int = -1
     """Offset of the record that applied (or dropped) the view; -1 while open."""
     scope_predicate: str | None = None
-    """``"module:function"`` of a ``(key) -> bool`` that, with ``scope_prefix``, bounds the view."""
+    """Name of a registered ``(key) -> bool`` (:func:`register_scope_predicate`) that, with ``scope_prefix``, bounds the view."""
 
     def in_scope(self) -> Callable[[str], bool]:
         """The view's scope as a predicate on keys (everything when unscoped)."""
         prefix = self.scope_prefix
-        predicate = resolve_predicate(self.scope_predicate) if self.scope_predicate else None
+        predicate = resolve_predicate(self.scope_predicate, view_id=self.view_id) if self.scope_predicate else None
         if prefix and predicate:
             return lambda key: key.startswith(prefix) and bool(predicate(key))
         if prefix:
@@ -126,7 +142,7 @@ class ViewInfo:
 
     def describe_scope(self) -> str:
         parts = [f"prefix {self.scope_prefix!r}"] if self.scope_prefix else []
-        parts += [f"predicate {self.scope_predicate}"] if self.scope_predicate else []
+        parts += [f"predicate {self.scope_predicate!r}"] if self.scope_predicate else []
         return " and ".join(parts) or "the whole table"
 
     def as_dict(self) -> dict[str, Any]:
@@ -269,9 +285,11 @@ class StateTable(Recipe):
         """Open a view; its baseline is the table's commit offset at creation.
 
         :param scope_prefix: the view owns only keys starting with this.
-        :param scope_predicate: ``"package.module:function"``, a ``(key) -> bool`` importable
-            wherever the view is planned or applied; the view owns only keys it accepts.
-        :raises ConfigurationError: a bad view id or ttl, or a predicate that does not import.
+        :param scope_predicate: the name of a ``(key) -> bool`` registered with
+            :func:`register_scope_predicate` in every process that plans or applies the view
+            (only the name is logged); the view owns only keys it accepts.
+        :raises ConfigurationError: a bad view id or ttl.
+        :raises UnknownScopePredicateError: the predicate name is not registered here.
 
         Creating a view id that exists already returns it unchanged (a retried task is safe).
         Expired views are dropped in the same write.
@@ -280,7 +298,7 @@ class StateTable(Recipe):
         if ttl <= 0:
             raise ConfigurationError(f"ttl must be positive, got {ttl!r}")
         if scope_predicate is not None:
-            resolve_predicate(scope_predicate)  # fail now, not at apply time
+            resolve_predicate(scope_predicate, view_id=vid)  # fail now, not at apply time
         expired: list[str] = []
 
         def ops(s: _TableState) -> list[dict[str, Any]]:
@@ -455,9 +473,16 @@ class StateTable(Recipe):
                 entry = reader.read_next(timeout=self.manager.operation_timeout)
                 if entry is None:
                     break
-                for _, ops in decode_writes(entry.payload):
+                try:
+                    writes = decode_writes(entry.payload)
+                except FrameError as exc:
+                    raise ViewStagedRowError(
+                        f"view {info.view_id!r}: staging topic {info.staging_topic} holds a malformed batch at "
+                        f"{entry.position!r}: {exc}; nothing was published"
+                    ) from None
+                for seq, ops in writes:
                     for op in ops:
-                        key, value = _decode_staged(op)
+                        key, value = _decode_staged(op, view_id=info.view_id, stager=stager_name(seq))
                         if not in_scope(key):
                             outside.append(key)
                         target[key] = value
@@ -540,6 +565,9 @@ class ViewStager:
         self.batch_rows = batch_rows
         self.batch_bytes = batch_bytes
         self.rows_staged = 0
+        self._seq = secrets.randbits(63) or 1
+        self.stager_id = stager_name(self._seq)
+        """This stager's id: every batch it appends carries it (errors and seals name it)."""
         self._buffer: list[bytes] = []
         self._size = 0
         self._writer: RawWriter | None = None
@@ -577,7 +605,7 @@ class ViewStager:
             return
         if self._writer is None:
             self._writer = self.backend.open_shared_writer(self.topic)
-        self._writer.append([encode_writes([(0, self._buffer)])], timeout=120.0)
+        self._writer.append([encode_writes([(self._seq, self._buffer)])], timeout=120.0)
         self._buffer, self._size = [], 0
 
     def close(self) -> None:
@@ -599,18 +627,47 @@ class ViewStager:
             self._writer.close()
 
 
-def resolve_predicate(path: str) -> Callable[[str], Any]:
-    """Import ``"package.module:function"`` (or ``package.module.function``); ConfigurationError if it fails."""
-    module_name, sep, attr = path.partition(":")
-    if not sep:
-        module_name, _, attr = path.rpartition(".")
-    try:
-        target = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigurationError(f"scope predicate {path!r} cannot be imported: {exc}") from exc
-    if not callable(target):
-        raise ConfigurationError(f"scope predicate {path!r} is not callable")
+def register_scope_predicate(name: str, fn: Callable[[str], Any] | None = None) -> Any:
+    """Register ``fn`` (a ``(key) -> bool``) as the scope predicate ``name`` in this process.
+
+    Use it directly (``register_scope_predicate("even", is_even)``) or as a decorator
+    (``@register_scope_predicate("even")``). Views record only the name; every process that
+    creates, plans or applies such a view must run the registration (put it in a module that
+    the DAG file and the Spark job both import). Registering the same name again replaces it.
+
+    :raises ConfigurationError: a bad name (1-128 characters of ``[A-Za-z0-9_.-]``) or a non-callable.
+    """
+    if not isinstance(name, str) or not _PREDICATE_NAME.match(name):
+        raise ConfigurationError(f"scope predicate name {name!r} must be 1-128 characters of [A-Za-z0-9_.-]")
+
+    def register(target: Callable[[str], Any]) -> Callable[[str], Any]:
+        if not callable(target):
+            raise ConfigurationError(f"scope predicate {name!r} must be callable, got {type(target).__name__}")
+        _SCOPE_PREDICATES[name] = target
+        return target
+
+    return register if fn is None else register(fn)
+
+
+def resolve_predicate(name: str, *, view_id: str | None = None) -> Callable[[str], Any]:
+    """The scope predicate registered as ``name`` in this process (never imported from anywhere).
+
+    :raises UnknownScopePredicateError: nothing is registered under that name.
+    """
+    target = _SCOPE_PREDICATES.get(name) if isinstance(name, str) else None
+    if target is None:
+        where = f"view {view_id!r}: " if view_id else ""
+        raise UnknownScopePredicateError(
+            f"{where}scope predicate {name!r} is not registered in this process; register it in code that "
+            f"every process using the view imports: register_scope_predicate({name!r}, fn) "
+            "(from airflow_provider_pulsarstate.engine.recipes.table); names are never imported from the log"
+        )
     return target
+
+
+def stager_name(seq: int) -> str:
+    """The printable id of the stager that wrote a staged batch (its batch sequence field)."""
+    return f"{seq:016x}"
 
 
 def _check_record(key: str, record: Record) -> None:
@@ -627,11 +684,36 @@ def _check_record(key: str, record: Record) -> None:
             )
 
 
-def _decode_staged(op: bytes) -> tuple[str, bytes | None]:
-    kind, key, value = decode_key_op(op)
+def _decode_staged(op: bytes, *, view_id: str, stager: str) -> tuple[str, bytes | None]:
+    """Decode and validate one staged row (same rules as :meth:`ViewStager.set`)."""
+
+    def bad(key: object, problem: str) -> ViewStagedRowError:
+        return ViewStagedRowError(
+            f"view {view_id!r}: staged row of key {key!r} from stager {stager}: {problem}; nothing was published"
+        )
+
+    try:
+        kind, raw_key, value = decode_key_op(op)
+    except FrameError as exc:
+        raise bad(op[:64], str(exc)) from None
+    try:
+        key = raw_key.decode()
+    except UnicodeDecodeError:
+        raise bad(raw_key[:64], "key is not valid UTF-8") from None
     if kind != KEY_SET and kind != KEY_DELETE:
-        raise ValueError(f"unknown staged row type {kind}")
-    return key.decode(), value
+        raise bad(key, f"unknown row kind {kind}")
+    if not key:
+        raise bad(key, "empty key")
+    if value is None:
+        return key, None
+    try:
+        record = json.loads(value)
+        _check_record(key, record)
+        if canonical(record) != value:
+            raise ValueError("value is not canonical JSON")
+    except (ValueError, SerializationError) as exc:
+        raise bad(key, f"value {value[:64]!r} is not the canonical JSON of a dict of JSON scalars ({exc})") from None
+    return key, value
 
 
 def _serialize_op(op: dict[str, Any]) -> bytes:
