@@ -59,6 +59,7 @@ def switch(table: StateTable, rows: dict[str, dict], **view_options: Any) -> Any
     with table.stager(view.view_id) as stager:
         for key, record in rows.items():
             stager.set(key, record)
+    table.seal(view.view_id, stagers=[stager])
     return view
 
 
@@ -188,6 +189,7 @@ def test_max_deletes_guards_against_an_empty_or_partial_view(tables: Any) -> Non
     table = tables()
     table.apply(switch(table, {f"k{i}": {"v": i} for i in range(10)}).view_id)
     empty = table.create_view()  # the job died before staging anything
+    table.seal(empty.view_id, stagers={})
     with pytest.raises(ViewGuardError, match="would delete 10 key.*max_deletes=3.*staged 0 rows") as info:
         table.apply(empty.view_id, max_deletes=3)
     assert info.value.deletes == 10
@@ -258,6 +260,7 @@ def test_one_million_keys_switch_at_one_commit_point(tables: Any, backend: Backe
     with table.stager(view.view_id, batch_rows=5000) as stager:
         for i in range(1_000_000):
             stager.set(f"sku-{i:07d}", {"price": i % 997, "currency": "EUR"})
+    table.seal(view.view_id, stagers=[stager])
     result = table.apply(view.view_id)
     assert result.set == 1_000_000
     data = [r for r in records(backend, topic) if r.offset == result.commit_offset]
