@@ -12,6 +12,16 @@ Trigger it with ``{"version": 2}`` after ``{"version": 1}`` to see a second run 
 the changed rows. State lives in the embedded log under AIRFLOW_HOME when there is no
 ``pulsarstate_default`` connection, in a Pulsar broker when there is one; Spark needs
 ``AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[*]"}'`` (or a real cluster).
+With a Spark cluster (or an executor other than LocalExecutor), define ``pulsarstate_default``:
+the embedded log is a file on one host and the tasks refuse to use it there.
+
+The view is bounded by ``scope_prefix``. To bound it by code instead, register a predicate by
+name in a module this file imports (the apply task resolves it from the same import), e.g.
+``register_scope_predicate("eur-skus", lambda key: key.startswith("sku-eur-"))`` from
+``airflow_provider_pulsarstate.engine.recipes``, and pass ``scope_predicate="eur-skus"``: the log
+records only the name, and an unregistered name fails the task. The job's ``write_view`` seals
+the view with per-partition row counts; the apply refuses to delete more than half the table
+unless ``max_deletes``/``max_delete_fraction`` says so.
 """
 
 from __future__ import annotations

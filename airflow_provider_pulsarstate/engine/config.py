@@ -200,3 +200,7 @@ class ConnectionConfig:
     def with_options(self, **changes: object) -> "ConnectionConfig":
         """A copy with some fields changed."""
         return replace(self, **changes)  # type: ignore[arg-type]
+
+
+DEFAULT_MAX_DELETE_FRACTION = 0.5
+"""Temp views: by default apply refuses a diff that deletes more than half of the rows in the view's scope."""

@@ -144,11 +144,18 @@ def encode_key_op(kind: int, key: bytes, value: bytes = b"") -> bytes:
 
 
 def decode_key_op(data: bytes) -> tuple[int, bytes, bytes | None]:
-    """``(kind, key, value)``; value is None for anything but KEY_SET, key empty past a bare kind byte."""
+    """``(kind, key, value)``; value is None for anything but KEY_SET, key empty past a bare kind byte.
+
+    :raises FrameError: a set op whose key length field is missing or larger than the op.
+    """
     if not data:
         raise FrameError("empty keyed op")
     kind = data[0]
     if kind == KEY_SET:
+        if len(data) < 1 + _OP_LEN.size:
+            raise FrameError(f"keyed set op of {len(data)} bytes is shorter than its key length field")
         (n,) = _OP_LEN.unpack_from(data, 1)
+        if 5 + n > len(data):
+            raise FrameError(f"keyed set op declares a key length of {n} bytes but holds only {len(data) - 5}")
         return kind, data[5 : 5 + n], data[5 + n :]
     return kind, data[1:], None

@@ -196,3 +196,24 @@ class ViewGuardError(ViewError):
     def __init__(self, message: str, *, deletes: int) -> None:
         super().__init__(message)
         self.deletes = deletes
+
+
+class UnknownScopePredicateError(ConfigurationError):
+    """A view names a scope predicate that is not registered in this process.
+
+    Predicates are code: they are registered by name with
+    :func:`~airflow_provider_pulsarstate.engine.recipes.table.register_scope_predicate`; the log only
+    records the name, and nothing named in a log is ever imported.
+    """
+
+
+class ViewStagedRowError(ViewError, ValueError):
+    """A row in a view's staging topic is malformed (bad frame, key, kind or value); nothing was published."""
+
+
+class ViewNotSealedError(ViewError):
+    """Apply refused a view that was not sealed (its producer never recorded what it staged)."""
+
+
+class ViewSealMismatchError(ViewError):
+    """The rows in the staging topic do not match the counts the seal recorded; nothing was published."""

@@ -52,7 +52,9 @@ class PulsarStateHook(BaseHook):
         AIRFLOW_CONN_PULSARSTATE_DEFAULT='{"conn_type": "pulsarstate", "extra": {"service_url": "pulsar://localhost:6650"}}'
 
     When ``pulsarstate_default`` is not defined at all, the hook uses the embedded single-host log
-    under ``$AIRFLOW_HOME/pulsarstate/state.db``; any other missing connection is an error.
+    under ``$AIRFLOW_HOME/pulsarstate/state.db``, but only under an executor that runs every task
+    on this host (``LocalExecutor``): elsewhere each host would get a private "shared" file, so it
+    raises :class:`ConfigurationError` instead. Any other missing connection is an error.
 
     Usage::
 
@@ -96,6 +98,7 @@ class PulsarStateHook(BaseHook):
                     f"AIRFLOW_CONN_{conn_id.upper()}"
                 ) from None
             config = ConnectionConfig()
+            refuse_multi_host_executor(conn_id)
             if not _default_logged.is_set():
                 _default_logged.set()
                 self.log.info(
@@ -289,6 +292,31 @@ def _mask_secrets(token: str | None, url: str | None, extra: dict[str, Any]) -> 
     for secret in secrets:
         if secret and secret.strip():
             mask_secret(secret.strip())
+
+
+LOCAL_EXECUTORS = frozenset({"LocalExecutor", "SequentialExecutor", "DebugExecutor"})
+"""Executors that run every task on the scheduler's host (where the embedded default is shared)."""
+
+
+def refuse_multi_host_executor(conn_id: str) -> None:
+    """Raise ConfigurationError when ``[core] executor`` may run tasks on other hosts.
+
+    ``[core] executor`` may list several executors (Airflow 3), each ``alias:module.Class`` or a name.
+    """
+    from airflow.configuration import conf
+
+    configured = conf.get("core", "executor", fallback="LocalExecutor") or "LocalExecutor"
+    remote = [
+        name.strip() for name in configured.split(",")
+        if name.strip() and name.strip().rpartition(":")[2].rpartition(".")[2] not in LOCAL_EXECUTORS
+    ]
+    if remote:
+        raise ConfigurationError(
+            f"Airflow connection {conn_id!r} is not defined, and the embedded default state log cannot be shared "
+            f"by executor(s) {', '.join(remote)} that run tasks on several hosts (each host would get its own private "
+            f"file, and a view applied from one would delete what the others staged). Configure a pulsarstate "
+            f"connection: create {conn_id!r} (type {CONN_TYPE!r}) or set AIRFLOW_CONN_{conn_id.upper()}"
+        )
 
 
 def config_from_connection(

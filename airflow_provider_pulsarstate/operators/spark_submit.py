@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseHook
-from airflow.sdk.exceptions import AirflowNotFoundException
+from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
 
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
@@ -38,6 +38,10 @@ class ViewSparkSubmitOperator(SparkSubmitOperator):
       provider is installed), and ``spark-submit`` is looked up next to it when it is not on
       ``PATH`` (a virtualenv that was not activated).
 
+    * an embedded ``pulsarstate`` config (a file on this host) with a non-local Spark master (or
+      a missing Spark connection) fails the task before submitting: the executors could not reach
+      the file and would stage into private ones.
+
     Everything else is SparkSubmitOperator's; ``env_vars`` you pass take precedence.
 
     :param pulsarstate_conn_id: the ``pulsarstate`` connection whose token to pass.
@@ -57,7 +61,16 @@ class ViewSparkSubmitOperator(SparkSubmitOperator):
         from airflow.sdk.log import mask_secret
 
         env = {str(k): str(v) for k, v in (self.env_vars or {}).items()}
-        token = PulsarStateHook(self.pulsarstate_conn_id).get_config().auth_token
+        config = PulsarStateHook(self.pulsarstate_conn_id).get_config()
+        if config.kind == "embedded" and not _is_local_master(self._conn_id):
+            raise AirflowFailException(
+                f"the pulsarstate connection {self.pulsarstate_conn_id!r} uses the embedded state log "
+                f"({config.embedded_path}), a file on this host that executors of the non-local Spark master "
+                f"of connection {self._conn_id!r} cannot reach (their rows would go to private files). Configure a "
+                f"pulsarstate connection to a Pulsar cluster: create {self.pulsarstate_conn_id!r} (type 'pulsarstate') "
+                f"or set AIRFLOW_CONN_{self.pulsarstate_conn_id.upper()}"
+            )
+        token = config.auth_token
         if token:
             mask_secret(token)
             if self.pass_token:

@@ -28,12 +28,13 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 from airflow.sdk import BaseOperator, TaskGroup, TriggerRule
 from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_provider_pulsarstate.engine.config import DEFAULT_MAX_DELETE_FRACTION
 from airflow_provider_pulsarstate.engine.errors import (
+    UnknownScopePredicateError,
     ViewClosedError,
     ViewConflictError,
-    ViewGuardError,
+    ViewError,
     ViewNotFoundError,
-    ViewScopeError,
 )
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.spark.views import dump_config
@@ -74,8 +75,10 @@ class CreateTempViewOperator(BaseOperator):
     :param table_topic: the table (short name or full ``persistent://...``). Templated.
     :param scope_prefix: the view owns only keys with this prefix (others are never deleted,
         staging one is an error). Templated.
-    :param scope_predicate: ``"package.module:function"`` of a ``(key) -> bool`` bounding the view
-        further; a path, so the apply task and the Spark job resolve the same scope. Templated.
+    :param scope_predicate: the name of a ``(key) -> bool`` bounding the view further, registered
+        in code with :func:`~airflow_provider_pulsarstate.engine.recipes.table.register_scope_predicate`
+        by a module the DAG file imports (only the name is logged; nothing is ever imported from it).
+        Not templated: the scope is the DAG author's choice, never ``dag_run.conf``'s.
     :param ttl: seconds after which an unapplied view may be dropped by the next create_view.
     :param view_id: the id to use ([A-Za-z0-9_-]{1,64}); default: :func:`default_view_id` of
         this task instance. Templated.
@@ -83,7 +86,7 @@ class CreateTempViewOperator(BaseOperator):
     :raises AirflowFailException: ``view_id`` names a view that was already applied or dropped.
     """
 
-    template_fields: Sequence[str] = ("table_topic", "scope_prefix", "scope_predicate", "view_id")
+    template_fields: Sequence[str] = ("table_topic", "scope_prefix", "view_id")
     ui_color = "#d9e7f5"
 
     def __init__(
@@ -149,7 +152,10 @@ class ApplyTempViewOperator(BaseOperator):
         will apply it).
     :param overwrite: publish even where the table changed since the view's baseline.
     :param max_deletes: fail (publishing nothing) when the diff would delete more keys than this;
-        guards against a job that staged too little. None: no limit.
+        guards against a job that staged too little. When given, replaces ``max_delete_fraction``.
+    :param max_delete_fraction: without ``max_deletes``, fail when the diff would delete more than
+        this fraction of the rows in the view's scope (default 0.5). None (and no ``max_deletes``):
+        no limit.
     :param sample: sample keys to log and return per kind (from the diff apply computes anyway).
     :param pulsarstate_conn_id: the ``pulsarstate`` connection.
     :raises AirflowFailException: a conflict (the keys are logged and in the message), an unknown,
@@ -168,6 +174,7 @@ class ApplyTempViewOperator(BaseOperator):
         drop_after_plan: bool = False,
         overwrite: bool = False,
         max_deletes: int | None = None,
+        max_delete_fraction: float | None = DEFAULT_MAX_DELETE_FRACTION,
         sample: int = 10,
         pulsarstate_conn_id: str = DEFAULT_CONN_ID,
         **kwargs: Any,
@@ -179,6 +186,7 @@ class ApplyTempViewOperator(BaseOperator):
         self.drop_after_plan = drop_after_plan
         self.overwrite = overwrite
         self.max_deletes = max_deletes
+        self.max_delete_fraction = max_delete_fraction
         self.sample = sample
         self.pulsarstate_conn_id = pulsarstate_conn_id
 
@@ -197,7 +205,8 @@ class ApplyTempViewOperator(BaseOperator):
                     self.log.info("%s", format_counts(plan, title=title))
                     return plan
                 result = table.apply(
-                    self.view_id, overwrite=self.overwrite, max_deletes=self.max_deletes, sample=self.sample
+                    self.view_id, overwrite=self.overwrite, max_deletes=self.max_deletes,
+                    max_delete_fraction=self.max_delete_fraction, sample=self.sample,
                 ).as_dict()
             except ViewConflictError as exc:
                 self.log.error(
@@ -206,7 +215,7 @@ class ApplyTempViewOperator(BaseOperator):
                 raise AirflowFailException(
                     f"{exc} -- re-run with overwrite=True to publish anyway, or recompute the view"
                 ) from exc
-            except (ViewNotFoundError, ViewClosedError, ViewScopeError, ViewGuardError) as exc:
+            except (ViewError, UnknownScopePredicateError) as exc:  # not found, closed, scope, guard, unsealed, bad rows
                 raise AirflowFailException(str(exc)) from exc
         title = f"view {self.view_id} applied to {table.topic} at offset {result['commit_offset']}"
         if result["already_applied"]:
@@ -306,6 +315,7 @@ def temp_view_spark_task_group(
     dry_run: bool = False,
     overwrite: bool = False,
     max_deletes: int | None = None,
+    max_delete_fraction: float | None = DEFAULT_MAX_DELETE_FRACTION,
     sample: int = 10,
     **spark_kwargs: Any,
 ) -> TempViewTaskGroup:
@@ -340,7 +350,7 @@ def temp_view_spark_task_group(
     :param spark_conn_id: the Spark connection (e.g. ``{"conn_type": "spark", "host": "local[*]"}``).
     :param pulsarstate_conn_id: the ``pulsarstate`` connection.
     :param scope_prefix, scope_predicate, ttl, view_id: see :class:`CreateTempViewOperator`.
-    :param dry_run, overwrite, max_deletes, sample: see :class:`ApplyTempViewOperator`.
+    :param dry_run, overwrite, max_deletes, max_delete_fraction, sample: see :class:`ApplyTempViewOperator`.
     :param spark_kwargs: more SparkSubmitOperator arguments (``conf``, ``env_vars``, ``name``, ...).
     :return: the group; ``group.create``, ``.spark``, ``.apply``, ``.drop`` are its tasks.
     """
@@ -388,6 +398,7 @@ def temp_view_spark_task_group(
             drop_after_plan=dry_run,
             overwrite=overwrite,
             max_deletes=max_deletes,
+            max_delete_fraction=max_delete_fraction,
             sample=sample,
             pulsarstate_conn_id=pulsarstate_conn_id,
         )

@@ -128,11 +128,15 @@ def write_view(
     key_column: str,
     batch_rows: int = 1000,
 ) -> int:
-    """Stage every row of ``df`` into the open view ``view_id`` of ``table_topic``; returns the row count.
+    """Stage every row of ``df`` into the open view ``view_id`` of ``table_topic``, then seal it; returns the row count.
 
-    Runs ``df.foreachPartition``: each non-empty partition opens its own back end from ``config``
-    and a :class:`~airflow_provider_pulsarstate.engine.recipes.table.ViewStager`, and stages its rows in
-    batches of ``batch_rows``. Every column except ``key_column`` becomes a field of the row's
+    Each non-empty partition opens its own back end from ``config`` and a
+    :class:`~airflow_provider_pulsarstate.engine.recipes.table.ViewStager`, and stages its rows in
+    batches of ``batch_rows``. When every partition succeeded, the driver seals the view with the
+    row count of each successful partition's stager (:meth:`StateTable.seal`): apply uses only
+    those stagers' rows (a failed or retried task's partial rows are ignored) and refuses if the
+    staging topic does not hold exactly those counts (e.g. executors that staged into a private
+    embedded file on another host). Every column except ``key_column`` becomes a field of the row's
     record, converted to a JSON scalar: booleans, integers, strings and nulls as they are, finite
     floats as numbers, decimals as numbers (integers when integral), dates and timestamps as ISO
     8601 strings, day-time intervals as seconds. Keys must be unique within ``df`` (a key staged
@@ -148,7 +152,7 @@ def write_view(
     :param view_id: the open view to stage into (from ``StateTable.create_view``).
     :param key_column: the column holding the key (strings or integers).
     :param batch_rows: rows per staged batch.
-    :return: the number of rows staged (counted with a Spark accumulator).
+    :return: the number of rows staged (the sum of the sealed counts).
     :raises ConfigurationError: ``key_column`` is missing or not a string/integer column, or the
         config is invalid.
     :raises SerializationError: a field column's type has no JSON-scalar form (array, map, struct,
@@ -162,14 +166,12 @@ def write_view(
     topic = cfg.topic_name(table_topic)
     key_index, field_plan = _plan_columns(df.schema, key_column)
     config_dict = asdict(cfg)
-    staged = df.sparkSession.sparkContext.accumulator(0)
 
-    def stage_partition(rows: Iterator["Row"]) -> None:
+    def stage_partition(rows: Iterator["Row"]) -> Iterator[tuple[str, int]]:
         first = next(rows, None)
         if first is None:
             return  # no back end for an empty partition
-        staged.add(
-            _stage_rows(
+        yield _stage_rows(
                 _chain(first, rows),
                 config_dict=config_dict,
                 topic=topic,
@@ -179,10 +181,26 @@ def write_view(
                 key_index=key_index,
                 field_plan=field_plan,
             )
-        )
 
-    df.foreachPartition(stage_partition)
-    return int(staged.value)
+    counts = dict(df.rdd.mapPartitions(stage_partition).collect())  # only the attempts Spark kept
+    _seal(cfg, topic, view_id, counts)
+    return sum(counts.values())
+
+
+def _seal(cfg: ConnectionConfig, topic: str, view_id: str, counts: dict[str, int]) -> None:
+    """Seal the view from the driver with the per-stager counts the executors returned."""
+    from airflow_provider_pulsarstate.engine.backends import open_backend
+    from airflow_provider_pulsarstate.engine.recipes.table import StateTable
+
+    backend = open_backend(cfg)
+    try:
+        table = StateTable(backend, topic)
+        try:
+            table.seal(view_id, stagers=counts)
+        finally:
+            table.close()
+    finally:
+        backend.close()
 
 
 def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
@@ -200,8 +218,8 @@ def _stage_rows(
     key_column: str,
     key_index: int,
     field_plan: list[tuple[str, int, Callable[[Any], Any] | None]],
-) -> int:
-    """Stage one partition (runs on an executor); returns how many rows it staged."""
+) -> tuple[str, int]:
+    """Stage one partition (runs on an executor); returns its stager's id and how many rows it staged."""
     from airflow_provider_pulsarstate.engine.backends import open_backend
     from airflow_provider_pulsarstate.engine.recipes.table import ViewStager
 
@@ -222,7 +240,7 @@ def _stage_rows(
                             raise SerializationError(f"column {name!r}, key {str(key)!r}: {exc}") from None
                     record[name] = value
                 stager.set(str(key), record)
-        return stager.rows_staged
+        return stager.stager_id, stager.rows_staged
     finally:
         backend.close()
 

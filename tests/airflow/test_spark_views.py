@@ -17,6 +17,7 @@ import pytest
 
 from airflow_provider_pulsarstate import ConfigurationError, ConnectionConfig, SerializationError, open_backend
 from airflow_provider_pulsarstate.engine.recipes.table import StateTable
+from airflow_provider_pulsarstate.engine.errors import ViewGuardError
 from airflow_provider_pulsarstate.spark import AUTH_TOKEN_ENV, dump_config, load_config, portable_config, read_table, write_view
 
 
@@ -61,6 +62,8 @@ def table(config: ConnectionConfig, topic: str) -> Iterator[StateTable]:
 def _stage_and_apply(spark: Any, config: ConnectionConfig, table: StateTable, df: Any, **kwargs: Any) -> tuple[int, Any]:
     view = table.create_view()
     staged = write_view(df, config=config, table_topic=table.topic, view_id=view.view_id, **kwargs)
+    sealed = table.view_info(view.view_id).sealed  # the driver sealed it: one stager per non-empty partition
+    assert sealed is not None and sum(sealed.values()) == staged
     return staged, table.apply(view.view_id)
 
 
@@ -73,6 +76,7 @@ def test_write_view_stages_every_row_from_many_partitions(spark: Any, config: Co
     )
     staged, result = _stage_and_apply(spark, config, table, df, key_column="key", batch_rows=100)
     assert staged == 2500
+    assert len(table.views()[-1].sealed or {}) == 5  # applied views keep their seal
     assert (result.set, result.delete) == (2500, 0)
     rows = table.to_dict(latest=True)
     assert len(rows) == 2500
@@ -151,9 +155,13 @@ def test_write_view_names_the_column_of_bad_input(spark: Any, tmp_path: Path) ->
 def test_write_view_of_an_empty_frame_stages_nothing(spark: Any, config: ConnectionConfig, table: StateTable) -> None:
     table.put("old", {"x": 1})
     df = spark.range(0, 0).selectExpr("cast(id as string) as key", "id as x")
-    staged, result = _stage_and_apply(spark, config, table, df, key_column="key")
-    assert staged == 0
-    assert (result.set, result.delete) == (0, 1)  # an empty view means an empty table
+    view = table.create_view()
+    assert write_view(df, config=config, table_topic=table.topic, view_id=view.view_id, key_column="key") == 0
+    assert table.view_info(view.view_id).sealed == {}  # sealed by the driver: nothing staged
+    with pytest.raises(ViewGuardError, match="would delete 1 key"):  # the safe default refuses
+        table.apply(view.view_id)
+    result = table.apply(view.view_id, max_deletes=1)
+    assert (result.set, result.delete) == (0, 1)  # an empty view, explicitly allowed, means an empty table
     assert table.size(latest=True) == 0
 
 

@@ -124,6 +124,7 @@ def _seed(hook: PulsarStateHook, topic: str, rows: dict[str, dict]) -> None:
     with ViewStager(hook.get_conn(), table.topic, view.view_id) as stager:
         for key, record in rows.items():
             stager.set(key, record)
+    table.seal(view.view_id, stagers=[stager])
     table.apply(view.view_id)
 
 
@@ -273,7 +274,9 @@ def test_create_operator_returns_the_view_and_pushes_a_portable_config(embedded_
 def test_create_operator_records_a_scope_predicate(embedded_conn: str) -> None:
     from airflow_provider_pulsarstate.operators.views import CreateTempViewOperator
 
-    path = "tests.engine.test_views:even_keys"
+    import tests.engine.test_views  # noqa: F401  (registers the "even-keys" scope predicate)
+
+    path = "even-keys"
     op = CreateTempViewOperator(task_id="c", table_topic="t6", scope_predicate=path, pulsarstate_conn_id=embedded_conn)
     out = op.execute(_context())
     with PulsarStateHook(embedded_conn) as hook:
@@ -318,6 +321,7 @@ def test_apply_operator_counts_reapplies_and_fails_on_conflicts(embedded_conn: s
         with table.stager(view.view_id) as stager:
             stager.set("a", {"x": 1})
             stager.set("c", {"x": 3})
+        table.seal(view.view_id, stagers=[stager])
 
         def apply(**kwargs: Any) -> dict:
             return ApplyTempViewOperator(
@@ -338,6 +342,7 @@ def test_apply_operator_counts_reapplies_and_fails_on_conflicts(embedded_conn: s
         conflicted = table.create_view()
         with table.stager(conflicted.view_id) as stager:
             stager.set("a", {"x": 1})
+        table.seal(conflicted.view_id, stagers=[stager])
         table.put("c", {"x": 30})
         op = ApplyTempViewOperator(task_id="a", table_topic="t3", view_id=conflicted.view_id, pulsarstate_conn_id=embedded_conn)
         with pytest.raises(AirflowFailException, match=r"1 key\(s\) changed on .* since baseline offset \d+: c\b") as info:
@@ -359,12 +364,34 @@ def test_apply_operator_max_deletes_fails_without_publishing(embedded_conn: str)
         for i in range(5):
             table.put(f"k{i}", {"x": i})
         empty = table.create_view()  # the job staged nothing
+        table.seal(empty.view_id, stagers={})
         op = ApplyTempViewOperator(
             task_id="a", table_topic="t5", view_id=empty.view_id, max_deletes=2, pulsarstate_conn_id=embedded_conn
         )
         with pytest.raises(AirflowFailException, match="would delete 5 key.*max_deletes=2"):
             op.execute(_context())
         assert table.size(latest=True) == 5
+
+
+def test_apply_operator_refuses_by_default_to_delete_more_than_half(embedded_conn: str) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_provider_pulsarstate.operators.views import ApplyTempViewOperator
+
+    with PulsarStateHook(embedded_conn) as hook:
+        table = _table(hook, "t5b")
+        for i in range(5):
+            table.put(f"k{i}", {"x": i})
+        empty = table.create_view()  # the job staged nothing (e.g. its executors wrote elsewhere)
+        table.seal(empty.view_id, stagers={})
+        op = ApplyTempViewOperator(task_id="a", table_topic="t5b", view_id=empty.view_id, pulsarstate_conn_id=embedded_conn)
+        with pytest.raises(AirflowFailException, match=r"would delete 5 key.*max_delete_fraction=0.5"):
+            op.execute(_context())
+        assert table.size(latest=True) == 5
+        op = ApplyTempViewOperator(
+            task_id="a", table_topic="t5b", view_id=empty.view_id, max_delete_fraction=1.0, pulsarstate_conn_id=embedded_conn
+        )
+        assert op.execute(_context())["delete"] == 5
 
 
 def test_apply_and_drop_operators_on_missing_or_dropped_views(embedded_conn: str) -> None:
@@ -473,6 +500,9 @@ def test_task_group_dry_run_drops_after_planning_and_rejects_reserved_arguments(
 
     _, group, _ = _group_dag(dry_run=True)
     assert group.apply.dry_run is True and group.apply.drop_after_plan is True
+    assert group.apply.max_delete_fraction == 0.5 and group.apply.max_deletes is None  # the safe default
+    _, group, _ = _group_dag(max_deletes=7, max_delete_fraction=0.9)
+    assert (group.apply.max_deletes, group.apply.max_delete_fraction) == (7, 0.9)
     assert group.drop.trigger_rule == TriggerRule.ONE_FAILED
     with pytest.raises(TypeError, match="application_args"):
         _group_dag(application_args=["x"])
@@ -505,8 +535,10 @@ def test_spark_operator_passes_the_token_by_environment_and_finds_local_spark(
     assert env["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
 
     env_connection("spark_yarn", conn_type="spark", host="yarn")
+    remote = env_connection("ps_tok_remote", extra={"service_url": "pulsar://localhost:6650", "auth_token": "tok-123"})
     op = ViewSparkSubmitOperator(
-        task_id="s2", application="/j.py", conn_id="spark_yarn", pulsarstate_conn_id=conn_id, env_vars={"A": "1"}, pass_token=False
+        task_id="s2", application="/j.py", conn_id="spark_yarn", pulsarstate_conn_id=remote, env_vars={"A": "1"},
+        pass_token=False,
     )
     op.execute({})
     assert seen["env"] == {"A": "1"}  # nothing local-only on a cluster, no token (it would be in argv there)

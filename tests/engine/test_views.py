@@ -19,12 +19,20 @@ from airflow_provider_pulsarstate.engine.backends.base import Backend
 from airflow_provider_pulsarstate.engine.errors import (
     ConfigurationError,
     SerializationError,
+    UnknownScopePredicateError,
     ViewClosedError,
     ViewConflictError,
     ViewGuardError,
     ViewScopeError,
 )
-from airflow_provider_pulsarstate.engine.recipes.table import StateTable, TableChange, ViewStager, canonical, staging_topic
+from airflow_provider_pulsarstate.engine.recipes.table import (
+    StateTable,
+    TableChange,
+    ViewStager,
+    canonical,
+    register_scope_predicate,
+    staging_topic,
+)
 from tests.engine.test_conformance import records
 
 APPLY_WORKER = Path(__file__).with_name("view_apply_worker.py")
@@ -51,6 +59,7 @@ def switch(table: StateTable, rows: dict[str, dict], **view_options: Any) -> Any
     with table.stager(view.view_id) as stager:
         for key, record in rows.items():
             stager.set(key, record)
+    table.seal(view.view_id, stagers=[stager])
     return view
 
 
@@ -154,31 +163,33 @@ def test_scope_limits_deletes_and_rejects_foreign_keys(tables: Any) -> None:
     assert tables().get("cfg-y", latest=True) is None
 
 
+@register_scope_predicate("even-keys")
 def even_keys(key: str) -> bool:
-    """A scope predicate for the test below (imported by path)."""
+    """A scope predicate for the test below (registered by name; only the name is logged)."""
     return int(key.rsplit("-", 1)[1]) % 2 == 0
 
 
-def test_scope_predicate_travels_as_a_path(tables: Any) -> None:
+def test_scope_predicate_travels_as_a_name(tables: Any) -> None:
     table = tables()
     for i in range(4):
         table.put(f"row-{i}", {"v": i})
-    view = switch(table, {"row-0": {"v": 0}}, scope_predicate="tests.engine.test_views:even_keys")
-    assert tables().view_info(view.view_id).scope_predicate == "tests.engine.test_views:even_keys"
+    view = switch(table, {"row-0": {"v": 0}}, scope_predicate="even-keys")
+    assert tables().view_info(view.view_id).scope_predicate == "even-keys"
     result = tables().apply(view.view_id)  # another instance resolves the same scope
     assert (result.set, result.delete, result.unchanged) == (0, 1, 1)  # row-2 deleted; odd rows not owned
     assert sorted(tables().to_dict(latest=True)) == ["row-0", "row-1", "row-3"]
-    bad = switch(table, {"row-1": {"v": 1}}, scope_predicate="tests.engine.test_views:even_keys")
-    with pytest.raises(ViewScopeError, match=r"outside its scope \(predicate tests.engine.test_views:even_keys\): row-1"):
+    bad = switch(table, {"row-1": {"v": 1}}, scope_predicate="even-keys")
+    with pytest.raises(ViewScopeError, match=r"outside its scope \(predicate 'even-keys'\): row-1"):
         table.apply(bad.view_id)
-    with pytest.raises(ConfigurationError, match="scope predicate 'no.such:thing' cannot be imported"):
-        table.create_view(scope_predicate="no.such:thing")
+    with pytest.raises(UnknownScopePredicateError, match="scope predicate 'no.such' is not registered"):
+        table.create_view(scope_predicate="no.such")
 
 
 def test_max_deletes_guards_against_an_empty_or_partial_view(tables: Any) -> None:
     table = tables()
     table.apply(switch(table, {f"k{i}": {"v": i} for i in range(10)}).view_id)
     empty = table.create_view()  # the job died before staging anything
+    table.seal(empty.view_id, stagers={})
     with pytest.raises(ViewGuardError, match="would delete 10 key.*max_deletes=3.*staged 0 rows") as info:
         table.apply(empty.view_id, max_deletes=3)
     assert info.value.deletes == 10
@@ -249,6 +260,7 @@ def test_one_million_keys_switch_at_one_commit_point(tables: Any, backend: Backe
     with table.stager(view.view_id, batch_rows=5000) as stager:
         for i in range(1_000_000):
             stager.set(f"sku-{i:07d}", {"price": i % 997, "currency": "EUR"})
+    table.seal(view.view_id, stagers=[stager])
     result = table.apply(view.view_id)
     assert result.set == 1_000_000
     data = [r for r in records(backend, topic) if r.offset == result.commit_offset]

@@ -12,9 +12,20 @@ is sonic-swss-common's create_temp_view / apply_temp_view, minus its weaknesses:
 * **No lost writes from other producers.** The view pins a baseline (the offset of its create
   record). If a key the diff touches was changed after the baseline, apply fails with
   :class:`ViewConflictError` naming the keys, unless ``overwrite=True``.
-* **Scoped deletes.** With ``scope_prefix`` and/or ``scope_predicate`` (a ``"module:function"``
-  path, so that every process resolves the same scope) the view owns only the keys in scope: keys
-  outside it are never deleted, and staging one is an error.
+* **Scoped deletes.** With ``scope_prefix`` and/or ``scope_predicate`` (the *name* of a predicate
+  registered in code with :func:`register_scope_predicate`; nothing named in the log is ever
+  imported or executed) the view owns only the keys in scope: keys outside it are never deleted,
+  and staging one is an error.
+* **Sealed views.** The producer *seals* a view when it has staged everything, recording how many
+  rows each :class:`ViewStager` (by its id) staged: :meth:`StateTable.seal` (``write_view`` does it
+  at the end of a Spark job, with the counts of the tasks that succeeded). Plan and apply refuse an
+  unsealed view (:class:`ViewNotSealedError`) and a staging topic whose rows do not match the seal
+  (:class:`ViewSealMismatchError`: rows staged somewhere else, lost, or a stager missing). Only rows
+  of the stagers named in the seal are applied: a failed or retried Spark task's partial rows are
+  ignored. A view may be sealed again while open; the last seal wins.
+* **Validated staging.** Every staged row is checked at plan and apply (frame, UTF-8 key, row
+  kind, value the canonical JSON of a dict of JSON scalars): a foreign or corrupt row fails the
+  apply naming the key, the stager and the view, and nothing is published.
 * **Durable staging.** Rows are staged into a topic of the view's own, from any number of
   processes at once; the live table and its readers see nothing until apply.
 * **Canonical comparison.** Records are compared as canonical JSON (sorted fields, integral floats
@@ -29,26 +40,39 @@ is sonic-swss-common's create_temp_view / apply_temp_view, minus its weaknesses:
 from __future__ import annotations
 
 import heapq
-import importlib
 import json
 import logging
 import re
+import secrets
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from airflow_provider_pulsarstate.engine.backends.base import Backend, RawWriter
-from airflow_provider_pulsarstate.engine.envelope import KEY_DELETE, KEY_SET, decode_key_op, decode_writes, encode_key_op, encode_writes
+from airflow_provider_pulsarstate.engine.config import DEFAULT_MAX_DELETE_FRACTION
+from airflow_provider_pulsarstate.engine.envelope import (
+    KEY_DELETE,
+    KEY_SET,
+    FrameError,
+    decode_key_op,
+    decode_writes,
+    encode_key_op,
+    encode_writes,
+)
 from airflow_provider_pulsarstate.engine.errors import (
     BackendUnavailableError,
     ConfigurationError,
     SerializationError,
     ViewClosedError,
     ViewConflictError,
+    UnknownScopePredicateError,
     ViewGuardError,
     ViewNotFoundError,
+    ViewNotSealedError,
     ViewScopeError,
+    ViewSealMismatchError,
+    ViewStagedRowError,
 )
 from airflow_provider_pulsarstate.engine.manager import Change, SharedStateManager
 from airflow_provider_pulsarstate.engine.recipes.base import Recipe
@@ -57,7 +81,9 @@ from airflow_provider_pulsarstate.engine.progress import Progress
 log = logging.getLogger(__name__)
 
 _VIEW_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_OPS = ("set", "del", "view", "view_end")
+_PREDICATE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+_SCOPE_PREDICATES: dict[str, Callable[[str], Any]] = {}
+_OPS = ("set", "del", "view", "view_end", "seal")
 Record = dict[str, Any]
 
 
@@ -109,13 +135,15 @@ class ViewInfo:
     result: dict[str, Any] | None = None
     commit_offset: int = -1
     """Offset of the record that applied (or dropped) the view; -1 while open."""
+    sealed: dict[str, int] | None = None
+    """Stager id -> rows it staged, as recorded by :meth:`StateTable.seal`; None while unsealed."""
     scope_predicate: str | None = None
-    """``"module:function"`` of a ``(key) -> bool`` that, with ``scope_prefix``, bounds the view."""
+    """Name of a registered ``(key) -> bool`` (:func:`register_scope_predicate`) that, with ``scope_prefix``, bounds the view."""
 
     def in_scope(self) -> Callable[[str], bool]:
         """The view's scope as a predicate on keys (everything when unscoped)."""
         prefix = self.scope_prefix
-        predicate = resolve_predicate(self.scope_predicate) if self.scope_predicate else None
+        predicate = resolve_predicate(self.scope_predicate, view_id=self.view_id) if self.scope_predicate else None
         if prefix and predicate:
             return lambda key: key.startswith(prefix) and bool(predicate(key))
         if prefix:
@@ -126,7 +154,7 @@ class ViewInfo:
 
     def describe_scope(self) -> str:
         parts = [f"prefix {self.scope_prefix!r}"] if self.scope_prefix else []
-        parts += [f"predicate {self.scope_predicate}"] if self.scope_predicate else []
+        parts += [f"predicate {self.scope_predicate!r}"] if self.scope_predicate else []
         return " and ".join(parts) or "the whole table"
 
     def as_dict(self) -> dict[str, Any]:
@@ -223,6 +251,10 @@ class StateTable(Recipe):
                 state.changed[key] = offset
         elif kind == "view":
             state.views[op["id"]] = {**op["meta"], "baseline": offset, "status": "open", "result": None}
+        elif kind == "seal":
+            meta = state.views.get(op["id"])
+            if meta is not None and meta["status"] == "open":
+                meta["sealed"] = op["stagers"]
         else:  # view_end
             meta = state.views.get(op["id"])
             if meta is not None:
@@ -269,9 +301,11 @@ class StateTable(Recipe):
         """Open a view; its baseline is the table's commit offset at creation.
 
         :param scope_prefix: the view owns only keys starting with this.
-        :param scope_predicate: ``"package.module:function"``, a ``(key) -> bool`` importable
-            wherever the view is planned or applied; the view owns only keys it accepts.
-        :raises ConfigurationError: a bad view id or ttl, or a predicate that does not import.
+        :param scope_predicate: the name of a ``(key) -> bool`` registered with
+            :func:`register_scope_predicate` in every process that plans or applies the view
+            (only the name is logged); the view owns only keys it accepts.
+        :raises ConfigurationError: a bad view id or ttl.
+        :raises UnknownScopePredicateError: the predicate name is not registered here.
 
         Creating a view id that exists already returns it unchanged (a retried task is safe).
         Expired views are dropped in the same write.
@@ -280,7 +314,7 @@ class StateTable(Recipe):
         if ttl <= 0:
             raise ConfigurationError(f"ttl must be positive, got {ttl!r}")
         if scope_predicate is not None:
-            resolve_predicate(scope_predicate)  # fail now, not at apply time
+            resolve_predicate(scope_predicate, view_id=vid)  # fail now, not at apply time
         expired: list[str] = []
 
         def ops(s: _TableState) -> list[dict[str, Any]]:
@@ -308,6 +342,43 @@ class StateTable(Recipe):
         """A :class:`ViewStager` for the view (convenience for single-process producers)."""
         return ViewStager(self.backend, self.topic, view_id, **options)
 
+    def seal(self, view_id: str, *, stagers: "Iterable[ViewStager] | Mapping[str, int]") -> ViewInfo:
+        """Record that staging is complete: which stagers staged how many rows.
+
+        Call it once every stager is closed, with the stagers themselves or a mapping
+        ``stager_id -> rows_staged`` gathered from other processes (``write_view`` does this for a
+        Spark job). Plan and apply then use exactly the rows of these stagers and refuse if the
+        staging topic holds a different count for any of them.
+
+        :raises ViewNotFoundError, ViewClosedError: the view does not exist or is not open.
+        :raises ConfigurationError: a stager still buffers rows (close it first), or a bad count.
+        """
+        counts: dict[str, int] = {}
+        if isinstance(stagers, Mapping):
+            counts = dict(stagers)
+        else:
+            for stager in stagers:
+                if stager.pending:
+                    raise ConfigurationError(
+                        f"view {view_id!r}: stager {stager.stager_id} still buffers {stager.pending} row(s); close it before sealing"
+                    )
+                counts[stager.stager_id] = stager.rows_staged
+        for sid, n in counts.items():
+            if not isinstance(sid, str) or not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                raise ConfigurationError(f"view {view_id!r}: bad seal entry {sid!r}: {n!r} (stager id -> row count)")
+
+        def ops(s: _TableState) -> list[dict[str, Any]]:
+            meta = s.views.get(view_id)
+            if meta is None:
+                raise ViewNotFoundError(f"no view {view_id!r} on {self.topic}")
+            if meta["status"] != "open":
+                raise ViewClosedError(f"view {view_id!r} on {self.topic} is {meta['status']}; it cannot be sealed")
+            return [{"o": "seal", "id": view_id, "stagers": counts}]
+
+        info = self.manager.write(ops, lambda s: self._info(s, check_view_id(view_id)))
+        log.info("view %s on %s sealed: %d row(s) from %d stager(s)", view_id, self.topic, sum(counts.values()), len(counts))
+        return info
+
     def plan(self, view_id: str, *, sample: int = 10) -> ViewPlan:
         """Count what apply would publish (and which keys would conflict); publish nothing."""
         info = self._open_view(view_id)
@@ -323,7 +394,8 @@ class StateTable(Recipe):
         return self.manager.read(run, latest=True)
 
     def apply(
-        self, view_id: str, *, overwrite: bool = False, max_deletes: int | None = None, sample: int = 10
+        self, view_id: str, *, overwrite: bool = False, max_deletes: int | None = None,
+        max_delete_fraction: float | None = DEFAULT_MAX_DELETE_FRACTION, sample: int = 10,
     ) -> ViewResult:
         """Publish the minimal diff between the committed table and the view, atomically.
 
@@ -332,9 +404,14 @@ class StateTable(Recipe):
 
         :param overwrite: publish even if keys the diff touches changed since the baseline.
         :param max_deletes: refuse to publish a diff with more deletes than this (a job that
-            staged nothing, or half its rows, would otherwise empty the table); None: no limit.
+            staged nothing, or half its rows, would otherwise empty the table). When given, it
+            replaces the fractional limit.
+        :param max_delete_fraction: without ``max_deletes``, refuse a diff that deletes more than
+            this fraction of the table's rows in the view's scope (default one half). Raise it,
+            or pass ``max_deletes``, for a run that really deletes that much; None with
+            ``max_deletes`` None: no limit.
         :raises ViewConflictError: such keys exist and ``overwrite`` is False (nothing published).
-        :raises ViewGuardError: the diff deletes more than ``max_deletes`` keys (nothing published).
+        :raises ViewGuardError: the diff deletes more than the limit (nothing published).
         """
         info = self.view_info(check_view_id(view_id))
         if info is None:
@@ -355,14 +432,10 @@ class StateTable(Recipe):
                 return []
             if meta["status"] != "open":
                 raise ViewClosedError(f"view {view_id!r} on {self.topic} is {meta['status']}")
+            if meta.get("sealed") != info.sealed:
+                raise ViewSealMismatchError(f"view {view_id!r} on {self.topic} was sealed again during apply; apply again")
             diff = self._diff(s, info, target)
-            if max_deletes is not None and len(diff.deletes) > max_deletes:
-                raise ViewGuardError(
-                    f"view {view_id!r} would delete {len(diff.deletes)} key(s) of {self.topic}, over "
-                    f"max_deletes={max_deletes} (staged {sum(v is not None for v in target.values())} rows): "
-                    f"{', '.join(sorted(diff.deletes)[:10])}",
-                    deletes=len(diff.deletes),
-                )
+            _check_deletes(view_id, self.topic, diff, target, max_deletes, max_delete_fraction)
             conflicts = self._conflicts(s, info, diff)
             if conflicts and not overwrite:
                 raise ViewConflictError(
@@ -424,7 +497,8 @@ class StateTable(Recipe):
         m = s.views[view_id]
         return ViewInfo(
             view_id, self.topic, m["baseline"], m["scope_prefix"], m["expires_at"], m["status"],
-            staging_topic(self.topic, view_id), m.get("result"), m.get("commit_offset", -1), m.get("scope_predicate"),
+            staging_topic(self.topic, view_id), m.get("result"), m.get("commit_offset", -1), m.get("sealed"),
+            m.get("scope_predicate"),
         )
 
     @staticmethod
@@ -445,6 +519,13 @@ class StateTable(Recipe):
 
     def _read_staged(self, info: ViewInfo) -> dict[str, bytes | None]:
         """The view's target rows: key -> canonical record bytes (None: staged as deleted)."""
+        if info.sealed is None:
+            raise ViewNotSealedError(
+                f"view {info.view_id!r} on {self.topic} is not sealed: its producer never recorded what it staged "
+                "(StateTable.seal, or write_view at the end of the Spark job); nothing was published"
+            )
+        sealed = info.sealed
+        found: dict[str, int] = {}
         target: dict[str, bytes | None] = {}
         reader = self.backend.create_reader(info.staging_topic)
         progress = Progress(log, f"reading view {info.view_id}", unit="rows", quiet=True)
@@ -455,9 +536,20 @@ class StateTable(Recipe):
                 entry = reader.read_next(timeout=self.manager.operation_timeout)
                 if entry is None:
                     break
-                for _, ops in decode_writes(entry.payload):
-                    for op in ops:
-                        key, value = _decode_staged(op)
+                try:
+                    writes = decode_writes(entry.payload)
+                except FrameError as exc:
+                    raise ViewStagedRowError(
+                        f"view {info.view_id!r}: staging topic {info.staging_topic} holds a malformed batch at "
+                        f"{entry.position!r}: {exc}; nothing was published"
+                    ) from None
+                for seq, ops in writes:
+                    stager = stager_name(seq)
+                    rows = [_decode_staged(op, view_id=info.view_id, stager=stager) for op in ops]
+                    found[stager] = found.get(stager, 0) + len(rows)
+                    if stager not in sealed:
+                        continue  # a failed or retried task's rows: not part of the view
+                    for key, value in rows:
                         if not in_scope(key):
                             outside.append(key)
                         target[key] = value
@@ -465,6 +557,14 @@ class StateTable(Recipe):
         finally:
             reader.close()
         progress.done(keys=len(target))
+        wrong = {sid: (n, found.get(sid, 0)) for sid, n in sealed.items() if found.get(sid, 0) != n}
+        if wrong:
+            raise ViewSealMismatchError(
+                f"view {info.view_id!r}: the staging topic {info.staging_topic} does not match the seal "
+                f"(stager: sealed rows vs found): "
+                + ", ".join(f"{sid}: {n} vs {got}" for sid, (n, got) in sorted(wrong.items())[:10])
+                + " -- rows were staged elsewhere (a private embedded file on another host?) or lost; nothing was published"
+            )
         if outside:
             raise ViewScopeError(
                 f"view {info.view_id!r} staged {len(outside)} key(s) outside its scope "
@@ -473,12 +573,14 @@ class StateTable(Recipe):
         return target
 
     def _diff(self, s: _TableState, info: ViewInfo, target: dict[str, bytes | None]) -> "_Diff":
+        """The diff between the committed rows in the view's scope and its staged target."""
         in_scope = None if info.scope_prefix is None and info.scope_predicate is None else info.in_scope()
         diff = _Diff()
         rows = s.rows
         for key, row in rows.items():
             if in_scope is not None and not in_scope(key):
                 continue
+            diff.in_scope += 1
             staged = target.get(key)
             if staged is None:
                 diff.deletes.append(key)
@@ -511,6 +613,8 @@ class _Diff:
     sets: dict[str, Record] = field(default_factory=dict)
     deletes: list[str] = field(default_factory=list)
     unchanged: int = 0
+    in_scope: int = 0
+    """Committed rows in the view's scope (the base of the delete fraction)."""
 
     def sample_sets(self, n: int) -> list[str]:
         return heapq.nsmallest(n, self.sets)  # no full sort of a million-key diff
@@ -523,7 +627,8 @@ class ViewStager:
     """Stages rows into a view from any process (each Spark executor opens its own).
 
     Rows are buffered and appended in batches to the view's staging topic; the table and its
-    readers see nothing until :meth:`StateTable.apply`. The last row staged for a key wins, so
+    readers see nothing until :meth:`StateTable.apply`. Once every stager is closed, seal the view
+    with them (:meth:`StateTable.seal`): apply uses only the rows of the stagers the seal names. The last row staged for a key wins, so
     stage each key from one process only.
 
     :param backend: the table's back end.
@@ -540,6 +645,10 @@ class ViewStager:
         self.batch_rows = batch_rows
         self.batch_bytes = batch_bytes
         self.rows_staged = 0
+        """Rows staged so far (buffered ones included; all durable after :meth:`close`)."""
+        self._seq = secrets.randbits(63) or 1
+        self.stager_id = stager_name(self._seq)
+        """This stager's id: every batch it appends carries it (errors and seals name it)."""
         self._buffer: list[bytes] = []
         self._size = 0
         self._writer: RawWriter | None = None
@@ -571,13 +680,18 @@ class ViewStager:
         if len(self._buffer) >= self.batch_rows or self._size >= self.batch_bytes:
             self.flush()
 
+    @property
+    def pending(self) -> int:
+        """Rows buffered and not yet appended."""
+        return len(self._buffer)
+
     def flush(self) -> None:
         """Append the buffered rows (durable when this returns)."""
         if not self._buffer:
             return
         if self._writer is None:
             self._writer = self.backend.open_shared_writer(self.topic)
-        self._writer.append([encode_writes([(0, self._buffer)])], timeout=120.0)
+        self._writer.append([encode_writes([(self._seq, self._buffer)])], timeout=120.0)
         self._buffer, self._size = [], 0
 
     def close(self) -> None:
@@ -599,18 +713,69 @@ class ViewStager:
             self._writer.close()
 
 
-def resolve_predicate(path: str) -> Callable[[str], Any]:
-    """Import ``"package.module:function"`` (or ``package.module.function``); ConfigurationError if it fails."""
-    module_name, sep, attr = path.partition(":")
-    if not sep:
-        module_name, _, attr = path.rpartition(".")
-    try:
-        target = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigurationError(f"scope predicate {path!r} cannot be imported: {exc}") from exc
-    if not callable(target):
-        raise ConfigurationError(f"scope predicate {path!r} is not callable")
+def register_scope_predicate(name: str, fn: Callable[[str], Any] | None = None) -> Any:
+    """Register ``fn`` (a ``(key) -> bool``) as the scope predicate ``name`` in this process.
+
+    Use it directly (``register_scope_predicate("even", is_even)``) or as a decorator
+    (``@register_scope_predicate("even")``). Views record only the name; every process that
+    creates, plans or applies such a view must run the registration (put it in a module that
+    the DAG file and the Spark job both import). Registering the same name again replaces it.
+
+    :raises ConfigurationError: a bad name (1-128 characters of ``[A-Za-z0-9_.-]``) or a non-callable.
+    """
+    if not isinstance(name, str) or not _PREDICATE_NAME.match(name):
+        raise ConfigurationError(f"scope predicate name {name!r} must be 1-128 characters of [A-Za-z0-9_.-]")
+
+    def register(target: Callable[[str], Any]) -> Callable[[str], Any]:
+        if not callable(target):
+            raise ConfigurationError(f"scope predicate {name!r} must be callable, got {type(target).__name__}")
+        _SCOPE_PREDICATES[name] = target
+        return target
+
+    return register if fn is None else register(fn)
+
+
+def resolve_predicate(name: str, *, view_id: str | None = None) -> Callable[[str], Any]:
+    """The scope predicate registered as ``name`` in this process (never imported from anywhere).
+
+    :raises UnknownScopePredicateError: nothing is registered under that name.
+    """
+    target = _SCOPE_PREDICATES.get(name) if isinstance(name, str) else None
+    if target is None:
+        where = f"view {view_id!r}: " if view_id else ""
+        raise UnknownScopePredicateError(
+            f"{where}scope predicate {name!r} is not registered in this process; register it in code that "
+            f"every process using the view imports: register_scope_predicate({name!r}, fn) "
+            "(from airflow_provider_pulsarstate.engine.recipes.table); names are never imported from the log"
+        )
     return target
+
+
+def stager_name(seq: int) -> str:
+    """The printable id of the stager that wrote a staged batch (its batch sequence field)."""
+    return f"{seq:016x}"
+
+
+def _check_deletes(
+    view_id: str, topic: str, diff: _Diff, target: dict[str, bytes | None],
+    max_deletes: int | None, max_delete_fraction: float | None,
+) -> None:
+    """Raise ViewGuardError when the diff deletes more than the caller allows."""
+    deletes = len(diff.deletes)
+    if max_deletes is not None:
+        limit, name = max_deletes, f"max_deletes={max_deletes}"
+    elif max_delete_fraction is not None:
+        limit = int(max_delete_fraction * diff.in_scope)
+        name = f"max_delete_fraction={max_delete_fraction} of {diff.in_scope} row(s) in scope (limit {limit})"
+    else:
+        return
+    if deletes > limit:
+        raise ViewGuardError(
+            f"view {view_id!r} would delete {deletes} key(s) of {topic}, over {name} "
+            f"(staged {sum(v is not None for v in target.values())} rows): {', '.join(heapq.nsmallest(10, diff.deletes))}; "
+            "nothing was published -- pass a higher max_deletes (or max_delete_fraction) if this is intended",
+            deletes=deletes,
+        )
 
 
 def _check_record(key: str, record: Record) -> None:
@@ -627,11 +792,36 @@ def _check_record(key: str, record: Record) -> None:
             )
 
 
-def _decode_staged(op: bytes) -> tuple[str, bytes | None]:
-    kind, key, value = decode_key_op(op)
+def _decode_staged(op: bytes, *, view_id: str, stager: str) -> tuple[str, bytes | None]:
+    """Decode and validate one staged row (same rules as :meth:`ViewStager.set`)."""
+
+    def bad(key: object, problem: str) -> ViewStagedRowError:
+        return ViewStagedRowError(
+            f"view {view_id!r}: staged row of key {key!r} from stager {stager}: {problem}; nothing was published"
+        )
+
+    try:
+        kind, raw_key, value = decode_key_op(op)
+    except FrameError as exc:
+        raise bad(op[:64], str(exc)) from None
+    try:
+        key = raw_key.decode()
+    except UnicodeDecodeError:
+        raise bad(raw_key[:64], "key is not valid UTF-8") from None
     if kind != KEY_SET and kind != KEY_DELETE:
-        raise ValueError(f"unknown staged row type {kind}")
-    return key.decode(), value
+        raise bad(key, f"unknown row kind {kind}")
+    if not key:
+        raise bad(key, "empty key")
+    if value is None:
+        return key, None
+    try:
+        record = json.loads(value)
+        _check_record(key, record)
+        if canonical(record) != value:
+            raise ValueError("value is not canonical JSON")
+    except (ValueError, SerializationError) as exc:
+        raise bad(key, f"value {value[:64]!r} is not the canonical JSON of a dict of JSON scalars ({exc})") from None
+    return key, value
 
 
 def _serialize_op(op: dict[str, Any]) -> bytes:
