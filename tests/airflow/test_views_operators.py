@@ -293,6 +293,8 @@ def test_create_operator_refuses_an_applied_view_id(embedded_conn: str) -> None:
 
     create = CreateTempViewOperator(task_id="c", table_topic="t2", view_id="fixed-id", pulsarstate_conn_id=embedded_conn)
     create.execute(_context())
+    with PulsarStateHook(embedded_conn) as hook:
+        _table(hook, "t2").seal("fixed-id", stagers={})  # an empty job's seal
     ApplyTempViewOperator(task_id="a", table_topic="t2", view_id="fixed-id", pulsarstate_conn_id=embedded_conn).execute(_context())
     with pytest.raises(AirflowFailException, match="already applied"):
         create.execute(_context())
