@@ -128,7 +128,7 @@ def test_token_never_reaches_the_spark_submit_command_line(
     from airflow_provider_pulsarstate.operators.spark_submit import ViewSparkSubmitOperator
 
     token = f"tok-{uuid.uuid4().hex}"
-    conn_id = env_connection("ps_spark", extra={"service_url": str(tmp_path / "s.db"), "auth_token": token})
+    conn_id = env_connection("ps_spark", extra={"service_url": "pulsar://localhost:6650", "auth_token": token})
     env_connection("spark_cluster", conn_type="spark", host=master)
     # The k8s master needs the cncf.kubernetes provider only to track the driver, not to build argv.
     monkeypatch.setattr(spark_hook_module, "kube_client", object(), raising=False)
