@@ -688,8 +688,7 @@ class SharedStateManager(Generic[S, O]):
             if w.needs_writer:
                 return batch[i:]
             try:
-                ops = list(w.generator(self._state)) if w.generator is not None else []
-                payloads = [self._serialize(op) for op in ops]
+                ops, payloads = self._generate(w)
             except Exception as exc:  # the caller's generator or serializer: fail this write only
                 w.fail(exc)
                 continue
@@ -726,8 +725,7 @@ class SharedStateManager(Generic[S, O]):
                 if prepared is not None and not dirty and prepared[0] == self._applied_offset:
                     ops, payloads = prepared[1], prepared[2]  # the state did not move since they were made
                 else:
-                    ops = list(w.generator(self._state)) if w.generator is not None else []
-                    payloads = [self._serialize(op) for op in ops]
+                    ops, payloads = self._generate(w)
             except Exception as exc:  # the caller's generator or serializer: fail this write only
                 w.fail(exc)
                 continue
@@ -780,6 +778,11 @@ class SharedStateManager(Generic[S, O]):
             self._inflight.pop(w.seq, None)
             w.succeed()
         self.stats["writes_committed"] += len(staged)
+
+    def _generate(self, w: PendingWrite) -> tuple[list[O], list[bytes]]:
+        """The write's ops from the current state, and their bytes (raises what the caller's code raises)."""
+        ops = list(w.generator(self._state)) if w.generator is not None else []
+        return ops, [self._serialize(op) for op in ops]
 
     def _serialize(self, op: O) -> bytes:
         try:

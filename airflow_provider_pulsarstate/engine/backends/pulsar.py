@@ -200,10 +200,27 @@ class PulsarBackend(Backend):
         return self._track(PulsarReader(self, topic, reader))
 
     def read_last(self, topic: str, *, timeout: float) -> RawEntry | None:
+        try:
+            return self._read_one(topic, pulsar.MessageId.latest, timeout=timeout)
+        except pulsar.Timeout as exc:
+            raise OperationTimeoutError(f"reading the last entry of {self.topic_url(topic)} took over {timeout:.1f}s") from exc
+
+    def read_at(self, topic: str, position: Any, *, timeout: float) -> RawEntry | None:
+        try:
+            entry = self._read_one(topic, position, timeout=timeout)
+        except pulsar.Timeout:
+            return None
+        return entry if entry is not None and _id_tuple(entry.position) == _id_tuple(position) else None
+
+    def _read_one(self, topic: str, start: Any, *, timeout: float) -> RawEntry | None:
+        """The entry at ``start`` (inclusive), or None when the topic is missing or has none there.
+
+        Raises pulsar.Timeout for the caller to map; every other client error becomes ours.
+        """
         if not self.admin.topic_exists(topic):
             return None  # a client lookup would create it (and a ledger) only to find it empty
         try:
-            reader = self.client.create_reader(topic, pulsar.MessageId.latest, start_message_id_inclusive=True)
+            reader = self.client.create_reader(topic, start, start_message_id_inclusive=True)
         except pulsar.TopicNotFound:
             return None  # auto topic creation is off and nobody created it: nothing written yet
         except pulsar.PulsarException as exc:
@@ -212,33 +229,13 @@ class PulsarBackend(Backend):
             if not reader.has_message_available():
                 return None
             msg = reader.read_next(max(1, int(timeout * 1000)))
-        except pulsar.Timeout as exc:
-            raise OperationTimeoutError(f"reading the last entry of {self.topic_url(topic)} took over {timeout:.1f}s") from exc
-        except pulsar.PulsarException as exc:
-            raise self._unreachable("reading the last entry of", topic, exc) from exc
-        finally:
-            _close_quietly(reader)
-        return _entry(msg)
-
-    def read_at(self, topic: str, position: Any, *, timeout: float) -> RawEntry | None:
-        if not self.admin.topic_exists(topic):
-            return None
-        try:
-            reader = self.client.create_reader(topic, position, start_message_id_inclusive=True)
-        except pulsar.PulsarException as exc:
-            raise self._unreachable("creating a reader of", topic, exc) from exc
-        try:
-            if not reader.has_message_available():
-                return None
-            msg = reader.read_next(max(1, int(timeout * 1000)))
         except pulsar.Timeout:
-            return None
+            raise
         except pulsar.PulsarException as exc:
             raise self._unreachable("reading", topic, exc) from exc
         finally:
             _close_quietly(reader)
-        entry = _entry(msg)
-        return entry if _id_tuple(entry.position) == _id_tuple(position) else None
+        return _entry(msg)
 
     def ensure_durable(self, topic: str) -> None:
         with self._lock:
