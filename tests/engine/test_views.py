@@ -268,3 +268,26 @@ def test_one_million_keys_switch_at_one_commit_point(tables: Any, backend: Backe
     fresh = tables()
     assert fresh.size(latest=True) == 1_000_000
     assert fresh.get("sku-0999999") == {"price": 999999 % 997, "currency": "EUR"}
+
+
+def test_table_calls_take_a_timeout(backend: Backend, topic: str) -> None:
+    """StateTable's blocking calls are bounded like SharedStateManager's (issue 7, item 6)."""
+    import time
+
+    from airflow_provider_pulsarstate.engine.errors import OperationTimeoutError
+
+    holder = StateTable(backend, topic, writer_idle_timeout=None)
+    waiter = StateTable(backend, topic, acquire_timeout=60)
+    try:
+        holder.put("a", {"v": 1})  # holds the writer until closed
+        assert waiter.get("a", latest=True, timeout=10) == {"v": 1}
+        started = time.monotonic()
+        with pytest.raises(OperationTimeoutError):
+            waiter.put("b", {"v": 2}, timeout=0.5)  # waits for the writer; gives up after 0.5 s
+        assert time.monotonic() - started < 5
+        holder.close()
+        waiter.put("c", {"v": 3}, timeout=30)
+        assert waiter.to_dict(latest=True, timeout=10) == {"a": {"v": 1}, "c": {"v": 3}}  # "b" was never sent
+    finally:
+        holder.close()
+        waiter.close()

@@ -275,23 +275,25 @@ class StateTable(Recipe):
         self.manager.add_listener(on_change)
 
     # ------------------------------------------------------------------ rows
-    def get(self, key: str, *, latest: bool = False) -> Record | None:
-        return self.manager.read(lambda s: s.rows.get(key), latest=latest)
+    # Every blocking call takes ``timeout`` (seconds; None: bounded only by the manager's
+    # acquire/operation time-outs), as SharedStateManager.read/write do.
+    def get(self, key: str, *, latest: bool = False, timeout: float | None = None) -> Record | None:
+        return self.manager.read(lambda s: s.rows.get(key), latest=latest, timeout=timeout)
 
-    def to_dict(self, *, latest: bool = False) -> dict[str, Record]:
-        return self.manager.read(lambda s: dict(s.rows), latest=latest)
+    def to_dict(self, *, latest: bool = False, timeout: float | None = None) -> dict[str, Record]:
+        return self.manager.read(lambda s: dict(s.rows), latest=latest, timeout=timeout)
 
-    def size(self, *, latest: bool = False) -> int:
-        return self.manager.read(lambda s: len(s.rows), latest=latest)
+    def size(self, *, latest: bool = False, timeout: float | None = None) -> int:
+        return self.manager.read(lambda s: len(s.rows), latest=latest, timeout=timeout)
 
-    def put(self, key: str, record: Record) -> None:
+    def put(self, key: str, record: Record, *, timeout: float | None = None) -> None:
         """Set one row directly (not through a view)."""
         _check_record(key, record)
-        self.manager.write(lambda s: [{"o": "set", "k": key, "v": record, "w": None}])
+        self.manager.write(lambda s: [{"o": "set", "k": key, "v": record, "w": None}], timeout=timeout)
 
-    def delete(self, key: str) -> None:
+    def delete(self, key: str, *, timeout: float | None = None) -> None:
         """Delete one row directly (not through a view)."""
-        self.manager.write(lambda s: [{"o": "del", "k": key, "w": None}] if key in s.rows else [])
+        self.manager.write(lambda s: [{"o": "del", "k": key, "w": None}] if key in s.rows else [], timeout=timeout)
 
     # ------------------------------------------------------------------ views
     def create_view(
@@ -396,6 +398,7 @@ class StateTable(Recipe):
     def apply(
         self, view_id: str, *, overwrite: bool = False, max_deletes: int | None = None,
         max_delete_fraction: float | None = DEFAULT_MAX_DELETE_FRACTION, sample: int = 10,
+        timeout: float | None = None,
     ) -> ViewResult:
         """Publish the minimal diff between the committed table and the view, atomically.
 
@@ -412,6 +415,9 @@ class StateTable(Recipe):
             ``max_deletes`` None: no limit.
         :raises ViewConflictError: such keys exist and ``overwrite`` is False (nothing published).
         :raises ViewGuardError: the diff deletes more than the limit (nothing published).
+        :param timeout: seconds to wait for the switch's write (see ``SharedStateManager.write``);
+            an :class:`UnknownOutcomeError` then means: ask ``manager.outcome`` or apply again
+            (apply is idempotent: a view already applied returns its first result).
         """
         info = self.view_info(check_view_id(view_id))
         if info is None:
@@ -453,7 +459,7 @@ class StateTable(Recipe):
             return out
 
         start = time.monotonic()
-        info = self.manager.write(ops, lambda s: self._info(s, view_id))
+        info = self.manager.write(ops, lambda s: self._info(s, view_id), timeout=timeout)
         result = self._result(info, already=already[0])
         if not result.already_applied:
             log.info(
@@ -463,7 +469,7 @@ class StateTable(Recipe):
         self._delete_staging([view_id])
         return result
 
-    def drop(self, view_id: str) -> bool:
+    def drop(self, view_id: str, *, timeout: float | None = None) -> bool:
         """Abort an open view and delete its staged rows. Returns False if it was not open."""
         dropped = [False]
 
@@ -472,7 +478,7 @@ class StateTable(Recipe):
             dropped[0] = meta is not None and meta["status"] == "open"
             return [{"o": "view_end", "id": view_id, "status": "dropped"}] if dropped[0] else []
 
-        self.manager.write(ops)
+        self.manager.write(ops, timeout=timeout)
         if dropped[0]:
             self._delete_staging([view_id])
             log.info("view %s on %s dropped", view_id, self.topic)
