@@ -217,3 +217,41 @@ class ViewNotSealedError(ViewError):
 
 class ViewSealMismatchError(ViewError):
     """The rows in the staging topic do not match the counts the seal recorded; nothing was published."""
+
+
+class OffsetError(PulsarStateError):
+    """Base of the pull consumer's errors (offsets, partitions, the broker's offset index)."""
+
+
+class OffsetOutOfRangeError(OffsetError, IndexError):
+    """An offset outside the retained range [beginning, end] of a partition, with no reset chosen.
+
+    Nothing was read or committed. ``beginning`` and ``end`` are the partition's range when raised.
+    """
+
+    def __init__(self, message: str, *, topic: str, partition: int, offset: int, beginning: int, end: int) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.beginning = beginning
+        self.end = end
+
+
+class OffsetIndexUnavailableError(OffsetError, ConfigurationError):
+    """The broker gives no offset index for the topic (its entry-metadata interceptor is off, or the
+    entries predate it). The message names the broker settings that turn it on."""
+
+
+class UnknownTopicError(OffsetError, KeyError):
+    """The topic does not exist (asking never creates it)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownPartitionError(OffsetError, KeyError):
+    """A partition the topic does not have, or a partitioned topic used without a partition."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""

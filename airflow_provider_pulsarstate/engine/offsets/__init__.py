@@ -1,0 +1,87 @@
+"""Offset-based consumption of any topic, on both back ends (Kafka semantics, PCIP-5).
+
+* :class:`PullConsumer`: pull by offset, commit on a durable subscription, beginning/end offsets,
+  time search, lag;
+* :class:`OffsetLog`: what each back end implements (:mod:`.pulsar`, :mod:`.embedded`);
+* :class:`TopicPublisher`: plain messages to any topic; :func:`create_topic`;
+* :class:`AsyncOffsetProbe`: offsets read without blocking an event loop (triggers).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_provider_pulsarstate.engine.backends.base import Backend
+from airflow_provider_pulsarstate.engine.config import ConnectionConfig
+from airflow_provider_pulsarstate.engine.offsets.base import (
+    AsyncOffsetProbe,
+    OffsetLog,
+    PulledMessage,
+    PullResult,
+    TopicPublisher,
+)
+from airflow_provider_pulsarstate.engine.offsets.consumer import PullConsumer
+
+
+def _is_pulsar(backend: Backend) -> bool:
+    from airflow_provider_pulsarstate.engine.backends.embedded import EmbeddedBackend
+
+    return not isinstance(backend, EmbeddedBackend)
+
+
+def open_offset_log(backend: Backend, topic: str, **options: Any) -> OffsetLog:
+    """The back end's :class:`OffsetLog` of ``topic`` (no I/O until first use).
+
+    ``options``: ``reader_pool_size``, ``reader_idle_timeout``, ``position_cache_size`` (Pulsar;
+    the embedded log reads by position and needs neither pool nor cache).
+    """
+    if _is_pulsar(backend):
+        from airflow_provider_pulsarstate.engine.offsets.pulsar import PulsarOffsetLog
+
+        return PulsarOffsetLog(backend, topic, **options)  # type: ignore[arg-type]
+    from airflow_provider_pulsarstate.engine.offsets.embedded import EmbeddedOffsetLog
+
+    return EmbeddedOffsetLog(backend, topic, **options)  # type: ignore[arg-type]
+
+
+def open_publisher(backend: Backend, topic: str, *, batching: bool = True) -> TopicPublisher:
+    """A :class:`TopicPublisher` for ``topic`` (``batching``: Pulsar batches messages into entries)."""
+    if _is_pulsar(backend):
+        from airflow_provider_pulsarstate.engine.offsets.pulsar import PulsarTopicPublisher
+
+        return PulsarTopicPublisher(backend, topic, batching=batching)  # type: ignore[arg-type]
+    from airflow_provider_pulsarstate.engine.offsets.embedded import EmbeddedTopicPublisher
+
+    return EmbeddedTopicPublisher(backend, topic)  # type: ignore[arg-type]
+
+
+def create_topic(backend: Backend, topic: str, *, partitions: int = 0) -> None:
+    """Create ``topic`` (``partitions`` > 0: a partitioned topic); an identical existing one is fine.
+
+    :raises ConfigurationError: it exists with another partition count.
+    """
+    if _is_pulsar(backend):
+        from airflow_provider_pulsarstate.engine.offsets.pulsar import create_pulsar_topic
+
+        create_pulsar_topic(backend, topic, partitions=partitions)  # type: ignore[arg-type]
+        return
+    from airflow_provider_pulsarstate.engine.offsets.embedded import create_embedded_topic
+
+    create_embedded_topic(backend, topic, partitions=partitions)  # type: ignore[arg-type]
+
+
+def open_async_probe(config: ConnectionConfig) -> AsyncOffsetProbe:
+    """An :class:`AsyncOffsetProbe` for the back end ``config`` selects (no I/O until first use)."""
+    if config.kind == "pulsar":
+        from airflow_provider_pulsarstate.engine.offsets.pulsar_async import PulsarAsyncOffsetProbe
+
+        return PulsarAsyncOffsetProbe(config)
+    from airflow_provider_pulsarstate.engine.offsets.embedded import EmbeddedAsyncOffsetProbe
+
+    return EmbeddedAsyncOffsetProbe(config)
+
+
+__all__ = [
+    "AsyncOffsetProbe", "OffsetLog", "PullConsumer", "PullResult", "PulledMessage", "TopicPublisher",
+    "create_topic", "open_async_probe", "open_offset_log", "open_publisher",
+]
