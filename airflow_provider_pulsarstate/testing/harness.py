@@ -22,7 +22,68 @@ def wait_until(predicate: Callable[[], Any], *, timeout: float = 10.0, interval:
         time.sleep(interval)
 
 
-class FaultInjectingBackend(Backend):
+class ForwardingBackend(Backend):
+    """A back end that forwards every call to ``inner``; subclasses override what they change.
+
+    :meth:`check` runs before every call that names a topic (a no-op here): override it to
+    refuse some calls (an outage, a role without access to some topics).
+    """
+
+    def __init__(self, inner: Backend) -> None:
+        self.inner = inner
+
+    def check(self, operation: str, topic: str) -> None:
+        """Called with the method's name and topic before it is forwarded; raise to refuse it."""
+
+    def underlying(self) -> Backend:
+        return self.inner.underlying()
+
+    def acquire_writer(self, topic: str, *, mode: AcquireMode, timeout: float) -> RawWriter:
+        self.check("acquire_writer", topic)
+        return self.inner.acquire_writer(topic, mode=mode, timeout=timeout)
+
+    def current_epoch(self, topic: str) -> int:
+        self.check("current_epoch", topic)
+        return self.inner.current_epoch(topic)
+
+    def open_shared_writer(self, topic: str, *, compress: bool = False) -> RawWriter:
+        self.check("open_shared_writer", topic)
+        return self.inner.open_shared_writer(topic, compress=compress)
+
+    def delete_topic(self, topic: str) -> None:
+        self.check("delete_topic", topic)
+        self.inner.delete_topic(topic)
+
+    def create_reader(self, topic: str, *, start: Any = EARLIEST) -> RawReader:
+        self.check("create_reader", topic)
+        return self.inner.create_reader(topic, start=start)
+
+    def read_last(self, topic: str, *, timeout: float) -> RawEntry | None:
+        self.check("read_last", topic)
+        return self.inner.read_last(topic, timeout=timeout)
+
+    def read_at(self, topic: str, position: Any, *, timeout: float) -> RawEntry | None:
+        self.check("read_at", topic)
+        return self.inner.read_at(topic, position, timeout=timeout)
+
+    def ensure_durable(self, topic: str) -> None:
+        self.check("ensure_durable", topic)
+        self.inner.ensure_durable(topic)
+
+    def encode_position(self, position: Any) -> bytes:
+        return self.inner.encode_position(position)
+
+    def decode_position(self, data: bytes) -> Any:
+        return self.inner.decode_position(data)
+
+    def topic_url(self, topic: str) -> str:
+        return self.inner.topic_url(topic)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class FaultInjectingBackend(ForwardingBackend):
     """Wraps a real back end; the next appends can be made to fail in chosen ways, and the whole
     back end can be made unreachable for a while (an outage).
 
@@ -39,7 +100,7 @@ class FaultInjectingBackend(Backend):
     """
 
     def __init__(self, inner: Backend) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self._faults: list[tuple[str, float, Callable[[], None] | None]] = []
         self._lock = threading.Lock()
         self._outage_until: float | None = None
@@ -114,45 +175,20 @@ class FaultInjectingBackend(Backend):
             raise self._outage_error(message) if self._outage_error is not None else BackendUnavailableError(message)
 
     # -- the Backend contract -----------------------------------------------------------------
+    _OUTAGE_CHECKED = {
+        "acquire_writer": "taking the writer of", "current_epoch": "reading the epoch of",
+        "create_reader": "creating a reader of", "read_last": "reading the last entry of",
+    }
+
+    def check(self, operation: str, topic: str) -> None:
+        if operation in self._OUTAGE_CHECKED:
+            self._check_outage(f"{self._OUTAGE_CHECKED[operation]} {topic}")
+
     def acquire_writer(self, topic: str, *, mode: AcquireMode, timeout: float) -> RawWriter:
-        self._check_outage(f"taking the writer of {topic}")
-        return _FaultyWriter(self, self.inner.acquire_writer(topic, mode=mode, timeout=timeout))
-
-    def current_epoch(self, topic: str) -> int:
-        self._check_outage(f"reading the epoch of {topic}")
-        return self.inner.current_epoch(topic)
-
-    def open_shared_writer(self, topic: str, *, compress: bool = False) -> RawWriter:
-        return self.inner.open_shared_writer(topic, compress=compress)
-
-    def delete_topic(self, topic: str) -> None:
-        self.inner.delete_topic(topic)
+        return _FaultyWriter(self, super().acquire_writer(topic, mode=mode, timeout=timeout))
 
     def create_reader(self, topic: str, *, start: Any = EARLIEST) -> RawReader:
-        self._check_outage(f"creating a reader of {topic}")
-        return _FaultyReader(self, self.inner.create_reader(topic, start=start))
-
-    def read_last(self, topic: str, *, timeout: float) -> RawEntry | None:
-        self._check_outage(f"reading the last entry of {topic}")
-        return self.inner.read_last(topic, timeout=timeout)
-
-    def read_at(self, topic: str, position: Any, *, timeout: float) -> RawEntry | None:
-        return self.inner.read_at(topic, position, timeout=timeout)
-
-    def ensure_durable(self, topic: str) -> None:
-        self.inner.ensure_durable(topic)
-
-    def encode_position(self, position: Any) -> bytes:
-        return self.inner.encode_position(position)
-
-    def decode_position(self, data: bytes) -> Any:
-        return self.inner.decode_position(data)
-
-    def topic_url(self, topic: str) -> str:
-        return self.inner.topic_url(topic)
-
-    def close(self) -> None:
-        self.inner.close()
+        return _FaultyReader(self, super().create_reader(topic, start=start))
 
 
 class _FaultyWriter(RawWriter):

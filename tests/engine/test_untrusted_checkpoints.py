@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 
 from airflow_provider_pulsarstate import PulsarMap
-from airflow_provider_pulsarstate.engine.backends.base import EARLIEST, AcquireMode, Backend, RawEntry, RawReader, RawWriter
+from airflow_provider_pulsarstate.engine.backends.base import Backend
 from airflow_provider_pulsarstate.engine.checkpoint import CheckpointStore
 from airflow_provider_pulsarstate.engine.envelope import RecordKind, encode_frames
 from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, CheckpointError
+from airflow_provider_pulsarstate.testing.harness import ForwardingBackend
 
 
 @pytest.fixture
@@ -166,58 +167,19 @@ def test_every_malformed_manifest_means_a_warning_and_a_full_replay(
     assert maps().to_dict(latest=True) == {f"k{i}": i for i in range(20)}
 
 
-class ReadOnlyCheckpoints(Backend):
+class ReadOnlyCheckpoints(ForwardingBackend):
     """The reader's role may neither read nor write the checkpoint topics (``<topic>-checkpoint*``):
     every call on them fails as the back end fails on a permission error (BackendUnavailableError
     from the admin API's 401/403 or the client's AuthorizationError)."""
 
     def __init__(self, inner: Backend, topic: str) -> None:
-        self.inner, self.prefix, self.denied = inner, f"{topic}-checkpoint", 0
+        super().__init__(inner)
+        self.prefix, self.denied = f"{topic}-checkpoint", 0
 
-    def _check(self, topic: str) -> None:
-        if topic.startswith(self.prefix):
+    def check(self, operation: str, topic: str) -> None:
+        if operation != "current_epoch" and topic.startswith(self.prefix):
             self.denied += 1
             raise BackendUnavailableError(f"Pulsar admin API GET {topic} answered 403: not authorized")
-
-    def acquire_writer(self, topic: str, *, mode: AcquireMode, timeout: float) -> RawWriter:
-        self._check(topic)
-        return self.inner.acquire_writer(topic, mode=mode, timeout=timeout)
-
-    def open_shared_writer(self, topic: str, *, compress: bool = False) -> RawWriter:
-        self._check(topic)
-        return self.inner.open_shared_writer(topic, compress=compress)
-
-    def delete_topic(self, topic: str) -> None:
-        self._check(topic)
-        self.inner.delete_topic(topic)
-
-    def create_reader(self, topic: str, *, start: Any = EARLIEST) -> RawReader:
-        self._check(topic)
-        return self.inner.create_reader(topic, start=start)
-
-    def read_last(self, topic: str, *, timeout: float) -> RawEntry | None:
-        self._check(topic)
-        return self.inner.read_last(topic, timeout=timeout)
-
-    def read_at(self, topic: str, position: Any, *, timeout: float) -> RawEntry | None:
-        self._check(topic)
-        return self.inner.read_at(topic, position, timeout=timeout)
-
-    def ensure_durable(self, topic: str) -> None:
-        self._check(topic)
-        self.inner.ensure_durable(topic)
-
-    def current_epoch(self, topic: str) -> int:
-        return self.inner.current_epoch(topic)
-
-    def encode_position(self, position: Any) -> bytes:
-        return self.inner.encode_position(position)
-
-    def decode_position(self, data: bytes) -> Any:
-        return self.inner.decode_position(data)
-
-    def topic_url(self, topic: str) -> str:
-        return self.inner.topic_url(topic)
 
     def close(self) -> None:
         pass  # the inner back end belongs to the fixture

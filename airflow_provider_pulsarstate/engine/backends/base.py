@@ -162,6 +162,11 @@ class Backend(ABC):
             (the message names the setting and the command that fixes it).
         """
 
+    def underlying(self) -> "Backend":
+        """The back end that stores the topics: itself, or what a wrapper (fault injection,
+        access control in tests) forwards to. Features outside this contract (offsets) use it."""
+        return self
+
     @abstractmethod
     def encode_position(self, position: Any) -> bytes:
         """A position from a RawEntry (or an append) as bytes, for storing elsewhere."""

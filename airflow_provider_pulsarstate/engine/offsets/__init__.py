@@ -26,7 +26,7 @@ from airflow_provider_pulsarstate.engine.offsets.consumer import PullConsumer
 def _is_pulsar(backend: Backend) -> bool:
     from airflow_provider_pulsarstate.engine.backends.embedded import EmbeddedBackend
 
-    return not isinstance(backend, EmbeddedBackend)
+    return not isinstance(backend.underlying(), EmbeddedBackend)
 
 
 def open_offset_log(backend: Backend, topic: str, **options: Any) -> OffsetLog:
@@ -38,10 +38,10 @@ def open_offset_log(backend: Backend, topic: str, **options: Any) -> OffsetLog:
     if _is_pulsar(backend):
         from airflow_provider_pulsarstate.engine.offsets.pulsar import PulsarOffsetLog
 
-        return PulsarOffsetLog(backend, topic, **options)  # type: ignore[arg-type]
+        return PulsarOffsetLog(backend.underlying(), topic, **options)  # type: ignore[arg-type]
     from airflow_provider_pulsarstate.engine.offsets.embedded import EmbeddedOffsetLog
 
-    return EmbeddedOffsetLog(backend, topic, **options)  # type: ignore[arg-type]
+    return EmbeddedOffsetLog(backend.underlying(), topic, **options)  # type: ignore[arg-type]
 
 
 def open_publisher(backend: Backend, topic: str, *, batching: bool = True) -> TopicPublisher:
@@ -49,10 +49,10 @@ def open_publisher(backend: Backend, topic: str, *, batching: bool = True) -> To
     if _is_pulsar(backend):
         from airflow_provider_pulsarstate.engine.offsets.pulsar import PulsarTopicPublisher
 
-        return PulsarTopicPublisher(backend, topic, batching=batching)  # type: ignore[arg-type]
+        return PulsarTopicPublisher(backend.underlying(), topic, batching=batching)  # type: ignore[arg-type]
     from airflow_provider_pulsarstate.engine.offsets.embedded import EmbeddedTopicPublisher
 
-    return EmbeddedTopicPublisher(backend, topic)  # type: ignore[arg-type]
+    return EmbeddedTopicPublisher(backend.underlying(), topic)  # type: ignore[arg-type]
 
 
 def create_topic(backend: Backend, topic: str, *, partitions: int = 0) -> None:
@@ -63,11 +63,11 @@ def create_topic(backend: Backend, topic: str, *, partitions: int = 0) -> None:
     if _is_pulsar(backend):
         from airflow_provider_pulsarstate.engine.offsets.pulsar import create_pulsar_topic
 
-        create_pulsar_topic(backend, topic, partitions=partitions)  # type: ignore[arg-type]
+        create_pulsar_topic(backend.underlying(), topic, partitions=partitions)  # type: ignore[arg-type]
         return
     from airflow_provider_pulsarstate.engine.offsets.embedded import create_embedded_topic
 
-    create_embedded_topic(backend, topic, partitions=partitions)  # type: ignore[arg-type]
+    create_embedded_topic(backend.underlying(), topic, partitions=partitions)  # type: ignore[arg-type]
 
 
 def open_async_probe(config: ConnectionConfig) -> AsyncOffsetProbe:
