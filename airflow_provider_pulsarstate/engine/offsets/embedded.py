@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import sqlite3
 import threading
 import time
@@ -41,6 +42,7 @@ from airflow_provider_pulsarstate.engine.errors import (
     CorruptEntryError,
     OffsetOutOfRangeError,
     OperationTimeoutError,
+    PulsarStateError,
     UnknownOutcomeError,
     UnknownPartitionError,
     UnknownTopicError,
@@ -54,6 +56,7 @@ from airflow_provider_pulsarstate.engine.offsets.base import (
 from airflow_provider_pulsarstate.engine.retry import Backoff
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 # Options PullConsumer passes to every back end; the embedded log reads by position and needs none.
 _POOL_OPTIONS = frozenset({"reader_pool_size", "reader_idle_timeout", "position_cache_size"})
@@ -247,8 +250,6 @@ class EmbeddedOffsetLog(OffsetLog):
                     properties=_properties(properties, stored, pos), publish_time=publish_time, position=pos,
                 ))
                 total += size
-                if total >= max_bytes:
-                    break
         return messages, end
 
     def offset_for_time(self, partition: int, timestamp: float) -> int | None:
@@ -322,7 +323,8 @@ class EmbeddedTopicPublisher(TopicPublisher):
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._closed = False
-        backend._track(self)
+        self._tracked = _OnBackendClose(self)
+        backend._track(self._tracked)
 
     def send(self, value: bytes, *, key: str | None = None, properties: Mapping[str, str] | None = None) -> None:
         if not isinstance(value, (bytes, bytearray, memoryview)):
@@ -428,7 +430,23 @@ class EmbeddedTopicPublisher(TopicPublisher):
                 if self._conn is not None:
                     _close_quietly(self._conn)
                     self._conn = None
-                self.backend._untrack(self)
+                self.backend._untrack(self._tracked)
+
+
+class _OnBackendClose:
+    """Closes a publisher when its back end closes; a failing last flush is logged, not raised
+    (the back end must close everything else too)."""
+
+    def __init__(self, publisher: EmbeddedTopicPublisher) -> None:
+        self.publisher = publisher
+
+    def close(self) -> None:
+        queued = len(self.publisher._queue)
+        try:
+            self.publisher.close()
+        except PulsarStateError as exc:
+            log.error("closing the back end: %d queued message(s) to %s were not published: %s",
+                      queued, self.publisher.topic, exc)
 
 
 def create_embedded_topic(backend: EmbeddedBackend, topic: str, *, partitions: int) -> None:
