@@ -7,6 +7,7 @@ The back-end-neutral semantics are in test_pull_consumer.py.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import sqlite3
 import threading
@@ -181,6 +182,30 @@ def test_closing_the_backend_closes_its_offset_logs(config: ConnectionConfig) ->
         consumer.end_offsets()
 
 
+def open_files() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_closing_consumers_and_publishers_releases_their_connections(backend: EmbeddedBackend) -> None:
+    create_topic(backend, TOPIC)
+    publish(backend, TOPIC, [b"a"])
+    before = open_files()
+    for _ in range(30):
+        with PullConsumer(backend, TOPIC, "sub") as consumer, open_publisher(backend, TOPIC) as publisher:
+            consumer.commit(consumer.pull(0).next_offset)
+            publisher.send(b"b")
+            publisher.flush(timeout=10)
+    assert open_files() <= before + 2
+    assert not backend._children  # type: ignore[attr-defined]  # nothing left for the back end to close
+    kept = [PullConsumer(backend, TOPIC) for _ in range(10)]
+    for consumer in kept:
+        consumer.end_offsets()
+    assert open_files() >= before + 10  # each consumer holds a connection until closed...
+    for consumer in kept:
+        consumer.close()
+    assert open_files() <= before + 2  # ...and gives it back
+
+
 # -- publishing ------------------------------------------------------------------------------
 def test_concurrent_publishers_keep_offsets_dense_and_each_one_ordered(config: ConnectionConfig) -> None:
     backends = [open_backend(config) for _ in range(3)]
@@ -291,8 +316,15 @@ def test_async_probe_reads_end_and_committed_offsets(backend: EmbeddedBackend, c
         assert await probe.committed("plain", "sub") == {0: None}
         with pytest.raises(UnknownTopicError, match="missing"):
             await probe.end_offsets("missing")
+        assert any(t.name.startswith("pulsarstate-offset-probe") for t in threading.enumerate())
         await probe.aclose()
         await probe.aclose()  # idempotent
+        for _ in range(100):  # its thread ends
+            if not any(t.name.startswith("pulsarstate-offset-probe") for t in threading.enumerate()):
+                break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("the probe's thread outlived aclose()")
         with pytest.raises(ClosedError):
             await probe.end_offsets(TOPIC)
 

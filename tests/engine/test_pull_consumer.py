@@ -114,6 +114,40 @@ def test_consecutive_pulls_never_repeat_or_skip(backend: Backend, topic: str, co
     assert drain(consumer, middle, size=33) == reference[1234:]
 
 
+def test_pulls_while_publishing_never_repeat_or_skip(backend: Backend, topic: str, consumers) -> None:
+    create_topic(backend, topic)
+    expected = values(1000)
+    failures: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            with open_publisher(backend, topic) as publisher:
+                for i, value in enumerate(expected):
+                    publisher.send(value)
+                    if i % 50 == 49:
+                        publisher.flush(timeout=FLUSH)
+                        time.sleep(0.01)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    consumer = consumers(None)
+    offset = consumer.beginning_offsets()[0]
+    thread = threading.Thread(target=produce)
+    thread.start()
+    got: list[PulledMessage] = []
+    deadline = time.monotonic() + 60
+    try:
+        while len(got) < len(expected) and time.monotonic() < deadline:
+            result = consumer.pull(offset, max_messages=37, timeout=0.2)
+            got.extend(result.messages)
+            offset = result.next_offset
+    finally:
+        thread.join()
+    assert not failures
+    assert_exact(got, expected)
+    assert consumer.pull(offset).messages == []
+
+
 @pytest.mark.parametrize("batching", [True, False], ids=["batched", "unbatched"])
 def test_start_is_inclusive_at_every_offset(backend: Backend, topic: str, consumers, batching: bool) -> None:
     expected = values(60)
@@ -383,6 +417,9 @@ def test_bad_arguments_are_clear_errors(backend: Backend, topic: str, consumers)
         (lambda: PullConsumer(backend, topic, " "), "subscription must not be empty"),
         (lambda: PullConsumer(backend, topic, reader_pool_size=0), "reader_pool_size must be at least 1"),
         (lambda: create_topic(backend, topic, partitions=-1), "partitions"),
+        (lambda: consumer.offsets_for_times(time.time() * 1000), "looks like milliseconds"),
+        (lambda: consumer.offsets_for_times("2026-01-01"), "timestamp must be seconds"),  # type: ignore[arg-type]
+        (lambda: consumer.offsets_for_times(float("nan")), "timestamp must be seconds"),
     ]
     for call, message in cases:
         with pytest.raises(ConfigurationError, match=message):
