@@ -421,10 +421,18 @@ def test_bad_arguments_are_clear_errors(backend: Backend, topic: str, consumers)
         (lambda: consumer.offsets_for_times("2026-01-01"), "timestamp must be seconds"),  # type: ignore[arg-type]
         (lambda: consumer.offsets_for_times(float("nan")), "timestamp must be seconds"),
     ]
-    for call, message in cases:
-        with pytest.raises(ConfigurationError, match=message):
-            call()
+    with open_publisher(backend, topic) as publisher:
+        cases += [
+            (lambda: publisher.send("text"), "bytes"),  # type: ignore[arg-type]
+            (lambda: publisher.send(b"v", key=7), "key"),  # type: ignore[arg-type]
+            (lambda: publisher.send(b"v", properties={"n": 1}), "properties"),  # type: ignore[dict-item]
+            (lambda: publisher.send(b"v", properties=[("a", "b")]), "properties"),  # type: ignore[arg-type]
+        ]
+        for call, message in cases:
+            with pytest.raises(ConfigurationError, match=message):
+                call()
     assert consumer.committed() is None  # nothing was committed by the bad calls
+    assert consumer.end_offsets() == {0: consumer.beginning_offsets()[0] + 3}  # nor published
 
 
 def test_close_releases_and_a_closed_consumer_raises(backend: Backend, topic: str) -> None:

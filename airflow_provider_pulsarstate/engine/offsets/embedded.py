@@ -333,7 +333,7 @@ class EmbeddedTopicPublisher(TopicPublisher):
             raise ConfigurationError(f"a message key must be a str, got {type(key).__name__} for topic {self.topic}")
         encoded = None
         if properties:
-            if not all(isinstance(k, str) and isinstance(v, str) for k, v in properties.items()):
+            if not isinstance(properties, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in properties.items()):
                 raise ConfigurationError(f"message properties must map str to str (topic {self.topic})")
             encoded = json.dumps(dict(properties), sort_keys=True)
         with self._lock:
