@@ -365,6 +365,26 @@ def test_async_probe_never_blocks_the_event_loop(backend: EmbeddedBackend, confi
     assert longest_gap < 0.3 and count >= 30  # ...while the loop kept ticking
 
 
+def test_async_probe_can_be_cancelled_and_closed_while_a_read_waits(backend: EmbeddedBackend, config: ConnectionConfig) -> None:
+    create_topic(backend, TOPIC)
+    locker = hold_exclusive_lock(config.embedded_path)
+    threading.Timer(2.0, locker.close).start()
+
+    async def main() -> float:
+        probe = EmbeddedAsyncOffsetProbe(config)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(probe.end_offsets(TOPIC), 0.2)
+        start = time.monotonic()
+        await probe.aclose()
+        return time.monotonic() - start
+
+    assert asyncio.run(main()) < 0.5  # closing does not wait for the stuck read
+    deadline = time.monotonic() + 15
+    while any(t.name.startswith("pulsarstate-offset-probe") for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the probe's thread never ended"
+        time.sleep(0.05)
+
+
 # -- a seeded randomized check of every invariant -------------------------------------------
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_random_interleavings_keep_every_invariant(backend: EmbeddedBackend, seed: int) -> None:

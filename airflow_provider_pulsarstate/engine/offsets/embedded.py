@@ -510,7 +510,8 @@ class EmbeddedAsyncOffsetProbe(AsyncOffsetProbe):
 
     Every read runs on this probe's own single worker thread (never asgiref's shared one, where a
     read waiting on a locked file would stall every trigger of the process), with its own
-    connection. Waiting on a locked file is bounded by the connection's ``operation_timeout``.
+    connection. Waiting on a locked file is bounded by the connection's ``operation_timeout``;
+    a caller may cancel its await sooner (``asyncio.wait_for``), and :meth:`aclose` returns at once.
     """
 
     def __init__(self, config: ConnectionConfig) -> None:
@@ -575,11 +576,10 @@ class EmbeddedAsyncOffsetProbe(AsyncOffsetProbe):
             if self._backend is not None:
                 self._backend.close()
 
-        try:
-            # On the probe's thread, after any read still running there (bounded by the busy timeout).
-            await asyncio.get_running_loop().run_in_executor(pool, release)
-        finally:
-            pool.shutdown(wait=False)
+        # Runs on the probe's thread after any read still going there (a cancelled caller does not
+        # stop SQLite; that read ends within the busy timeout). Not awaited: closing never waits on it.
+        pool.submit(release)
+        pool.shutdown(wait=False)
 
 
 __all__ = [
