@@ -206,6 +206,35 @@ def test_closing_consumers_and_publishers_releases_their_connections(backend: Em
     assert open_files() <= before + 2  # ...and gives it back
 
 
+KILLED_AFTER_COMMIT = """
+import os, signal, sys
+from airflow_provider_pulsarstate import ConnectionConfig, open_backend
+from airflow_provider_pulsarstate.engine.offsets import PullConsumer, open_publisher
+backend = open_backend(ConnectionConfig(url=sys.argv[1]))
+publisher = open_publisher(backend, sys.argv[2])
+for i in range(5):
+    publisher.send(b"%d" % i)
+publisher.flush(timeout=10)
+PullConsumer(backend, sys.argv[2], "sub").commit(3)
+os.kill(os.getpid(), signal.SIGKILL)  # no close, no cleanup: only what was durable on return survives
+"""
+
+
+def test_flushes_and_commits_survive_the_process_being_killed(config: ConnectionConfig, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", KILLED_AFTER_COMMIT, str(config.embedded_path), TOPIC], timeout=60)
+    assert done.returncode == -9
+    backend = open_backend(config)
+    try:
+        with PullConsumer(backend, TOPIC, "sub") as consumer:
+            assert consumer.committed() == 3
+            assert [m.value for m in consumer.pull(0).messages] == [b"0", b"1", b"2", b"3", b"4"]
+    finally:
+        backend.close()
+
+
 # -- publishing ------------------------------------------------------------------------------
 def test_concurrent_publishers_keep_offsets_dense_and_each_one_ordered(config: ConnectionConfig) -> None:
     backends = [open_backend(config) for _ in range(3)]
