@@ -166,7 +166,9 @@ class PullConsumer:
             5000 is taken for Kafka's milliseconds and refused rather than answered with None).
         """
         if not isinstance(timestamp, (int, float)) or isinstance(timestamp, bool) or not math.isfinite(timestamp):
-            raise ConfigurationError(f"timestamp must be seconds since the epoch, got {timestamp!r} for topic {self.topic}")
+            raise ConfigurationError(
+                f"timestamp must be seconds since the epoch, got {timestamp!r} for topic {self.topic}"
+            )
         if timestamp > _LATEST_SECONDS:
             raise ConfigurationError(
                 f"timestamp {timestamp!r} looks like milliseconds: pass seconds since the epoch "

@@ -94,7 +94,9 @@ class _Store:
                 yield conn
             except (sqlite3.Error, OSError) as exc:
                 _rollback_quietly(conn)
-                raise BackendUnavailableError(f"{what} failed on embedded state file {self.backend.path}: {exc}") from exc
+                raise BackendUnavailableError(
+                    f"{what} failed on embedded state file {self.backend.path}: {exc}"
+                ) from exc
             except BaseException:
                 _rollback_quietly(conn)
                 raise
@@ -161,7 +163,9 @@ def _offset_range(conn: sqlite3.Connection, stored: str) -> tuple[int, int]:
     return min(beginning, end), end
 
 
-def _out_of_range(backend: EmbeddedBackend, topic: str, partition: int, offset: int, beginning: int, end: int) -> OffsetOutOfRangeError:
+def _out_of_range(
+    backend: EmbeddedBackend, topic: str, partition: int, offset: int, beginning: int, end: int
+) -> OffsetOutOfRangeError:
     where = "below the first retained offset (trimmed)" if offset < beginning else "past the end"
     return OffsetOutOfRangeError(
         f"offset {offset} of topic {backend.topic_url(topic)} partition {partition} is {where}: "
@@ -227,7 +231,9 @@ class EmbeddedOffsetLog(OffsetLog):
             backoff = backoff or Backoff(initial=0.001, maximum=self.backend.poll_interval)
             backoff.sleep(deadline)
 
-    def _read_once(self, partition: int, offset: int, *, max_messages: int, max_bytes: int) -> tuple[list[PulledMessage], int]:
+    def _read_once(
+        self, partition: int, offset: int, *, max_messages: int, max_bytes: int
+    ) -> tuple[list[PulledMessage], int]:
         messages: list[PulledMessage] = []
         with self._store.transaction(f"reading {self.topic} partition {partition} from offset {offset}") as conn:
             stored = _stored_topic(conn, self.backend, self.topic, partition)
@@ -333,7 +339,9 @@ class EmbeddedTopicPublisher(TopicPublisher):
             raise ConfigurationError(f"a message key must be a str, got {type(key).__name__} for topic {self.topic}")
         encoded = None
         if properties:
-            if not isinstance(properties, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in properties.items()):
+            if not isinstance(properties, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in properties.items()
+            ):
                 raise ConfigurationError(f"message properties must map str to str (topic {self.topic})")
             encoded = json.dumps(dict(properties), sort_keys=True)
         with self._lock:
@@ -487,7 +495,8 @@ def trim_embedded_topic(backend: EmbeddedBackend, topic: str, before_offset: int
         raise ConfigurationError(f"before_offset must be a non-negative int, got {before_offset!r} for topic {topic}")
     store = _Store(backend)
     try:
-        with store.transaction(f"trimming {topic} partition {partition} below offset {before_offset}", write=True) as conn:
+        what = f"trimming {topic} partition {partition} below offset {before_offset}"
+        with store.transaction(what, write=True) as conn:
             stored = _stored_topic(conn, backend, topic, partition)
             beginning, end = _offset_range(conn, stored)
             new_beginning = max(beginning, min(before_offset, end))
