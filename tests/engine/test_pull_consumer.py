@@ -473,6 +473,35 @@ def test_two_consumers_never_share_caches(backend: Backend, topic: str, consumer
         assert second.pull(reference[i].offset, max_messages=1).messages == [reference[i]]
 
 
+def test_one_consumer_shared_by_threads(backend: Backend, topic: str, consumers) -> None:
+    create_topic(backend, topic)
+    publish(backend, topic, values(300))
+    consumer = consumers("sub")
+    reference = drain(consumer, consumer.beginning_offsets()[0], size=1000)
+    failures: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for _ in range(40):
+                i, n = rng.randrange(300), rng.randint(1, 20)
+                result = consumer.pull(reference[i].offset, max_messages=n)
+                assert result.messages == reference[i:i + n]
+                if rng.random() < 0.5:  # continuations too
+                    assert consumer.pull(result.next_offset, max_messages=n).messages == reference[i + n:i + 2 * n]
+                consumer.commit(result.next_offset)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures[0]
+    assert consumer.committed() in {m.offset + 1 for m in reference}
+
+
 # -- below the retained range (needs trimming: embedded here) -----------------------------------
 @pytest.fixture
 def embedded(tmp_path: Path) -> Iterator[Backend]:
