@@ -472,3 +472,27 @@ def test_async_probe_reads_ends_and_commits_without_blocking(backend: PulsarBack
     assert end == {0: 7} and committed == {0: 4} and nobody == {0: None}
     assert part_end == ends and part_committed == {0: None, 1: 1}
     assert ticks > 0
+
+
+def test_concurrent_commits_from_two_consumers_retry_until_done(backend: PulsarBackend, topic: str, consumers: Any) -> None:
+    """The broker answers "Subscription Busy" / BadVersion to concurrent cursor updates: each commit
+    retries, and the subscription ends at one of the committed offsets."""
+    publish(backend, topic, [b"x%d" % i for i in range(50)], batching=True, bursts=[10] * 5)
+    a, b = consumers(topic, "shared-sub"), consumers(topic, "shared-sub")
+    errors: list[BaseException] = []
+
+    def work(consumer: PullConsumer, offsets: list[int]) -> None:
+        try:
+            for offset in offsets:
+                consumer.commit(offset)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(a, list(range(0, 50, 3)))),
+               threading.Thread(target=work, args=(b, list(range(1, 50, 3))))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert a.committed() in (48, 49)
