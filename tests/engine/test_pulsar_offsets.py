@@ -535,3 +535,16 @@ def test_offsets_and_commits_survive_a_broker_restart(tmp_path: Any) -> None:
             backend.close()
     finally:
         broker.stop()
+
+
+def test_pulled_messages_pickle_and_compare_as_plain_ones(backend: PulsarBackend, topic: str, consumers: Any) -> None:
+    import pickle
+
+    from airflow_provider_pulsarstate.engine.offsets import PulledMessage
+
+    publish(backend, topic, [b"a", b"b"], batching=True, keys=["k", "k"])
+    message = consumers(topic).pull(1).messages[0]
+    plain = PulledMessage(1, 0, b"b", "k", {}, message.publish_time, message.position)
+    assert message == plain and plain == message and message.publish_time > 0
+    copy = pickle.loads(pickle.dumps(message))
+    assert type(copy) is PulledMessage and copy == plain
