@@ -400,7 +400,7 @@ def test_commit_on_an_empty_topic_and_a_foreign_subscription(backend: PulsarBack
 # -- the reader pool -------------------------------------------------------------------------------------
 def test_reader_pool_reuse_bounds_and_close(backend: PulsarBackend, topic: str, consumers: Any) -> None:
     publish(backend, topic, [b"p%d" % i for i in range(100)], batching=True, bursts=[10] * 10)
-    consumer = PullConsumer(backend, topic, reader_pool_size=2, reader_idle_timeout=1.0)
+    consumer = PullConsumer(backend, topic, reader_pool_size=2, reader_idle_timeout=4.0)
     log = consumer._log
     assert isinstance(log, PulsarOffsetLog)
     r = consumer.pull(0, max_messages=10)
@@ -411,7 +411,7 @@ def test_reader_pool_reuse_bounds_and_close(backend: PulsarBackend, topic: str, 
     assert log.readers_created == 3 and log.pooled_readers() == {0: [55, 75]} and log.open_readers() == 2
     consumer.pull(55, max_messages=5)
     assert log.readers_created == 3 and log.pooled_readers() == {0: [75, 60]}
-    time.sleep(1.2)
+    time.sleep(4.2)
     consumer.pull(0, max_messages=1)  # the idle ones are closed on the next call
     assert log.pooled_readers() == {0: [1]} and log.open_readers() == 1
     stats = backend.admin.topic_stats(topic)

@@ -520,12 +520,20 @@ class PulsarOffsetLog(OffsetLog):
         return expired
 
     def _close_cursors(self, cursors: list[_Cursor]) -> None:
+        """Close evicted, expired or failed readers without making the caller's pull wait for the broker."""
         if not cursors:
             return
         with self._lock:
             for cursor in cursors:
                 self._live.discard(cursor)
         for cursor in cursors:
+            raw = getattr(cursor.reader, "_reader", None)
+            if raw is not None and hasattr(raw, "close_async"):
+                try:
+                    raw.close_async(_ignore)
+                    continue
+                except pulsar.PulsarException:
+                    pass
             _close_quietly(cursor.reader)
 
     def pooled_readers(self) -> dict[int, list[int]]:
@@ -743,6 +751,10 @@ def create_pulsar_topic(backend: PulsarBackend, topic: str, *, partitions: int =
         created = admin.create_partitioned_topic(topic, partitions) if partitions else admin.create_non_partitioned_topic(topic)
         if created:
             return
+
+
+def _ignore(*_args: Any) -> None:
+    pass
 
 
 def _close_quietly(resource: Any) -> None:
