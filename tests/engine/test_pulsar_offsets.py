@@ -548,3 +548,21 @@ def test_pulled_messages_pickle_and_compare_as_plain_ones(backend: PulsarBackend
     assert message == plain and plain == message and message.publish_time > 0
     copy = pickle.loads(pickle.dumps(message))
     assert type(copy) is PulledMessage and copy == plain
+
+
+def test_async_probe_sends_the_token_and_hides_credentials() -> None:
+    admin_url = "http://user:s3cret@127.0.0.1:9"  # nothing listens there
+    from airflow_provider_pulsarstate import ConnectionConfig
+    from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError
+
+    config = ConnectionConfig(url="pulsar://127.0.0.1:6650", admin_url=admin_url, auth_token="tok", operation_timeout=2.0)
+
+    async def probe() -> None:
+        p = open_async_probe(config)
+        assert p._http().headers["Authorization"] == "Bearer tok"  # type: ignore[attr-defined]
+        with pytest.raises(BackendUnavailableError) as info:
+            await p.end_offsets("persistent://public/default/x")
+        assert "s3cret" not in str(info.value) and "127.0.0.1:9" in str(info.value)
+        await p.aclose()
+
+    asyncio.run(probe())

@@ -15,7 +15,11 @@ How offsets are found (facts checked on Pulsar 4.2, see :mod:`.pulsar_index`):
 * **Reader pool.** Per partition, a bounded LRU of readers keyed by the next offset each would
   return: a caller continuing where it stopped reuses one; idle ones are closed after
   ``reader_idle_timeout`` (checked on every call). Readers are created without holding a lock.
-  A bounded offset-to-entry cache per partition saves index look-ups.
+  A bounded offset-to-entry cache per partition saves index look-ups. Like Kafka's fetch buffer,
+  a pooled reader may still hand out messages it received before retention trimmed them; a new
+  reader never starts below the beginning offset.
+* **End offset of a pull.** Exact when the pull reached the tail; otherwise the end offset read
+  at most ``END_TTL`` seconds earlier by this log (never below the pull's ``next_offset``).
 * **Commits.** The committed offset (the next to consume) is stored exactly in the subscription's
   properties (``pulsarstate.next-offset``, durable on return, may move backwards), written before
   the cursor is moved with ``resetcursor``: every entry wholly below it is acknowledged; the entry
