@@ -566,3 +566,60 @@ def test_async_probe_sends_the_token_and_hides_credentials() -> None:
         await p.aclose()
 
     asyncio.run(probe())
+
+
+def test_offsets_counted_inside_a_batch_are_checked_against_the_message_ids() -> None:
+    """Edge case (a stand-in client): if a client ever skipped a message inside a batch, counting
+    offsets would drift; the pull fails instead of mislabelling messages."""
+    from types import SimpleNamespace
+
+    from airflow_provider_pulsarstate.engine.errors import OffsetError
+    from airflow_provider_pulsarstate.engine.offsets.pulsar import _Cursor
+    from airflow_provider_pulsarstate.engine.offsets.pulsar_index import EntryRef
+
+    class Id:
+        def __init__(self, e: int, b: int) -> None:
+            self.e, self.b = e, b
+
+        def ledger_id(self) -> int:
+            return 7
+
+        def entry_id(self) -> int:
+            return self.e
+
+        def batch_index(self) -> int:
+            return self.b
+
+        def serialize(self) -> bytes:
+            return bytes([0x08, 7, 0x10, self.e, 0x20, self.b, 0x30, 3])  # batch_size 3
+
+    class Msg:
+        def __init__(self, e: int, b: int) -> None:
+            self.id = Id(e, b)
+
+        def message_id(self) -> Id:
+            return self.id
+
+        def data(self) -> bytes:
+            return b"%d-%d" % (self.id.e, self.id.b)
+
+    class Reader:
+        def __init__(self, msgs: list[Msg]) -> None:
+            self.msgs = msgs
+
+        def read_next(self, _timeout: int) -> Msg:
+            if not self.msgs:
+                raise pulsar.Timeout()
+            return self.msgs.pop(0)
+
+        def has_message_available(self) -> bool:
+            return False
+
+    fake_backend = SimpleNamespace(admin=None, config=SimpleNamespace(operation_timeout=1.0))
+    log = PulsarOffsetLog(fake_backend, "persistent://public/default/fake")  # type: ignore[arg-type]
+    whole = _Cursor(0, "t", Reader([Msg(0, 0), Msg(0, 1), Msg(0, 2), Msg(1, 0)]), 0, entry=EntryRef(7, 0, 0, 3))  # type: ignore[arg-type]
+    messages, _ = log._fill(whole, max_messages=10, max_bytes=1 << 20, timeout=0)
+    assert [(m.offset, m.value) for m in messages] == [(0, b"0-0"), (1, b"0-1"), (2, b"0-2"), (3, b"1-0")]
+    skipped = _Cursor(0, "t", Reader([Msg(0, 0), Msg(0, 2), Msg(1, 0)]), 0, entry=EntryRef(7, 0, 0, 3))  # type: ignore[arg-type]
+    with pytest.raises(OffsetError, match="drifted"):
+        log._fill(skipped, max_messages=10, max_bytes=1 << 20, timeout=0)

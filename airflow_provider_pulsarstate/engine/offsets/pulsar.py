@@ -428,9 +428,22 @@ class PulsarOffsetLog(OffsetLog):
                 next_offset = pm.offset + 1
                 if size >= max_bytes:
                     break
+            if count and type(messages[-1]) is _PulsarMessage:
+                self._check_position(cursor, messages[-1])
         finally:
             cursor.next_offset = next_offset
         return messages, at_tail
+
+    def _check_position(self, cursor: _Cursor, last: _PulsarMessage) -> None:
+        """Inside a batch offsets are counted, not read: once per pull, check the count against the
+        last message's own id (a mismatch would mean the client skipped messages of a batch)."""
+        mid = last._raw.message_id()
+        actual = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
+        if actual != last.position:
+            raise OffsetError(
+                f"offsets of {cursor.topic} drifted: the message counted at {last.position} is at {actual}; "
+                "its reader is discarded"
+            )
 
     def _next_entry(self, cursor: _Cursor, mid: Any, ledger: int, entry: int, batch: int) -> EntryRef:
         """The offsets of a new entry: from the previous one when it directly follows it in the same
