@@ -600,7 +600,9 @@ class PulsarOffsetLog(OffsetLog):
         properties = self._admin.subscription_properties(pt, subscription)
         if properties is None:
             self._admin.create_subscription(pt, subscription, ledger=target["ledger"], entry=target["entry"])
-            properties = self._admin.subscription_properties(pt, subscription) or {}
+            properties = self._admin.subscription_properties(pt, subscription)
+            if properties is None:
+                return False  # another process is creating it: try again
         properties[COMMITTED_PROPERTY] = str(next_offset)
         return self._admin.set_subscription_properties(pt, subscription, properties) and self._admin.reset_cursor(
             pt, subscription, **target
