@@ -118,18 +118,20 @@ class _PulsarMessage(PulledMessage):
         return self._raw.publish_timestamp() / 1000.0
 
     def plain(self) -> PulledMessage:
-        return PulledMessage(self.offset, self.partition, self.value, self.key, self.properties, self.publish_time, self.position)
+        """The same message as a plain PulledMessage (detached from the client's message)."""
+        return PulledMessage(*_fields_of(self))
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, PulledMessage):
-            return (self.offset, self.partition, self.value, self.key, self.properties, self.publish_time, self.position) == (
-                other.offset, other.partition, other.value, other.key, other.properties, other.publish_time, other.position)
-        return NotImplemented
+        return _fields_of(self) == _fields_of(other) if isinstance(other, PulledMessage) else NotImplemented
 
     __hash__ = None  # type: ignore[assignment]
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (PulledMessage, (self.offset, self.partition, self.value, self.key, self.properties, self.publish_time, self.position))
+        return (PulledMessage, _fields_of(self))
+
+
+def _fields_of(m: PulledMessage) -> tuple[Any, ...]:
+    return (m.offset, m.partition, m.value, m.key, m.properties, m.publish_time, m.position)
 
 
 # Built field by field in the read loop (a third of the cost of a frozen dataclass's __init__).
@@ -362,7 +364,9 @@ class PulsarOffsetLog(OffsetLog):
             raise ClosedError(f"offset log of {self.topic} is closed")
         return cursor
 
-    def _fill(self, cursor: _Cursor, *, max_messages: int, max_bytes: int, timeout: float) -> tuple[list[PulledMessage], bool]:
+    def _fill(
+        self, cursor: _Cursor, *, max_messages: int, max_bytes: int, timeout: float
+    ) -> tuple[list[PulledMessage], bool]:
         """Read into a list until ``max_messages``, ``max_bytes`` or the tail; True when the tail stopped it.
 
         The per-message path is kept flat (it is most of a pull's cost): the client's own reader
@@ -594,7 +598,8 @@ class PulsarOffsetLog(OffsetLog):
                         f"the subscription stayed busy for {self._backend.config.operation_timeout:.0f}s"
                     )
                 backoff.sleep(deadline)
-        log.debug("committed %s partition %d subscription %s at %d (%s)", self.topic, partition, subscription, next_offset, target)
+        log.debug("committed %s partition %d subscription %s at %d (%s)",
+                  self.topic, partition, subscription, next_offset, target)
 
     def _try_commit(self, pt: str, subscription: str, next_offset: int, target: dict[str, Any]) -> bool:
         properties = self._admin.subscription_properties(pt, subscription)
@@ -679,7 +684,9 @@ class PulsarTopicPublisher(TopicPublisher):
         self.topic = topic
         self._backend = backend
         if backend.admin.partition_count(topic) is None:
-            raise UnknownTopicError(f"topic {topic} does not exist on {backend.topic_url(topic)}; create it first (create_topic)")
+            raise UnknownTopicError(
+                f"topic {topic} does not exist on {backend.topic_url(topic)}; create it first (create_topic)"
+            )
         self._cond = threading.Condition()
         self._pending = 0
         self._error: str | None = None
@@ -698,12 +705,16 @@ class PulsarTopicPublisher(TopicPublisher):
         if not isinstance(value, (bytes, bytearray, memoryview)):
             raise ConfigurationError(f"message value must be bytes, got {type(value).__name__} for topic {self.topic}")
         if key is not None and not isinstance(key, str):
-            raise ConfigurationError(f"message key must be a str or None, got {type(key).__name__} for topic {self.topic}")
+            raise ConfigurationError(
+                f"message key must be a str or None, got {type(key).__name__} for topic {self.topic}"
+            )
         if properties is not None and (
             not isinstance(properties, Mapping)
             or not all(isinstance(k, str) and isinstance(v, str) for k, v in properties.items())
         ):
-            raise ConfigurationError(f"message properties must map str to str, got {properties!r} for topic {self.topic}")
+            raise ConfigurationError(
+                f"message properties must map str to str, got {properties!r} for topic {self.topic}"
+            )
         producer = self._producer
         if producer is None:
             raise ClosedError(f"publisher of {self.topic} is closed")
@@ -767,7 +778,10 @@ def create_pulsar_topic(backend: PulsarBackend, topic: str, *, partitions: int =
             if existing != partitions:
                 raise ConfigurationError(f"topic {topic} exists with {existing} partitions, not {partitions}")
             return
-        created = admin.create_partitioned_topic(topic, partitions) if partitions else admin.create_non_partitioned_topic(topic)
+        if partitions:
+            created = admin.create_partitioned_topic(topic, partitions)
+        else:
+            created = admin.create_non_partitioned_topic(topic)
         if created:
             return
 
