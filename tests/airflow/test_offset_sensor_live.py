@@ -98,7 +98,12 @@ def test_start_from_trigger_completes_the_task_without_a_worker(
         )
         assert triggered.returncode == 0, triggered.stdout[-3000:] + triggered.stderr[-3000:]
 
-        _wait("the sensor to be deferred", lambda: _ti_state(run_id) == "deferred", 180, logs)
+        def deferred() -> bool:
+            state = _ti_state(run_id)
+            assert state not in ("failed", "up_for_retry", "success", "skipped"), f"the sensor ended {state} without deferring"
+            return state == "deferred"
+
+        _wait("the sensor to be deferred", deferred, 180, logs)
         time.sleep(1.0)  # the trigger polls 2 of 5 messages a few times
         assert _ti_state(run_id) == "deferred"
         with PulsarStateHook() as hook:
