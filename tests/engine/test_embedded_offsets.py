@@ -6,6 +6,8 @@ The back-end-neutral semantics are in test_pull_consumer.py.
 
 from __future__ import annotations
 
+import logging
+
 import asyncio
 import os
 import random
@@ -140,7 +142,9 @@ def test_delete_topic_removes_its_offset_rows(backend: EmbeddedBackend) -> None:
 
 
 def test_a_topic_with_entries_is_non_partitioned(backend: EmbeddedBackend) -> None:
-    publish(backend, TOPIC, [b"a"])  # publishing creates it, as Pulsar's auto creation does
+    writer = backend.open_shared_writer(TOPIC)  # e.g. a state log: any topic with entries can be read by offset
+    writer.append([b"a"], timeout=10)
+    writer.close()
     create_topic(backend, TOPIC)
     with pytest.raises(ConfigurationError, match="exists with 0 partitions, not 2"):
         create_topic(backend, TOPIC, partitions=2)
@@ -155,13 +159,24 @@ def test_sqlite_errors_become_ours(tmp_path: Path) -> None:
             PullConsumer(backend, TOPIC).end_offsets()
         with pytest.raises(BackendUnavailableError, match="not-a-db"):
             create_topic(backend, TOPIC)
-        publisher = open_publisher(backend, TOPIC)
-        publisher.send(b"x")
         with pytest.raises(BackendUnavailableError, match="not-a-db"):
-            publisher.flush(timeout=1)
+            open_publisher(backend, TOPIC)
     finally:
-        backend.close()  # the publisher's last flush fails: logged, and the back end still closes
+        backend.close()
     assert backend._closed  # type: ignore[attr-defined]
+
+
+def test_a_failing_last_flush_is_logged_and_the_back_end_still_closes(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "state.db"
+    backend = open_backend(ConnectionConfig(url=str(path)))
+    create_topic(backend, TOPIC)
+    publisher = open_publisher(backend, TOPIC)
+    publisher.send(b"x")
+    publisher._conn.close()  # type: ignore[attr-defined,union-attr]  # the connection breaks under it
+    with caplog.at_level(logging.WARNING):
+        backend.close()
+    assert backend._closed  # type: ignore[attr-defined]
+    assert any(TOPIC in r.getMessage() for r in caplog.records), caplog.text
     with pytest.raises(ClosedError):
         publisher.send(b"y")
 
@@ -209,8 +224,9 @@ def test_closing_consumers_and_publishers_releases_their_connections(backend: Em
 KILLED_AFTER_COMMIT = """
 import os, signal, sys
 from airflow_provider_pulsarstate import ConnectionConfig, open_backend
-from airflow_provider_pulsarstate.engine.offsets import PullConsumer, open_publisher
+from airflow_provider_pulsarstate.engine.offsets import PullConsumer, create_topic, open_publisher
 backend = open_backend(ConnectionConfig(url=sys.argv[1]))
+create_topic(backend, sys.argv[2])
 publisher = open_publisher(backend, sys.argv[2])
 for i in range(5):
     publisher.send(b"%d" % i)

@@ -306,6 +306,8 @@ def test_unknown_topic_is_a_clear_error_and_is_not_created(backend: Backend, con
                  lambda: consumer.offsets_for_times(0.0)):
         with pytest.raises(UnknownTopicError, match=f"missing-"):
             call()
+    with pytest.raises(UnknownTopicError, match="create_topic"):  # a mistyped name never starts a topic
+        open_publisher(backend, missing)
     with pytest.raises(UnknownTopicError):  # asking did not create it
         consumer.partitions()
 

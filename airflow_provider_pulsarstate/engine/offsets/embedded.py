@@ -314,8 +314,10 @@ class EmbeddedTopicPublisher(TopicPublisher):
     Queued messages are written in one transaction (when the queue holds 1000 messages or 1 MiB,
     at :meth:`flush` and at :meth:`close`). On a partitioned topic a message goes to partition
     ``crc32(key) % partitions`` (so one key always lands in one partition), round robin without a
-    key. Publish times are stamped in the write and never decrease along a partition. Publishing
-    to a topic that does not exist creates it (non-partitioned), as Pulsar does by default.
+    key. Publish times are stamped in the write and never decrease along a partition.
+
+    :raises UnknownTopicError: the topic does not exist (create it with ``create_topic``), as on
+        Pulsar: a mistyped name never silently starts a new topic.
     """
 
     def __init__(self, backend: EmbeddedBackend, topic: str) -> None:
@@ -327,7 +329,15 @@ class EmbeddedTopicPublisher(TopicPublisher):
         self._queued_bytes = 0
         self._next_partition = 0
         self._lock = threading.Lock()
-        self._conn: sqlite3.Connection | None = None
+        self._conn: sqlite3.Connection | None = backend.connect()
+        try:
+            _partition_count(self._conn, backend, topic)
+        except sqlite3.Error as exc:
+            _close_quietly(self._conn)
+            raise BackendUnavailableError(f"cannot open a publisher of {backend.topic_url(topic)}: {exc}") from exc
+        except BaseException:
+            _close_quietly(self._conn)
+            raise
         self._closed = False
         self._tracked = _OnBackendClose(self)
         backend._track(self._tracked)
@@ -399,7 +409,7 @@ class EmbeddedTopicPublisher(TopicPublisher):
                 )
         except sqlite3.Error as exc:
             _rollback_quietly(conn)
-            if exc.sqlite_errorname in _BUSY:
+            if getattr(exc, "sqlite_errorname", None) in _BUSY:  # ProgrammingError has none
                 raise OperationTimeoutError(
                     f"publishing {len(self._queue)} message(s) to {url}: the state file stayed locked for "
                     f"{timeout:.1f}s; nothing was written, they stay queued"
