@@ -64,8 +64,35 @@ CREATE TABLE IF NOT EXISTS entries (
     publish_time REAL    NOT NULL,
     PRIMARY KEY (topic, pos)
 ) WITHOUT ROWID;
+-- Offset consumption (engine/offsets/embedded.py); added later, so an older file gains them here.
+CREATE TABLE IF NOT EXISTS offset_topics (
+    name       TEXT    PRIMARY KEY,
+    partitions INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS entry_meta (
+    topic      TEXT    NOT NULL,
+    pos        INTEGER NOT NULL,
+    key        TEXT,
+    properties TEXT,
+    PRIMARY KEY (topic, pos)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS topic_trims (
+    topic     TEXT    PRIMARY KEY,
+    beginning INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS subscriptions (
+    topic        TEXT    NOT NULL,
+    subscription TEXT    NOT NULL,
+    committed    INTEGER NOT NULL,
+    PRIMARY KEY (topic, subscription)
+) WITHOUT ROWID;
 """
 _READ_BATCH = 512
+# Every row that belongs to one topic (delete_topic removes them all).
+_TOPIC_ROWS = (
+    ("entries", "topic"), ("topics", "name"), ("offset_topics", "name"), ("entry_meta", "topic"),
+    ("topic_trims", "topic"), ("subscriptions", "topic"),
+)
 
 
 class EmbeddedBackend(Backend):
@@ -215,8 +242,10 @@ class EmbeddedBackend(Backend):
         conn = self.connect()
         try:
             conn.execute("BEGIN IMMEDIATE")
-            conn.execute("DELETE FROM entries WHERE topic = ?", (topic,))
-            conn.execute("DELETE FROM topics WHERE name = ?", (topic,))
+            row = conn.execute("SELECT partitions FROM offset_topics WHERE name = ?", (topic,)).fetchone()
+            for name in [topic] + [f"{topic}-partition-{k}" for k in range(row[0] if row else 0)]:
+                for table, column in _TOPIC_ROWS:
+                    conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (name,))
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             _rollback_quietly(conn)

@@ -1,0 +1,570 @@
+"""Offset consumption on the embedded back end: an offset is the entry's position in its topic.
+
+Positions are dense from 0 (the appenders number entries ``MAX(pos) + 1`` inside an IMMEDIATE
+transaction), so offsets never skip. The tables (declared with the rest of the schema in
+:mod:`~airflow_provider_pulsarstate.engine.backends.embedded`, created when missing so older
+state files keep working):
+
+* ``entries``: the messages, shared with state logs (any topic can be consumed by offset);
+* ``entry_meta``: a message's key and properties (only for messages that have them);
+* ``offset_topics``: topics created by :func:`create_embedded_topic` and their partition count.
+  Partition ``K`` of a partitioned topic ``T`` is stored as topic ``T-partition-K``, as Pulsar names it;
+* ``topic_trims``: the first retained offset after :func:`trim_embedded_topic`;
+* ``subscriptions``: each subscription's committed offset (the next to consume) per partition.
+
+A topic exists when it was created, or when it has (or had) entries. Every ``sqlite3`` or OS
+error becomes one of our errors, as everywhere in the embedded back end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sqlite3
+import threading
+import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterator, Mapping, TypeVar
+
+from airflow_provider_pulsarstate.engine.backends.embedded import (
+    EmbeddedBackend,
+    _close_quietly,
+    _rollback_quietly,
+)
+from airflow_provider_pulsarstate.engine.config import ConnectionConfig
+from airflow_provider_pulsarstate.engine.errors import (
+    BackendUnavailableError,
+    ClosedError,
+    ConfigurationError,
+    CorruptEntryError,
+    OffsetOutOfRangeError,
+    OperationTimeoutError,
+    UnknownOutcomeError,
+    UnknownPartitionError,
+    UnknownTopicError,
+)
+from airflow_provider_pulsarstate.engine.offsets.base import (
+    AsyncOffsetProbe,
+    OffsetLog,
+    PulledMessage,
+    TopicPublisher,
+)
+from airflow_provider_pulsarstate.engine.retry import Backoff
+
+T = TypeVar("T")
+
+# Options PullConsumer passes to every back end; the embedded log reads by position and needs none.
+_POOL_OPTIONS = frozenset({"reader_pool_size", "reader_idle_timeout", "position_cache_size"})
+# A publisher writes its queue once it holds this many messages or bytes.
+_QUEUE_MESSAGES = 1000
+_QUEUE_BYTES = 1 << 20
+_BUSY = frozenset({"SQLITE_BUSY", "SQLITE_LOCKED"})
+
+
+def partition_topic(topic: str, partition: int) -> str:
+    """The name partition ``partition`` of ``topic`` is stored under (Pulsar's naming)."""
+    return f"{topic}-partition-{partition}"
+
+
+class _Store:
+    """One connection to the state file and the queries offsets need (thread-safe: one lock)."""
+
+    def __init__(self, backend: EmbeddedBackend) -> None:
+        self.backend = backend
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @contextlib.contextmanager
+    def transaction(self, what: str, *, write: bool = False) -> Iterator[sqlite3.Connection]:
+        """A transaction (a consistent snapshot when reading); sqlite errors become ours."""
+        with self._lock:
+            if self._closed:
+                raise ClosedError(f"offset log of {self.backend.path} is closed")
+            if self._conn is None:
+                self._conn = self.backend.connect()
+            conn = self._conn
+            try:
+                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                yield conn
+            except (sqlite3.Error, OSError) as exc:
+                _rollback_quietly(conn)
+                raise BackendUnavailableError(f"{what} failed on embedded state file {self.backend.path}: {exc}") from exc
+            except BaseException:
+                _rollback_quietly(conn)
+                raise
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if conn.in_transaction or not write:
+                    _rollback_quietly(conn)
+                    raise BackendUnavailableError(
+                        f"{what} failed on embedded state file {self.backend.path}, nothing was written: {exc}"
+                    ) from exc
+                raise UnknownOutcomeError(f"{what}: the commit failed ({exc}); it may or may not be recorded") from exc
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._conn is not None:
+                conn, self._conn = self._conn, None
+                _close_quietly(conn)
+
+
+# -- queries (inside a transaction) -------------------------------------------------------------
+def _partition_count(conn: sqlite3.Connection, backend: EmbeddedBackend, topic: str) -> int:
+    row = conn.execute("SELECT partitions FROM offset_topics WHERE name = ?", (topic,)).fetchone()
+    if row is not None:
+        return int(row[0])
+    if _has_rows(conn, topic):
+        return 0
+    raise UnknownTopicError(f"topic {backend.topic_url(topic)} does not exist (create it with create_topic)")
+
+
+def _has_rows(conn: sqlite3.Connection, stored: str) -> bool:
+    return (
+        conn.execute("SELECT 1 FROM entries WHERE topic = ? LIMIT 1", (stored,)).fetchone() is not None
+        or conn.execute("SELECT 1 FROM topic_trims WHERE topic = ?", (stored,)).fetchone() is not None
+    )
+
+
+def _stored_topic(conn: sqlite3.Connection, backend: EmbeddedBackend, topic: str, partition: int) -> str:
+    """The topic partition ``partition`` is stored under; UnknownTopic/PartitionError when absent."""
+    count = _partition_count(conn, backend, topic)
+    if count == 0:
+        if partition != 0:
+            raise UnknownPartitionError(
+                f"topic {backend.topic_url(topic)} is not partitioned (use partition 0): no partition {partition}"
+            )
+        return topic
+    if not 0 <= partition < count:
+        raise UnknownPartitionError(
+            f"topic {backend.topic_url(topic)} has partitions 0..{count - 1}: no partition {partition}"
+        )
+    return partition_topic(topic, partition)
+
+
+def _offset_range(conn: sqlite3.Connection, stored: str) -> tuple[int, int]:
+    """``(beginning, end)`` of a stored topic. A trim keeps the last entry (it numbers the next
+    append), so ``topic_trims`` is what says where the retained range begins."""
+    last = conn.execute("SELECT MAX(pos) FROM entries WHERE topic = ?", (stored,)).fetchone()[0]
+    first = conn.execute("SELECT MIN(pos) FROM entries WHERE topic = ?", (stored,)).fetchone()[0]
+    trim = conn.execute("SELECT beginning FROM topic_trims WHERE topic = ?", (stored,)).fetchone()
+    trimmed = int(trim[0]) if trim else 0
+    end = int(last) + 1 if last is not None else trimmed
+    beginning = max(int(first) if first is not None else end, trimmed)
+    return min(beginning, end), end
+
+
+def _out_of_range(backend: EmbeddedBackend, topic: str, partition: int, offset: int, beginning: int, end: int) -> OffsetOutOfRangeError:
+    where = "below the first retained offset (trimmed)" if offset < beginning else "past the end"
+    return OffsetOutOfRangeError(
+        f"offset {offset} of topic {backend.topic_url(topic)} partition {partition} is {where}: "
+        f"the retained range is [{beginning}, {end}] (pass auto_offset_reset='earliest' or 'latest' to reset)",
+        topic=topic, partition=partition, offset=offset, beginning=beginning, end=end,
+    )
+
+
+def _properties(raw: str | None, topic: str, pos: int) -> dict[str, str]:
+    if raw is None:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise CorruptEntryError(topic=topic, position=pos, cause=f"message properties are not JSON: {exc}") from exc
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise CorruptEntryError(topic=topic, position=pos, cause="message properties are not a str -> str mapping")
+    return value
+
+
+class EmbeddedOffsetLog(OffsetLog):
+    """One topic of the embedded log, addressed by offsets (= entry positions). Thread-safe.
+
+    Reads go straight to the entry at an offset (no reader pool or position cache is needed:
+    ``reader_pool_size``, ``reader_idle_timeout`` and ``position_cache_size`` are accepted and
+    unused). Every call reads one consistent snapshot of the file. Commits are durable on return.
+    """
+
+    def __init__(self, backend: EmbeddedBackend, topic: str, **options: Any) -> None:
+        unknown = sorted(set(options) - _POOL_OPTIONS)
+        if unknown:
+            raise ConfigurationError(f"unknown option(s) for the offset log of {topic}: {', '.join(unknown)}")
+        if not topic:
+            raise ConfigurationError("topic must not be empty")
+        self.backend = backend
+        self.topic = topic
+        self._store = _Store(backend)
+        backend._track(self)
+
+    def partitions(self) -> int:
+        with self._store.transaction(f"reading the partitions of {self.topic}") as conn:
+            return _partition_count(conn, self.backend, self.topic)
+
+    def _range(self, partition: int) -> tuple[int, int]:
+        with self._store.transaction(f"reading the offsets of {self.topic} partition {partition}") as conn:
+            return _offset_range(conn, _stored_topic(conn, self.backend, self.topic, partition))
+
+    def beginning_offset(self, partition: int) -> int:
+        return self._range(partition)[0]
+
+    def end_offset(self, partition: int) -> int:
+        return self._range(partition)[1]
+
+    def read(
+        self, partition: int, offset: int, *, max_messages: int, max_bytes: int, timeout: float
+    ) -> tuple[list[PulledMessage], int]:
+        deadline = time.monotonic() + timeout
+        backoff: Backoff | None = None
+        while True:
+            messages, end = self._read_once(partition, offset, max_messages=max_messages, max_bytes=max_bytes)
+            if messages or time.monotonic() >= deadline:
+                return messages, end
+            backoff = backoff or Backoff(initial=0.001, maximum=self.backend.poll_interval)
+            backoff.sleep(deadline)
+
+    def _read_once(self, partition: int, offset: int, *, max_messages: int, max_bytes: int) -> tuple[list[PulledMessage], int]:
+        messages: list[PulledMessage] = []
+        with self._store.transaction(f"reading {self.topic} partition {partition} from offset {offset}") as conn:
+            stored = _stored_topic(conn, self.backend, self.topic, partition)
+            beginning, end = _offset_range(conn, stored)
+            if not beginning <= offset <= end:
+                raise _out_of_range(self.backend, self.topic, partition, offset, beginning, end)
+            rows = conn.execute(
+                "SELECT e.pos, e.payload, e.publish_time, m.key, m.properties FROM entries e "
+                "LEFT JOIN entry_meta m ON m.topic = e.topic AND m.pos = e.pos "
+                "WHERE e.topic = ? AND e.pos >= ? ORDER BY e.pos LIMIT ?",
+                (stored, offset, max_messages),
+            )
+            total = 0
+            for pos, payload, publish_time, key, properties in rows:
+                size = len(payload)
+                if messages and total + size > max_bytes:
+                    break
+                messages.append(PulledMessage(
+                    offset=pos, partition=partition, value=bytes(payload), key=key,
+                    properties=_properties(properties, stored, pos), publish_time=publish_time, position=pos,
+                ))
+                total += size
+                if total >= max_bytes:
+                    break
+        return messages, end
+
+    def offset_for_time(self, partition: int, timestamp: float) -> int | None:
+        with self._store.transaction(f"searching {self.topic} partition {partition} by time") as conn:
+            stored = _stored_topic(conn, self.backend, self.topic, partition)
+            beginning, end = _offset_range(conn, stored)
+
+            def published(pos: int) -> float:
+                return conn.execute(
+                    "SELECT publish_time FROM entries WHERE topic = ? AND pos = ?", (stored, pos)
+                ).fetchone()[0]
+
+            if beginning == end or published(end - 1) < timestamp:
+                return None
+            # Publish times never decrease along positions (stamped inside the append transaction).
+            low, high = beginning, end - 1
+            while low < high:
+                middle = (low + high) // 2
+                if published(middle) >= timestamp:
+                    high = middle
+                else:
+                    low = middle + 1
+            return low
+
+    def commit(self, subscription: str, partition: int, next_offset: int) -> None:
+        with self._store.transaction(
+            f"committing offset {next_offset} of {self.topic} partition {partition} for subscription {subscription!r}",
+            write=True,
+        ) as conn:
+            stored = _stored_topic(conn, self.backend, self.topic, partition)
+            beginning, end = _offset_range(conn, stored)
+            if not beginning <= next_offset <= end:
+                raise _out_of_range(self.backend, self.topic, partition, next_offset, beginning, end)
+            conn.execute(
+                "INSERT INTO subscriptions(topic, subscription, committed) VALUES (?, ?, ?) "
+                "ON CONFLICT(topic, subscription) DO UPDATE SET committed = excluded.committed",
+                (stored, subscription, next_offset),
+            )
+
+    def committed(self, subscription: str, partition: int) -> int | None:
+        with self._store.transaction(f"reading the committed offset of {subscription!r} on {self.topic}") as conn:
+            stored = _stored_topic(conn, self.backend, self.topic, partition)
+            row = conn.execute(
+                "SELECT committed FROM subscriptions WHERE topic = ? AND subscription = ?", (stored, subscription)
+            ).fetchone()
+        return None if row is None else int(row[0])
+
+    def close(self) -> None:
+        self._store.close()
+        self.backend._untrack(self)
+
+
+class EmbeddedTopicPublisher(TopicPublisher):
+    """Publishes messages to a topic of the embedded log; they become durable at :meth:`flush`.
+
+    Queued messages are written in one transaction (when the queue holds 1000 messages or 1 MiB,
+    at :meth:`flush` and at :meth:`close`). On a partitioned topic a message goes to partition
+    ``crc32(key) % partitions`` (so one key always lands in one partition), round robin without a
+    key. Publish times are stamped in the write and never decrease along a partition. Publishing
+    to a topic that does not exist creates it (non-partitioned), as Pulsar does by default.
+    """
+
+    def __init__(self, backend: EmbeddedBackend, topic: str) -> None:
+        if not topic:
+            raise ConfigurationError("topic must not be empty")
+        self.backend = backend
+        self.topic = topic
+        self._queue: list[tuple[bytes, str | None, str | None]] = []
+        self._queued_bytes = 0
+        self._next_partition = 0
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._closed = False
+        backend._track(self)
+
+    def send(self, value: bytes, *, key: str | None = None, properties: Mapping[str, str] | None = None) -> None:
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise ConfigurationError(f"a message to {self.topic} must be bytes, got {type(value).__name__}")
+        if key is not None and not isinstance(key, str):
+            raise ConfigurationError(f"a message key must be a str, got {type(key).__name__} for topic {self.topic}")
+        encoded = None
+        if properties:
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in properties.items()):
+                raise ConfigurationError(f"message properties must map str to str (topic {self.topic})")
+            encoded = json.dumps(dict(properties), sort_keys=True)
+        with self._lock:
+            if self._closed:
+                raise ClosedError(f"publisher of {self.topic} is closed")
+            self._queue.append((bytes(value), key, encoded))
+            self._queued_bytes += len(value)
+            if len(self._queue) >= _QUEUE_MESSAGES or self._queued_bytes >= _QUEUE_BYTES:
+                self._write(timeout=self.backend.busy_timeout)
+
+    def flush(self, *, timeout: float) -> None:
+        with self._lock:
+            if self._closed:
+                raise ClosedError(f"publisher of {self.topic} is closed")
+            self._write(timeout=timeout)
+
+    def _write(self, *, timeout: float) -> None:
+        """Write the queue in one transaction. On a definite failure the queue is kept (flush again)."""
+        if not self._queue:
+            return
+        url = self.backend.topic_url(self.topic)
+        if self._conn is None:
+            self._conn = self.backend.connect()
+        conn = self._conn
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {max(1, int(timeout * 1000))}")
+            conn.execute("BEGIN IMMEDIATE")
+            row = conn.execute("SELECT partitions FROM offset_topics WHERE name = ?", (self.topic,)).fetchone()
+            count = int(row[0]) if row else 0
+            routed: dict[str, list[tuple[bytes, str | None, str | None]]] = {}
+            next_partition = self._next_partition
+            for message in self._queue:
+                if count == 0:
+                    stored = self.topic
+                elif message[1] is not None:
+                    stored = partition_topic(self.topic, zlib.crc32(message[1].encode()) % count)
+                else:
+                    stored = partition_topic(self.topic, next_partition % count)
+                    next_partition += 1
+                routed.setdefault(stored, []).append(message)
+            now = time.time()
+            for stored, messages in routed.items():
+                last = conn.execute(
+                    "SELECT pos, publish_time FROM entries WHERE topic = ? ORDER BY pos DESC LIMIT 1", (stored,)
+                ).fetchone()
+                first = last[0] + 1 if last else 0
+                stamp = max(now, last[1]) if last else now
+                conn.executemany(
+                    "INSERT INTO entries(topic, pos, payload, publish_time) VALUES (?, ?, ?, ?)",
+                    [(stored, first + i, m[0], stamp) for i, m in enumerate(messages)],
+                )
+                conn.executemany(
+                    "INSERT OR REPLACE INTO entry_meta(topic, pos, key, properties) VALUES (?, ?, ?, ?)",
+                    [(stored, first + i, m[1], m[2]) for i, m in enumerate(messages) if m[1] is not None or m[2]],
+                )
+        except sqlite3.Error as exc:
+            _rollback_quietly(conn)
+            if exc.sqlite_errorname in _BUSY:
+                raise OperationTimeoutError(
+                    f"publishing {len(self._queue)} message(s) to {url}: the state file stayed locked for "
+                    f"{timeout:.1f}s; nothing was written, they stay queued"
+                ) from exc
+            raise BackendUnavailableError(
+                f"publishing {len(self._queue)} message(s) to {url} failed, nothing was written "
+                f"(they stay queued): {exc}"
+            ) from exc
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                _rollback_quietly(conn)
+                raise BackendUnavailableError(
+                    f"publishing {len(self._queue)} message(s) to {url} failed, nothing was written "
+                    f"(they stay queued): {exc}"
+                ) from exc
+            count_lost = len(self._queue)
+            self._queue.clear()
+            self._queued_bytes = 0
+            raise UnknownOutcomeError(
+                f"committing {count_lost} message(s) to {url} failed ({exc}); they may or may not have been published"
+            ) from exc
+        self._next_partition = next_partition
+        self._queue.clear()
+        self._queued_bytes = 0
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                self._write(timeout=self.backend.busy_timeout)
+            finally:
+                self._closed = True
+                if self._conn is not None:
+                    _close_quietly(self._conn)
+                    self._conn = None
+                self.backend._untrack(self)
+
+
+def create_embedded_topic(backend: EmbeddedBackend, topic: str, *, partitions: int) -> None:
+    """Create ``topic`` on the embedded log (``partitions`` > 0: a partitioned topic whose
+    partition ``K`` is stored as ``<topic>-partition-K``). An identical existing topic is fine.
+
+    :raises ConfigurationError: ``partitions`` is negative, or the topic exists with another count
+        (a topic that has entries but was never created is non-partitioned).
+    """
+    if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 0:
+        raise ConfigurationError(f"partitions must be a non-negative int, got {partitions!r} for topic {topic}")
+    if not topic:
+        raise ConfigurationError("topic must not be empty")
+    store = _Store(backend)
+    try:
+        with store.transaction(f"creating topic {topic}", write=True) as conn:
+            row = conn.execute("SELECT partitions FROM offset_topics WHERE name = ?", (topic,)).fetchone()
+            existing = int(row[0]) if row else (0 if _has_rows(conn, topic) else None)
+            if existing is not None and existing != partitions:
+                raise ConfigurationError(
+                    f"topic {backend.topic_url(topic)} exists with {existing} partitions, not {partitions}"
+                )
+            if row is None:
+                conn.execute("INSERT INTO offset_topics(name, partitions) VALUES (?, ?)", (topic, partitions))
+    finally:
+        store.close()
+
+
+def trim_embedded_topic(backend: EmbeddedBackend, topic: str, before_offset: int, *, partition: int = 0) -> int:
+    """Drop the messages of ``topic``'s ``partition`` below ``before_offset`` (retention on the
+    embedded log). Returns the new first retained offset: ``before_offset`` capped at the end, never
+    below the current beginning. Committed offsets are kept: a subscription that had not reached
+    the new beginning then gets :class:`OffsetOutOfRangeError` (or its consumer's auto reset).
+
+    :raises UnknownTopicError, UnknownPartitionError: no such topic or partition.
+    """
+    if not isinstance(before_offset, int) or isinstance(before_offset, bool) or before_offset < 0:
+        raise ConfigurationError(f"before_offset must be a non-negative int, got {before_offset!r} for topic {topic}")
+    store = _Store(backend)
+    try:
+        with store.transaction(f"trimming {topic} partition {partition} below offset {before_offset}", write=True) as conn:
+            stored = _stored_topic(conn, backend, topic, partition)
+            beginning, end = _offset_range(conn, stored)
+            new_beginning = max(beginning, min(before_offset, end))
+            # The last entry stays (trimmed or not): the next append numbers itself after it.
+            drop_below = min(new_beginning, end - 1)
+            conn.execute("DELETE FROM entries WHERE topic = ? AND pos < ?", (stored, drop_below))
+            conn.execute("DELETE FROM entry_meta WHERE topic = ? AND pos < ?", (stored, drop_below))
+            conn.execute(
+                "INSERT INTO topic_trims(topic, beginning) VALUES (?, ?) "
+                "ON CONFLICT(topic) DO UPDATE SET beginning = excluded.beginning",
+                (stored, new_beginning),
+            )
+    finally:
+        store.close()
+    return new_beginning
+
+
+class EmbeddedAsyncOffsetProbe(AsyncOffsetProbe):
+    """Offsets of the embedded log read without blocking the event loop.
+
+    Every read runs on this probe's own single worker thread (never asgiref's shared one, where a
+    read waiting on a locked file would stall every trigger of the process), with its own
+    connection. Waiting on a locked file is bounded by the connection's ``operation_timeout``.
+    """
+
+    def __init__(self, config: ConnectionConfig) -> None:
+        if config.kind != "embedded":
+            raise ConfigurationError(f"EmbeddedAsyncOffsetProbe needs an embedded connection, got {config.url!r}")
+        self._config = config
+        self._backend: EmbeddedBackend | None = None
+        self._store: _Store | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._closed = False
+
+    async def _run(self, fn: Callable[[_Store], T]) -> T:
+        if self._closed:
+            raise ClosedError("this offset probe is closed")
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pulsarstate-offset-probe")
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._call, fn)
+
+    def _call(self, fn: Callable[[_Store], T]) -> T:  # on the probe's thread
+        if self._store is None:
+            self._backend = EmbeddedBackend(self._config.embedded_path, busy_timeout=self._config.operation_timeout)
+            self._store = _Store(self._backend)
+        return fn(self._store)
+
+    async def end_offsets(self, topic: str) -> dict[int, int]:
+        def read(store: _Store) -> dict[int, int]:
+            with store.transaction(f"reading the end offsets of {topic}") as conn:
+                count = _partition_count(conn, store.backend, topic)
+                return {
+                    p: _offset_range(conn, _stored_topic(conn, store.backend, topic, p))[1]
+                    for p in range(max(count, 1))
+                }
+
+        return await self._run(read)
+
+    async def committed(self, topic: str, subscription: str) -> dict[int, int | None]:
+        def read(store: _Store) -> dict[int, int | None]:
+            with store.transaction(f"reading the committed offsets of {subscription!r} on {topic}") as conn:
+                count = _partition_count(conn, store.backend, topic)
+                committed: dict[int, int | None] = {}
+                for p in range(max(count, 1)):
+                    row = conn.execute(
+                        "SELECT committed FROM subscriptions WHERE topic = ? AND subscription = ?",
+                        (_stored_topic(conn, store.backend, topic, p), subscription),
+                    ).fetchone()
+                    committed[p] = None if row is None else int(row[0])
+                return committed
+
+        return await self._run(read)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+
+        def release() -> None:
+            if self._store is not None:
+                self._store.close()
+            if self._backend is not None:
+                self._backend.close()
+
+        try:
+            # On the probe's thread, after any read still running there (bounded by the busy timeout).
+            await asyncio.get_running_loop().run_in_executor(pool, release)
+        finally:
+            pool.shutdown(wait=False)
+
+
+__all__ = [
+    "EmbeddedAsyncOffsetProbe", "EmbeddedOffsetLog", "EmbeddedTopicPublisher", "create_embedded_topic",
+    "partition_topic", "trim_embedded_topic",
+]
