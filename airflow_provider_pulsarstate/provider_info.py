@@ -46,6 +46,18 @@ def provider_info() -> dict[str, Any]:
                 ],
             }
         ],
+        "sensors": [
+            {
+                "integration-name": "Pulsar State",
+                "python-modules": ["airflow_provider_pulsarstate.sensors.offsets"],
+            }
+        ],
+        "triggers": [
+            {
+                "integration-name": "Pulsar State",
+                "python-modules": ["airflow_provider_pulsarstate.triggers.offsets"],
+            }
+        ],
         "connection-types": [
             {
                 "connection-type": CONN_TYPE,

@@ -17,10 +17,15 @@ class Backoff:
         self._maximum = maximum
         self._factor = factor
 
+    def next_delay(self) -> float:
+        """The next jittered delay in seconds (and grow the one after); for async waits."""
+        delay = self._delay * random.uniform(0.5, 1.0)
+        self._delay = min(self._delay * self._factor, self._maximum)
+        return delay
+
     def sleep(self, deadline: float | None = None) -> None:
         """Sleep for the next delay (cut short at ``deadline``, a ``time.monotonic`` value)."""
-        delay = self._delay * random.uniform(0.5, 1.0)
+        delay = self.next_delay()
         if deadline is not None:
             delay = max(0.0, min(delay, deadline - time.monotonic()))
         time.sleep(delay)
-        self._delay = min(self._delay * self._factor, self._maximum)

@@ -27,6 +27,14 @@ from airflow_provider_pulsarstate.hooks.connection_form import (
     LEGACY_EXTRA_PREFIX,
 )
 from airflow_provider_pulsarstate.engine.manager import SharedStateManager
+from airflow_provider_pulsarstate.engine.offsets import (
+    AsyncOffsetProbe,
+    PullConsumer,
+    TopicPublisher,
+    open_async_probe,
+    open_publisher,
+)
+from airflow_provider_pulsarstate.engine.offsets import create_topic as _create_topic
 from airflow_provider_pulsarstate.engine.recipes.map import PulsarMap
 from airflow_provider_pulsarstate.engine.recipes.table import StateTable
 
@@ -63,7 +71,9 @@ class PulsarStateHook(BaseHook):
             assignments.put("shard-1", {"owner": "worker-a"})
 
     Constructing the hook does no I/O; the back end opens on first use and stays open until
-    :meth:`close`, which also closes every manager and map the hook handed out.
+    :meth:`close`, which also closes every manager, map, table, pull consumer and publisher the
+    hook handed out (an :class:`AsyncOffsetProbe` belongs to its caller, who closes it with
+    ``await probe.aclose()``).
 
     :param pulsarstate_conn_id: the Airflow connection to use.
     """
@@ -79,7 +89,9 @@ class PulsarStateHook(BaseHook):
         self._lock = threading.Lock()
         self._config: ConnectionConfig | None = None
         self._backend: Backend | None = None
-        self._owned: list[SharedStateManager[Any, Any] | PulsarMap[Any, Any] | StateTable] = []
+        self._owned: list[
+            SharedStateManager[Any, Any] | PulsarMap[Any, Any] | StateTable | PullConsumer | TopicPublisher
+        ] = []
 
     # ------------------------------------------------------------------ configuration
     def get_config(self) -> ConnectionConfig:
@@ -114,6 +126,27 @@ class PulsarStateHook(BaseHook):
             host=conn.host,
             password=conn.password,
             extra=conn.extra,
+        )
+        _mask_secrets(config.auth_token, config.url, {"admin_url": config.admin_url})
+        return config
+
+    async def aget_config(self) -> ConnectionConfig:
+        """:meth:`get_config` for async code (triggers): the connection is read without blocking the
+        event loop (``aget_connection``); the same defaults, checks and errors."""
+        conn_id = self.pulsarstate_conn_id
+        try:
+            conn = await self.aget_connection(conn_id)
+        except AirflowNotFoundException:
+            if conn_id != self.default_conn_name:
+                raise ConfigurationError(
+                    f"Airflow connection {conn_id!r} is not defined: create it (type {CONN_TYPE!r}) or set "
+                    f"AIRFLOW_CONN_{conn_id.upper()}"
+                ) from None
+            refuse_multi_host_executor(conn_id)
+            return ConnectionConfig()
+        _mask_secrets(conn.password, conn.host, _extra_dict(conn.extra))
+        config = config_from_connection(
+            conn_id, conn_type=conn.conn_type, host=conn.host, password=conn.password, extra=conn.extra
         )
         _mask_secrets(config.auth_token, config.url, {"admin_url": config.admin_url})
         return config
@@ -195,6 +228,51 @@ class PulsarStateHook(BaseHook):
         """
         config, backend = self._open()
         return self._own(StateTable(backend, config.topic_name(topic), **options))
+
+    def get_pull_consumer(self, topic: str, subscription: str | None = None, **options: Any) -> PullConsumer:
+        """A :class:`~airflow_provider_pulsarstate.engine.offsets.consumer.PullConsumer` on ``topic``:
+        Kafka-style pulls by offset, commits on the durable ``subscription``. Closed by :meth:`close`.
+
+        :param topic: a short name (the connection's tenant/namespace) or a full ``persistent://...``.
+        :param subscription: the durable subscription for ``commit``/``committed``/``lag`` (None: pull only).
+        :param options: keyword options of PullConsumer (``auto_offset_reset``, ``reader_pool_size``,
+            ``reader_idle_timeout``, ``position_cache_size``).
+        :raises ConfigurationError: invalid connection, topic name or option.
+        """
+        config, backend = self._open()
+        return self._own(PullConsumer(backend, config.topic_name(topic), subscription, **options))
+
+    def get_publisher(self, topic: str, *, batching: bool = True) -> TopicPublisher:
+        """A :class:`~airflow_provider_pulsarstate.engine.offsets.base.TopicPublisher` of plain
+        messages to ``topic`` (not for state logs). Closed (flushed) by :meth:`close`.
+
+        :param batching: Pulsar batches messages into entries (the embedded log ignores it).
+        """
+        config, backend = self._open()
+        return self._own(open_publisher(backend, config.topic_name(topic), batching=batching))
+
+    def create_topic(self, topic: str, *, partitions: int = 0) -> str:
+        """Create ``topic`` (``partitions`` > 0: partitioned); an identical existing topic is fine.
+
+        :return: the full topic name.
+        :raises ConfigurationError: invalid name, or it exists with another partition count.
+        """
+        config, backend = self._open()
+        name = config.topic_name(topic)
+        _create_topic(backend, name, partitions=partitions)
+        return name
+
+    def get_async_offset_probe(self, *, config: ConnectionConfig | None = None) -> AsyncOffsetProbe:
+        """An :class:`~airflow_provider_pulsarstate.engine.offsets.base.AsyncOffsetProbe` for this
+        connection: end and committed offsets read without blocking an event loop (no I/O here).
+
+        :param config: the connection as read by ``await hook.aget_config()`` (inside a running
+            event loop, e.g. a trigger); default: :meth:`get_config`, which reads it synchronously.
+
+        The caller owns the probe and closes it with ``await probe.aclose()``; topics passed to it
+        are full names (``config.topic_name(short)``).
+        """
+        return open_async_probe(config if config is not None else self.get_config())
 
     def _own(self, obj: Any) -> Any:
         with self._lock:
