@@ -114,6 +114,40 @@ def test_consecutive_pulls_never_repeat_or_skip(backend: Backend, topic: str, co
     assert drain(consumer, middle, size=33) == reference[1234:]
 
 
+def test_pulls_while_publishing_never_repeat_or_skip(backend: Backend, topic: str, consumers) -> None:
+    create_topic(backend, topic)
+    expected = values(1000)
+    failures: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            with open_publisher(backend, topic) as publisher:
+                for i, value in enumerate(expected):
+                    publisher.send(value)
+                    if i % 50 == 49:
+                        publisher.flush(timeout=FLUSH)
+                        time.sleep(0.01)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    consumer = consumers(None)
+    offset = consumer.beginning_offsets()[0]
+    thread = threading.Thread(target=produce)
+    thread.start()
+    got: list[PulledMessage] = []
+    deadline = time.monotonic() + 60
+    try:
+        while len(got) < len(expected) and time.monotonic() < deadline:
+            result = consumer.pull(offset, max_messages=37, timeout=0.2)
+            got.extend(result.messages)
+            offset = result.next_offset
+    finally:
+        thread.join()
+    assert not failures
+    assert_exact(got, expected)
+    assert consumer.pull(offset).messages == []
+
+
 @pytest.mark.parametrize("batching", [True, False], ids=["batched", "unbatched"])
 def test_start_is_inclusive_at_every_offset(backend: Backend, topic: str, consumers, batching: bool) -> None:
     expected = values(60)
@@ -383,11 +417,22 @@ def test_bad_arguments_are_clear_errors(backend: Backend, topic: str, consumers)
         (lambda: PullConsumer(backend, topic, " "), "subscription must not be empty"),
         (lambda: PullConsumer(backend, topic, reader_pool_size=0), "reader_pool_size must be at least 1"),
         (lambda: create_topic(backend, topic, partitions=-1), "partitions"),
+        (lambda: consumer.offsets_for_times(time.time() * 1000), "looks like milliseconds"),
+        (lambda: consumer.offsets_for_times("2026-01-01"), "timestamp must be seconds"),  # type: ignore[arg-type]
+        (lambda: consumer.offsets_for_times(float("nan")), "timestamp must be seconds"),
     ]
-    for call, message in cases:
-        with pytest.raises(ConfigurationError, match=message):
-            call()
+    with open_publisher(backend, topic) as publisher:
+        cases += [
+            (lambda: publisher.send("text"), "bytes"),  # type: ignore[arg-type]
+            (lambda: publisher.send(b"v", key=7), "key"),  # type: ignore[arg-type]
+            (lambda: publisher.send(b"v", properties={"n": 1}), "properties"),  # type: ignore[dict-item]
+            (lambda: publisher.send(b"v", properties=[("a", "b")]), "properties"),  # type: ignore[arg-type]
+        ]
+        for call, message in cases:
+            with pytest.raises(ConfigurationError, match=message):
+                call()
     assert consumer.committed() is None  # nothing was committed by the bad calls
+    assert consumer.end_offsets() == {0: consumer.beginning_offsets()[0] + 3}  # nor published
 
 
 def test_close_releases_and_a_closed_consumer_raises(backend: Backend, topic: str) -> None:
@@ -426,6 +471,35 @@ def test_two_consumers_never_share_caches(backend: Backend, topic: str, consumer
     rng = random.Random(3)
     for i in rng.sample(range(200), 20):
         assert second.pull(reference[i].offset, max_messages=1).messages == [reference[i]]
+
+
+def test_one_consumer_shared_by_threads(backend: Backend, topic: str, consumers) -> None:
+    create_topic(backend, topic)
+    publish(backend, topic, values(300))
+    consumer = consumers("sub")
+    reference = drain(consumer, consumer.beginning_offsets()[0], size=1000)
+    failures: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for _ in range(40):
+                i, n = rng.randrange(300), rng.randint(1, 20)
+                result = consumer.pull(reference[i].offset, max_messages=n)
+                assert result.messages == reference[i:i + n]
+                if rng.random() < 0.5:  # continuations too
+                    assert consumer.pull(result.next_offset, max_messages=n).messages == reference[i + n:i + 2 * n]
+                consumer.commit(result.next_offset)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures[0]
+    assert consumer.committed() in {m.offset + 1 for m in reference}
 
 
 # -- below the retained range (needs trimming: embedded here) -----------------------------------

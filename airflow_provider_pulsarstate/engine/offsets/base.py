@@ -171,7 +171,11 @@ class TopicPublisher(ABC):
 
     @abstractmethod
     def send(self, value: bytes, *, key: str | None = None, properties: Mapping[str, str] | None = None) -> None:
-        """Queue one message (a partitioned topic routes by ``key``, round robin without one)."""
+        """Queue one message (a partitioned topic routes by ``key``, round robin without one).
+
+        :raises ConfigurationError: ``value`` is not bytes, ``key`` not a str, or ``properties``
+            not a mapping of str to str (nothing is queued).
+        """
 
     @abstractmethod
     def flush(self, *, timeout: float) -> None:

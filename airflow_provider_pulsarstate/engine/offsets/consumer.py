@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Literal
 
@@ -15,6 +16,8 @@ from airflow_provider_pulsarstate.engine.errors import (
 from airflow_provider_pulsarstate.engine.offsets.base import OffsetLog, PullResult
 
 AutoOffsetReset = Literal["earliest", "latest"]
+# Year 5138 in seconds; any later "seconds" value is almost surely milliseconds (Kafka's unit).
+_LATEST_SECONDS = 1e11
 
 
 class PullConsumer:
@@ -157,7 +160,20 @@ class PullConsumer:
 
     def offsets_for_times(self, timestamp: float) -> dict[int, int | None]:
         """Each partition's first offset published at or after ``timestamp`` (seconds since the
-        epoch), or None where no message is that recent."""
+        epoch), or None where no message is that recent.
+
+        :raises ConfigurationError: ``timestamp`` is not a number of seconds (a value past the year
+            5000 is taken for Kafka's milliseconds and refused rather than answered with None).
+        """
+        if not isinstance(timestamp, (int, float)) or isinstance(timestamp, bool) or not math.isfinite(timestamp):
+            raise ConfigurationError(
+                f"timestamp must be seconds since the epoch, got {timestamp!r} for topic {self.topic}"
+            )
+        if timestamp > _LATEST_SECONDS:
+            raise ConfigurationError(
+                f"timestamp {timestamp!r} looks like milliseconds: pass seconds since the epoch "
+                f"({timestamp / 1000!r}) for topic {self.topic}"
+            )
         log = self._open()
         return {p: log.offset_for_time(p, timestamp) for p in self.partitions()}
 

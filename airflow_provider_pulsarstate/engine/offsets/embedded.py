@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import sqlite3
 import threading
 import time
@@ -41,6 +42,7 @@ from airflow_provider_pulsarstate.engine.errors import (
     CorruptEntryError,
     OffsetOutOfRangeError,
     OperationTimeoutError,
+    PulsarStateError,
     UnknownOutcomeError,
     UnknownPartitionError,
     UnknownTopicError,
@@ -54,6 +56,7 @@ from airflow_provider_pulsarstate.engine.offsets.base import (
 from airflow_provider_pulsarstate.engine.retry import Backoff
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 # Options PullConsumer passes to every back end; the embedded log reads by position and needs none.
 _POOL_OPTIONS = frozenset({"reader_pool_size", "reader_idle_timeout", "position_cache_size"})
@@ -91,7 +94,9 @@ class _Store:
                 yield conn
             except (sqlite3.Error, OSError) as exc:
                 _rollback_quietly(conn)
-                raise BackendUnavailableError(f"{what} failed on embedded state file {self.backend.path}: {exc}") from exc
+                raise BackendUnavailableError(
+                    f"{what} failed on embedded state file {self.backend.path}: {exc}"
+                ) from exc
             except BaseException:
                 _rollback_quietly(conn)
                 raise
@@ -158,7 +163,9 @@ def _offset_range(conn: sqlite3.Connection, stored: str) -> tuple[int, int]:
     return min(beginning, end), end
 
 
-def _out_of_range(backend: EmbeddedBackend, topic: str, partition: int, offset: int, beginning: int, end: int) -> OffsetOutOfRangeError:
+def _out_of_range(
+    backend: EmbeddedBackend, topic: str, partition: int, offset: int, beginning: int, end: int
+) -> OffsetOutOfRangeError:
     where = "below the first retained offset (trimmed)" if offset < beginning else "past the end"
     return OffsetOutOfRangeError(
         f"offset {offset} of topic {backend.topic_url(topic)} partition {partition} is {where}: "
@@ -224,7 +231,9 @@ class EmbeddedOffsetLog(OffsetLog):
             backoff = backoff or Backoff(initial=0.001, maximum=self.backend.poll_interval)
             backoff.sleep(deadline)
 
-    def _read_once(self, partition: int, offset: int, *, max_messages: int, max_bytes: int) -> tuple[list[PulledMessage], int]:
+    def _read_once(
+        self, partition: int, offset: int, *, max_messages: int, max_bytes: int
+    ) -> tuple[list[PulledMessage], int]:
         messages: list[PulledMessage] = []
         with self._store.transaction(f"reading {self.topic} partition {partition} from offset {offset}") as conn:
             stored = _stored_topic(conn, self.backend, self.topic, partition)
@@ -247,8 +256,6 @@ class EmbeddedOffsetLog(OffsetLog):
                     properties=_properties(properties, stored, pos), publish_time=publish_time, position=pos,
                 ))
                 total += size
-                if total >= max_bytes:
-                    break
         return messages, end
 
     def offset_for_time(self, partition: int, timestamp: float) -> int | None:
@@ -322,7 +329,8 @@ class EmbeddedTopicPublisher(TopicPublisher):
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._closed = False
-        backend._track(self)
+        self._tracked = _OnBackendClose(self)
+        backend._track(self._tracked)
 
     def send(self, value: bytes, *, key: str | None = None, properties: Mapping[str, str] | None = None) -> None:
         if not isinstance(value, (bytes, bytearray, memoryview)):
@@ -331,7 +339,9 @@ class EmbeddedTopicPublisher(TopicPublisher):
             raise ConfigurationError(f"a message key must be a str, got {type(key).__name__} for topic {self.topic}")
         encoded = None
         if properties:
-            if not all(isinstance(k, str) and isinstance(v, str) for k, v in properties.items()):
+            if not isinstance(properties, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in properties.items()
+            ):
                 raise ConfigurationError(f"message properties must map str to str (topic {self.topic})")
             encoded = json.dumps(dict(properties), sort_keys=True)
         with self._lock:
@@ -428,7 +438,23 @@ class EmbeddedTopicPublisher(TopicPublisher):
                 if self._conn is not None:
                     _close_quietly(self._conn)
                     self._conn = None
-                self.backend._untrack(self)
+                self.backend._untrack(self._tracked)
+
+
+class _OnBackendClose:
+    """Closes a publisher when its back end closes; a failing last flush is logged, not raised
+    (the back end must close everything else too)."""
+
+    def __init__(self, publisher: EmbeddedTopicPublisher) -> None:
+        self.publisher = publisher
+
+    def close(self) -> None:
+        queued = len(self.publisher._queue)
+        try:
+            self.publisher.close()
+        except PulsarStateError as exc:
+            log.error("closing the back end: %d queued message(s) to %s were not published: %s",
+                      queued, self.publisher.topic, exc)
 
 
 def create_embedded_topic(backend: EmbeddedBackend, topic: str, *, partitions: int) -> None:
@@ -469,7 +495,8 @@ def trim_embedded_topic(backend: EmbeddedBackend, topic: str, before_offset: int
         raise ConfigurationError(f"before_offset must be a non-negative int, got {before_offset!r} for topic {topic}")
     store = _Store(backend)
     try:
-        with store.transaction(f"trimming {topic} partition {partition} below offset {before_offset}", write=True) as conn:
+        what = f"trimming {topic} partition {partition} below offset {before_offset}"
+        with store.transaction(what, write=True) as conn:
             stored = _stored_topic(conn, backend, topic, partition)
             beginning, end = _offset_range(conn, stored)
             new_beginning = max(beginning, min(before_offset, end))
@@ -492,7 +519,8 @@ class EmbeddedAsyncOffsetProbe(AsyncOffsetProbe):
 
     Every read runs on this probe's own single worker thread (never asgiref's shared one, where a
     read waiting on a locked file would stall every trigger of the process), with its own
-    connection. Waiting on a locked file is bounded by the connection's ``operation_timeout``.
+    connection. Waiting on a locked file is bounded by the connection's ``operation_timeout``;
+    a caller may cancel its await sooner (``asyncio.wait_for``), and :meth:`aclose` returns at once.
     """
 
     def __init__(self, config: ConnectionConfig) -> None:
@@ -557,11 +585,10 @@ class EmbeddedAsyncOffsetProbe(AsyncOffsetProbe):
             if self._backend is not None:
                 self._backend.close()
 
-        try:
-            # On the probe's thread, after any read still running there (bounded by the busy timeout).
-            await asyncio.get_running_loop().run_in_executor(pool, release)
-        finally:
-            pool.shutdown(wait=False)
+        # Runs on the probe's thread after any read still going there (a cancelled caller does not
+        # stop SQLite; that read ends within the busy timeout). Not awaited: closing never waits on it.
+        pool.submit(release)
+        pool.shutdown(wait=False)
 
 
 __all__ = [
