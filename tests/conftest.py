@@ -61,6 +61,24 @@ def pulsar_defaults_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator
         broker.stop()
 
 
+@pytest.fixture(scope="session")
+def pulsar_noindex_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A broker WITHOUT the entry-index interceptor (Pulsar's default): no offsets to give.
+    Started only by the tests that ask for it."""
+    from airflow_provider_pulsarstate.testing.broker import PulsarStandalone
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    broker = PulsarStandalone(
+        data_dir=tmp_path_factory.mktemp("pulsar-noindex-data"), log_file=ARTIFACTS / "pulsar-noindex-broker.log",
+        conf_overrides={"brokerEntryMetadataInterceptors": "", "exposingBrokerEntryMetadataToClientEnabled": "false"},
+    )
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
 def pulsar_config(broker: object, **options: object) -> ConnectionConfig:
     """A ConnectionConfig for the test broker."""
     opts: dict = {"operation_timeout": 15.0, **options}

@@ -32,6 +32,8 @@ def test_layering_contracts_hold() -> None:
         ("spark/views.py", "from airflow.sdk import BaseHook\n", "import nothing from Airflow"),
         ("engine/log.py", "import airflow_provider_pulsarstate.hooks.pulsarstate\n", "knows nothing of the layers"),
         ("operators/views.py", "from airflow_provider_pulsarstate.engine.recipes.table import StateTable\n", "only through the hook"),
+        ("triggers/offsets.py", "from airflow_provider_pulsarstate.engine.offsets import open_async_probe\n", "only through the hook"),
+        ("sensors/offsets.py", "from airflow_provider_pulsarstate.engine.offsets.consumer import PullConsumer\n", "only through the hook"),
     ],
 )
 def test_a_violation_breaks_the_build(tmp_path: Path, module: str, line: str, contract: str) -> None:

@@ -6,7 +6,7 @@ is bounded by the connection's operation time-out and raises our own errors.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 from urllib.parse import quote
 
 import requests
@@ -111,6 +111,87 @@ class PulsarAdmin:
     def delete_topic(self, topic: str, *, force: bool = True) -> None:
         """Delete a topic (404 is fine)."""
         self.request("DELETE", self.topic_path(topic), ok=(200, 204, 404), params={"force": str(force).lower()})
+
+    # -- offsets (broker entry index; see engine/offsets/pulsar_index.py for what the answers mean) --
+    def partition_count(self, topic: str) -> int | None:
+        """``GET .../partitions``: 0 for a non-partitioned topic, None when the topic does not exist
+        (asking never creates it)."""
+        resp = self.request("GET", f"{self.topic_path(topic)}/partitions", ok=(200, 404))
+        return int(resp.json().get("partitions", 0)) if resp.status_code == 200 else None
+
+    def message_id_by_index(self, topic: str, index: int) -> requests.Response:
+        """``GET .../getMessageIdByIndex``: the entry containing offset ``index``; the caller reads
+        200 / 404 (past the tail, or no message) / 412 (no index) / 500 (every ledger trimmed)."""
+        return self.request(
+            "GET", f"{self.topic_path(topic)}/getMessageIdByIndex", ok=(200, 404, 412, 500), params={"index": index}
+        )
+
+    def entry_headers(self, topic: str, ledger: int, entry: int) -> Mapping[str, str] | None:
+        """The headers of entry ``ledger:entry`` (``HEAD .../ledger/L/entry/E``, no payload); None
+        when it does not exist (404, or the 500 the broker answers for a missing entry of a ledger)."""
+        resp = self.request("HEAD", f"{self.topic_path(topic)}/ledger/{ledger}/entry/{entry}", ok=(200, 404, 500))
+        return resp.headers if resp.status_code == 200 else None
+
+    def examine_message(self, topic: str, position: str) -> Mapping[str, str] | None:
+        """The headers of the first (``position="earliest"``) or last (``"latest"``) retained entry;
+        None when no message is retained (412)."""
+        resp = self.request(
+            "HEAD", f"{self.topic_path(topic)}/examinemessage", ok=(200, 412),
+            params={"initialPosition": position, "messagePosition": 1},
+        )
+        return resp.headers if resp.status_code == 200 else None
+
+    def message_id_by_time(self, topic: str, timestamp_ms: int) -> dict[str, Any]:
+        """``GET .../messageid/{ms}``: the entry of the first message published at or after the time."""
+        return self.request("GET", f"{self.topic_path(topic)}/messageid/{int(timestamp_ms)}").json()
+
+    def subscription_properties(self, topic: str, subscription: str) -> dict[str, str] | None:
+        """A subscription's properties; None when the subscription does not exist."""
+        resp = self.request("GET", f"{self._sub_path(topic, subscription)}/properties", ok=(200, 404))
+        return dict(resp.json() or {}) if resp.status_code == 200 else None
+
+    def set_subscription_properties(self, topic: str, subscription: str, properties: Mapping[str, str]) -> None:
+        """Replace a subscription's properties (stored with its cursor; durable on return)."""
+        self.request("PUT", f"{self._sub_path(topic, subscription)}/properties", json=dict(properties))
+
+    def create_subscription(self, topic: str, subscription: str, *, ledger: int, entry: int) -> bool:
+        """Create a durable subscription whose first unacknowledged entry is ``ledger:entry``
+        (``-1, -1``: the earliest); False when it already exists."""
+        resp = self.request(
+            "PUT", self._sub_path(topic, subscription), ok=(200, 204, 409), json={"ledgerId": ledger, "entryId": entry}
+        )
+        return resp.status_code != 409
+
+    def reset_cursor(
+        self, topic: str, subscription: str, *, ledger: int, entry: int, batch_index: int = -1, excluded: bool = False
+    ) -> None:
+        """Move a subscription's cursor (either way) to ``ledger:entry`` (``excluded``: just after it;
+        ``batch_index``: skipping that many messages of the entry for batch-index-ack consumers while
+        the topic stays loaded). The entry-level position is durable on return."""
+        body: dict[str, Any] = {"ledgerId": ledger, "entryId": entry, "excluded": excluded}
+        if batch_index >= 0:
+            body["batchIndex"] = batch_index
+        self.request("POST", f"{self._sub_path(topic, subscription)}/resetcursor", json=body)
+
+    def create_partitioned_topic(self, topic: str, partitions: int) -> bool:
+        """Create a partitioned topic; False when one of that name exists (409)."""
+        resp = self.request("PUT", f"{self.topic_path(topic)}/partitions", ok=(200, 204, 409), json=partitions)
+        return resp.status_code != 409
+
+    def create_non_partitioned_topic(self, topic: str) -> bool:
+        """Create a non-partitioned topic; False when it exists (409)."""
+        return self.request("PUT", self.topic_path(topic), ok=(200, 204, 409)).status_code != 409
+
+    def unload(self, topic: str) -> None:
+        """Unload the topic (its ledger is closed and a new one opened on the next load)."""
+        self.request("PUT", f"{self.topic_path(topic)}/unload")
+
+    def trim(self, topic: str) -> None:
+        """Delete the closed ledgers retention no longer keeps (``POST .../trim``)."""
+        self.request("POST", f"{self.topic_path(topic)}/trim")
+
+    def _sub_path(self, topic: str, subscription: str) -> str:
+        return f"{self.topic_path(topic)}/subscription/{quote(subscription, safe='')}"
 
     def close(self) -> None:
         self._session.close()

@@ -1,0 +1,655 @@
+"""The Pulsar back end of the offset contract: offsets are the broker's entry index.
+
+How offsets are found (facts checked on Pulsar 4.2, see :mod:`.pulsar_index`):
+
+* **Start of a pull.** ``getMessageIdByIndex`` gives the entry containing the offset; its headers
+  (``HEAD .../ledger/L/entry/E``) give the entry's last offset and message count, so the reader is
+  created INCLUSIVE at that entry and the lower offsets of the batch are dropped. The broker answers
+  ``-1:-1`` for the first entry and for trimmed offsets: the beginning offset tells them apart
+  (below it: :class:`OffsetOutOfRangeError`, never a silent restart). Past the tail it answers
+  404: a pull at the end offset waits on a reader placed at the last entry and returns nothing.
+* **Offsets of what a reader returns.** The client exposes no index on a Message: an entry that
+  directly follows the previous one in the same ledger starts at the previous entry's last offset
+  + 1 and holds ``batch_size`` messages (read from the serialized MessageId); any other entry
+  (first of a ledger, after a skipped system or chunk entry) has its headers fetched.
+* **Reader pool.** Per partition, a bounded LRU of readers keyed by the next offset each would
+  return: a caller continuing where it stopped reuses one; idle ones are closed after
+  ``reader_idle_timeout`` (checked on every call). Readers are created without holding a lock.
+  A bounded offset-to-entry cache per partition saves index look-ups.
+* **Commits.** The committed offset (the next to consume) is stored exactly in the subscription's
+  properties (``pulsarstate.next-offset``, durable on return, may move backwards), written before
+  the cursor is moved with ``resetcursor``: every entry wholly below it is acknowledged; the entry
+  holding it is acknowledged from the committed message on only while the topic stays loaded
+  (the broker keeps a batch-index reset in memory), so after an unload a plain consumer may get the
+  lower messages of that one batch again. A message at or after the committed offset is never
+  acknowledged. No consumer is created: nothing is prefetched and left unread.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import pulsar
+
+from airflow_provider_pulsarstate.engine.backends.pulsar import PulsarBackend
+from airflow_provider_pulsarstate.engine.errors import (
+    BackendUnavailableError,
+    ClosedError,
+    ConfigurationError,
+    OffsetError,
+    OffsetOutOfRangeError,
+    OperationTimeoutError,
+    UnknownPartitionError,
+    UnknownTopicError,
+)
+from airflow_provider_pulsarstate.engine.offsets.base import OffsetLog, PulledMessage, TopicPublisher
+from airflow_provider_pulsarstate.engine.offsets.pulsar_index import (
+    COMMITTED_PROPERTY,
+    MESSAGE_ID_HEADER,
+    EntryRef,
+    batch_size_of,
+    cursor_positions,
+    index_unavailable,
+    last_index_property,
+    parse_committed,
+    parse_entry_headers,
+    parse_entry_id,
+    parse_position,
+    partition_topic,
+)
+
+log = logging.getLogger(__name__)
+
+PARTITIONS_TTL = 2.0
+"""Seconds a partition count is trusted (partitions can be added while consumers run)."""
+END_TTL = 1.0
+"""Seconds an end offset observed by a pull is reused by the next pulls (exact at the tail)."""
+_RECEIVER_QUEUE = 1000
+
+
+class _Tail:
+    """Marker: the offset is the end offset."""
+
+
+_TAIL = _Tail()
+
+
+@dataclass(eq=False)
+class _Cursor:
+    """A pooled reader of one partition, positioned at ``next_offset``."""
+
+    partition: int
+    topic: str
+    reader: pulsar.Reader
+    next_offset: int
+    entry: EntryRef | None = None  # the entry of the last message read
+    pending: PulledMessage | None = None  # read but not returned (max_bytes), offset >= next_offset
+    idle_since: float = field(default_factory=time.monotonic)
+
+
+class PulsarOffsetLog(OffsetLog):
+    """One Pulsar topic addressed by the broker's entry index (see the module docstring).
+
+    :param backend: an open :class:`PulsarBackend` (its client and admin API are used, not closed).
+    :param topic: the full topic name.
+    :param reader_pool_size: readers kept per partition.
+    :param reader_idle_timeout: seconds an unused pooled reader is kept.
+    :param position_cache_size: offset-to-entry answers kept per partition.
+    """
+
+    def __init__(
+        self,
+        backend: PulsarBackend,
+        topic: str,
+        *,
+        reader_pool_size: int = 8,
+        reader_idle_timeout: float = 300.0,
+        position_cache_size: int = 1000,
+    ) -> None:
+        if reader_pool_size < 1 or position_cache_size < 1 or reader_idle_timeout <= 0:
+            raise ConfigurationError(
+                "reader_pool_size and position_cache_size must be at least 1 and reader_idle_timeout positive"
+            )
+        self.topic = topic
+        self._backend = backend
+        self._admin = backend.admin
+        self._pool_size = reader_pool_size
+        self._idle_timeout = reader_idle_timeout
+        self._cache_size = position_cache_size
+        self._lock = threading.Lock()
+        self._pools: dict[int, OrderedDict[int, _Cursor]] = {}
+        self._live: set[_Cursor] = set()
+        self._positions: dict[int, OrderedDict[int, EntryRef]] = {}
+        self._ends: dict[int, tuple[float, int]] = {}
+        self._partitions: tuple[float, int] | None = None
+        self._closed = False
+        self.readers_created = 0
+        """How many readers this log created (pool reuse shows as a count that does not grow)."""
+
+    def __repr__(self) -> str:
+        return f"PulsarOffsetLog({self.topic!r})"
+
+    # -- topic and partitions -----------------------------------------------------------------
+    def partitions(self) -> int:
+        self._check_open()
+        now = time.monotonic()
+        cached = self._partitions
+        if cached is not None and now - cached[0] < PARTITIONS_TTL:
+            return cached[1]
+        count = self._admin.partition_count(self.topic)
+        if count is None:
+            raise UnknownTopicError(
+                f"topic {self.topic} does not exist on {self._backend.topic_url(self.topic)}; create it first "
+                "(create_topic), nothing here creates it"
+            )
+        self._partitions = (now, count)
+        return count
+
+    def _ptopic(self, partition: int) -> str:
+        count = self.partitions()
+        if (count == 0 and partition != 0) or (count and not 0 <= partition < count):
+            have = "is not partitioned (partition 0)" if count == 0 else f"has partitions 0..{count - 1}"
+            raise UnknownPartitionError(f"topic {self.topic} {have}: no partition {partition}")
+        return partition_topic(self.topic, count, partition)
+
+    # -- offsets --------------------------------------------------------------------------------
+    def beginning_offset(self, partition: int) -> int:
+        pt = self._ptopic(partition)
+        headers = self._admin.examine_message(pt, "earliest")
+        if headers is None:
+            return self._empty_end(pt)
+        last, count = parse_entry_headers(headers, pt)
+        return last - count + 1
+
+    def end_offset(self, partition: int) -> int:
+        pt = self._ptopic(partition)
+        headers = self._admin.examine_message(pt, "latest")
+        end = self._empty_end(pt) if headers is None else parse_entry_headers(headers, pt)[0] + 1
+        self._ends[partition] = (time.monotonic(), end)
+        return end
+
+    def _empty_end(self, pt: str) -> int:
+        """No message retained: the offset after the last one ever written (0 for a new topic)."""
+        return last_index_property(self._admin.internal_stats(pt)) + 1
+
+    def _out_of_range(self, partition: int, offset: int, what: str = "offset") -> OffsetOutOfRangeError:
+        beginning, end = self.beginning_offset(partition), self.end_offset(partition)
+        return OffsetOutOfRangeError(
+            f"{what} {offset} is outside the retained range [{beginning}, {end}] of {self.topic} partition {partition}",
+            topic=self.topic, partition=partition, offset=offset, beginning=beginning, end=end,
+        )
+
+    def _entry_ref(self, pt: str, ledger: int, entry: int) -> EntryRef | None:
+        headers = self._admin.entry_headers(pt, ledger, entry)
+        if headers is None:
+            return None
+        last, count = parse_entry_headers(headers, pt)
+        return EntryRef(ledger, entry, last - count + 1, count)
+
+    def _first_entry(self, pt: str) -> EntryRef | None:
+        headers = self._admin.examine_message(pt, "earliest")
+        if headers is None:
+            return None
+        last, count = parse_entry_headers(headers, pt)
+        where = parse_entry_id(headers.get(MESSAGE_ID_HEADER))
+        if where is None:
+            raise OffsetError(f"the broker named no position for the first entry of {pt}")
+        return EntryRef(where[0], where[1], last - count + 1, count)
+
+    def _locate(self, partition: int, pt: str, offset: int) -> EntryRef | _Tail:
+        """The entry holding ``offset`` (or the first entry after it when nobody holds that index),
+        or ``_TAIL`` when ``offset`` is the end offset.
+
+        :raises OffsetOutOfRangeError: below the beginning or past the end.
+        """
+        with self._lock:
+            cache = self._positions.get(partition)
+            ref = cache.get(offset) if cache is not None else None
+            if ref is not None:
+                cache.move_to_end(offset)  # type: ignore[union-attr]
+                return ref
+        for _attempt in range(3):
+            resp = self._admin.message_id_by_index(pt, offset)
+            if resp.status_code == 412:
+                raise index_unavailable(pt, f"getMessageIdByIndex answered 412: {resp.text[:200]}")
+            if resp.status_code == 200:
+                pos = parse_position(resp.json())
+                # L:-1 (seen after a ledger rollover) names the start of ledger L.
+                found = self._entry_ref(pt, pos[0], max(pos[1], 0)) if pos is not None else None
+                if found is not None and found.first <= offset <= found.last:
+                    self._remember(partition, offset, found)
+                    return found
+                # -1:-1 (the first entry, or a trimmed offset), or an index no delivered message holds.
+                beginning = self.beginning_offset(partition)
+                if offset < beginning:
+                    raise self._out_of_range(partition, offset)
+                if found is None:
+                    found = self._first_entry(pt)
+                    if found is None:
+                        continue  # trimmed in between: ask again
+                if found.last < offset:
+                    # Not the entry holding it: starting earlier is safe (lower offsets are dropped).
+                    log.debug("offset %d of %s located in %s; reading forward from there", offset, pt, found)
+                return found
+            # 404: past the tail or no message; 500: every ledger trimmed.
+            beginning, end = self.beginning_offset(partition), self.end_offset(partition)
+            if offset < beginning or offset > end:
+                raise self._out_of_range(partition, offset)
+            if offset == end:
+                return _TAIL
+            # a message landed between the look-up and the range check: ask again
+        raise OffsetError(f"could not locate offset {offset} of {pt}: the topic changed under three look-ups")
+
+    def _remember(self, partition: int, offset: int, ref: EntryRef) -> None:
+        with self._lock:
+            cache = self._positions.setdefault(partition, OrderedDict())
+            cache[offset] = ref
+            cache.move_to_end(offset)
+            while len(cache) > self._cache_size:
+                cache.popitem(last=False)
+
+    # -- reading --------------------------------------------------------------------------------
+    def read(
+        self, partition: int, offset: int, *, max_messages: int, max_bytes: int, timeout: float
+    ) -> tuple[list[PulledMessage], int]:
+        pt = self._ptopic(partition)
+        cursor = self._take(partition, offset)
+        if cursor is None:
+            cursor = self._open_cursor(partition, pt, offset)
+        ok = False
+        try:
+            messages, at_tail = self._fill(cursor, max_messages=max_messages, max_bytes=max_bytes, timeout=timeout)
+            ok = True
+        finally:
+            if ok:
+                self._give_back(cursor)
+            else:
+                self._discard(cursor)
+        if at_tail:
+            end = cursor.next_offset
+            self._ends[partition] = (time.monotonic(), end)
+        else:
+            end = self._recent_end(partition, above=cursor.next_offset)
+        return messages, end
+
+    def _recent_end(self, partition: int, *, above: int) -> int:
+        seen = self._ends.get(partition)
+        if seen is not None and time.monotonic() - seen[0] < END_TTL and seen[1] > above:
+            return seen[1]
+        return max(self.end_offset(partition), above)
+
+    def _open_cursor(self, partition: int, pt: str, offset: int) -> _Cursor:
+        where = self._locate(partition, pt, offset)
+        start: EntryRef | None
+        if isinstance(where, _Tail):
+            # At the end: wait on the last entry (inclusive, its offsets dropped), so that a message
+            # appended between the range check and the subscription is not missed.
+            start = self._locate(partition, pt, offset - 1) if offset > self.beginning_offset(partition) else None
+            if isinstance(start, _Tail):
+                start = None
+        else:
+            start = where
+        start_id = pulsar.MessageId.earliest if start is None else pulsar.MessageId(-1, start.ledger, start.entry, -1)
+        try:
+            reader = self._backend.client.create_reader(
+                pt, start_id, start_message_id_inclusive=True, receiver_queue_size=_RECEIVER_QUEUE
+            )
+        except pulsar.PulsarException as exc:
+            raise self._backend._unreachable("creating a reader of", pt, exc) from exc
+        cursor = _Cursor(partition, pt, reader, offset, entry=start)
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._live.add(cursor)
+                self.readers_created += 1
+        if closed:
+            _close_quietly(reader)
+            raise ClosedError(f"offset log of {self.topic} is closed")
+        return cursor
+
+    def _fill(self, cursor: _Cursor, *, max_messages: int, max_bytes: int, timeout: float) -> tuple[list[PulledMessage], bool]:
+        deadline = time.monotonic() + timeout
+        messages: list[PulledMessage] = []
+        size = 0
+        at_tail = False
+        while len(messages) < max_messages:
+            pm = cursor.pending
+            if pm is not None:
+                cursor.pending = None
+            else:
+                raw = self._next_raw(cursor, deadline, first=not messages)
+                if raw is None:
+                    at_tail = True
+                    break
+                pm = self._pulled(cursor, raw)
+                if pm is None:
+                    continue
+            if pm.offset > cursor.next_offset and self._skipped_trimmed(cursor, pm, bool(messages)):
+                break
+            if messages and size + pm.size > max_bytes:
+                cursor.pending = pm
+                break
+            messages.append(pm)
+            size += pm.size
+            cursor.next_offset = pm.offset + 1
+            if size >= max_bytes:
+                break
+        return messages, at_tail
+
+    def _skipped_trimmed(self, cursor: _Cursor, pm: PulledMessage, have_some: bool) -> bool:
+        """A jump in offsets is fine when nobody held the skipped indexes; not when they were trimmed
+        under the reader (then the offsets are gone: stop here, or raise when nothing was returned)."""
+        beginning = self.beginning_offset(cursor.partition)
+        if beginning <= cursor.next_offset:
+            return False
+        if have_some:
+            cursor.pending = pm
+            return True
+        raise self._out_of_range(cursor.partition, cursor.next_offset)
+
+    def _next_raw(self, cursor: _Cursor, deadline: float, *, first: bool) -> pulsar.Message | None:
+        reader = cursor.reader
+        msg = self._read(cursor, 0)  # what the client already received
+        if msg is not None:
+            return msg
+        try:
+            in_flight = reader.has_message_available()
+        except pulsar.PulsarException as exc:
+            raise self._backend._unreachable("checking the tail of", cursor.topic, exc) from exc
+        if in_flight:
+            msg = self._read(cursor, max(1, int(self._backend.config.operation_timeout * 1000)))
+            if msg is not None:
+                return msg
+        if first:
+            remaining = deadline - time.monotonic()
+            if remaining > 0:
+                return self._read(cursor, max(1, int(remaining * 1000)))
+        return None
+
+    def _read(self, cursor: _Cursor, timeout_ms: int) -> pulsar.Message | None:
+        try:
+            return cursor.reader.read_next(timeout_ms)
+        except pulsar.Timeout:
+            return None
+        except pulsar.AlreadyClosed as exc:
+            raise ClosedError(f"offset log of {self.topic} was closed during a read") from exc
+        except pulsar.PulsarException as exc:
+            raise self._backend._unreachable("reading", cursor.topic, exc) from exc
+
+    def _pulled(self, cursor: _Cursor, msg: pulsar.Message) -> PulledMessage | None:
+        """``msg`` with its offset, or None when it lies below the cursor's next offset."""
+        mid = msg.message_id()
+        ledger, entry, batch = mid.ledger_id(), mid.entry_id(), mid.batch_index()
+        ref = cursor.entry
+        if ref is None or ref.ledger != ledger or ref.entry != entry:
+            follows = ref is not None and ref.ledger == ledger and ref.entry + 1 == entry
+            count = (batch_size_of(mid.serialize()) if batch >= 0 else 1) if follows else 0
+            if follows and count > 0:
+                ref = EntryRef(ledger, entry, ref.last + 1, count)  # type: ignore[union-attr]
+            else:
+                ref = self._entry_ref(cursor.topic, ledger, entry)
+                if ref is None:
+                    raise OffsetError(f"entry {ledger}:{entry} of {cursor.topic} was delivered but has no headers")
+            cursor.entry = ref
+        offset = ref.first + max(batch, 0)
+        if offset < cursor.next_offset:
+            return None
+        return PulledMessage(
+            offset=offset,
+            partition=cursor.partition,
+            value=msg.data(),
+            key=msg.partition_key() or None,
+            properties=msg.properties(),
+            publish_time=msg.publish_timestamp() / 1000.0,
+            position=(ledger, entry, batch),
+        )
+
+    # -- the reader pool --------------------------------------------------------------------
+    def _take(self, partition: int, offset: int) -> _Cursor | None:
+        with self._lock:
+            self._check_open_locked()
+            expired = self._sweep_locked(time.monotonic())
+            pool = self._pools.get(partition)
+            cursor = pool.pop(offset, None) if pool else None
+        self._close_cursors(expired)
+        return cursor
+
+    def _give_back(self, cursor: _Cursor) -> None:
+        cursor.idle_since = time.monotonic()
+        ref = cursor.entry
+        if ref is not None and ref.first <= cursor.next_offset <= ref.last:
+            self._remember(cursor.partition, cursor.next_offset, ref)
+        evicted: list[_Cursor] = []
+        with self._lock:
+            if self._closed or cursor not in self._live:
+                evicted.append(cursor)
+            else:
+                pool = self._pools.setdefault(cursor.partition, OrderedDict())
+                older = pool.pop(cursor.next_offset, None)
+                if older is not None:
+                    evicted.append(older)
+                pool[cursor.next_offset] = cursor
+                while len(pool) > self._pool_size:
+                    evicted.append(pool.popitem(last=False)[1])
+        self._close_cursors(evicted)
+
+    def _discard(self, cursor: _Cursor) -> None:
+        self._close_cursors([cursor])
+
+    def _sweep_locked(self, now: float) -> list[_Cursor]:
+        expired = []
+        for pool in self._pools.values():
+            for key in [k for k, c in pool.items() if now - c.idle_since >= self._idle_timeout]:
+                expired.append(pool.pop(key))
+        return expired
+
+    def _close_cursors(self, cursors: list[_Cursor]) -> None:
+        if not cursors:
+            return
+        with self._lock:
+            for cursor in cursors:
+                self._live.discard(cursor)
+        for cursor in cursors:
+            _close_quietly(cursor.reader)
+
+    def pooled_readers(self) -> dict[int, list[int]]:
+        """The pooled readers' next offsets per partition (oldest first), for tests and debugging."""
+        with self._lock:
+            return {p: list(pool) for p, pool in self._pools.items() if pool}
+
+    def open_readers(self) -> int:
+        """Readers this log holds open (pooled or in use)."""
+        with self._lock:
+            return len(self._live)
+
+    # -- time search ----------------------------------------------------------------------------
+    def offset_for_time(self, partition: int, timestamp: float) -> int | None:
+        pt = self._ptopic(partition)
+        body = self._admin.message_id_by_time(pt, math.ceil(timestamp * 1000))
+        pos = parse_position(body)
+        if pos is None:  # the broker's "earliest": every retained message is that recent
+            beginning, end = self.beginning_offset(partition), self.end_offset(partition)
+            return beginning if beginning < end else None
+        ref = self._entry_ref(pt, pos[0], max(pos[1], 0))
+        return None if ref is None else ref.first  # a position past the last entry: none is that recent
+
+    # -- commits --------------------------------------------------------------------------------
+    def commit(self, subscription: str, partition: int, next_offset: int) -> None:
+        pt = self._ptopic(partition)
+        beginning, end = self.beginning_offset(partition), self.end_offset(partition)
+        if not beginning <= next_offset <= end:
+            raise self._out_of_range(partition, next_offset, "commit offset")
+        target = self._cursor_target(partition, pt, next_offset, beginning, end)
+        properties = self._admin.subscription_properties(pt, subscription)
+        if properties is None:
+            self._admin.create_subscription(pt, subscription, ledger=target["ledger"], entry=target["entry"])
+            properties = self._admin.subscription_properties(pt, subscription) or {}
+        properties[COMMITTED_PROPERTY] = str(next_offset)
+        # The exact offset first, then the cursor: a crash in between leaves the cursor behind the
+        # committed offset (messages kept and redelivered), never ahead of it.
+        self._admin.set_subscription_properties(pt, subscription, properties)
+        self._admin.reset_cursor(pt, subscription, **target)
+        log.debug("committed %s partition %d subscription %s at %d (%s)", self.topic, partition, subscription, next_offset, target)
+
+    def _cursor_target(self, partition: int, pt: str, next_offset: int, beginning: int, end: int) -> dict[str, Any]:
+        """Where ``resetcursor`` puts the cursor so that exactly the offsets below ``next_offset`` are acknowledged."""
+        if beginning == end:
+            return {"ledger": -1, "entry": -1}  # nothing retained: nothing to acknowledge
+        if next_offset == beginning:
+            ref = self._locate(partition, pt, next_offset)
+            assert isinstance(ref, EntryRef)
+            return {"ledger": ref.ledger, "entry": ref.entry, "batch_index": max(0, next_offset - ref.first)}
+        ref = self._locate(partition, pt, next_offset - 1)
+        assert isinstance(ref, EntryRef)
+        if next_offset - 1 >= ref.last:
+            return {"ledger": ref.ledger, "entry": ref.entry, "excluded": True}
+        return {"ledger": ref.ledger, "entry": ref.entry, "batch_index": next_offset - ref.first}
+
+    def committed(self, subscription: str, partition: int) -> int | None:
+        pt = self._ptopic(partition)
+        properties = self._admin.subscription_properties(pt, subscription)
+        if properties is None:
+            return None
+        value = parse_committed(properties)
+        if value is not None:
+            return value
+        return self._cursor_offset(partition, pt, subscription)
+
+    def _cursor_offset(self, partition: int, pt: str, subscription: str) -> int:
+        """The offset after a subscription's mark-delete position (a subscription this class did not
+        commit on): conservative, individually acknowledged messages past it are not counted."""
+        mark, read = cursor_positions(self._admin.internal_stats(pt), subscription)
+        if mark is not None and (ref := self._entry_ref(pt, *mark)) is not None:
+            return ref.last + 1
+        if read is not None and (ref := self._entry_ref(pt, *read)) is not None:
+            return ref.first
+        return self.beginning_offset(partition)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        with self._lock:
+            self._check_open_locked()
+
+    def _check_open_locked(self) -> None:
+        if self._closed:
+            raise ClosedError(f"offset log of {self.topic} is closed")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            cursors = list(self._live)
+            self._live.clear()
+            self._pools.clear()
+            self._positions.clear()
+        for cursor in cursors:
+            _close_quietly(cursor.reader)
+
+
+class PulsarTopicPublisher(TopicPublisher):
+    """Plain messages to an existing topic (partitioned: routed by key, round robin without one).
+
+    :param batching: let the client batch messages into entries (several offsets per entry).
+    :raises UnknownTopicError: the topic does not exist (create it with ``create_topic``).
+    """
+
+    def __init__(self, backend: PulsarBackend, topic: str, *, batching: bool = True) -> None:
+        self.topic = topic
+        self._backend = backend
+        if backend.admin.partition_count(topic) is None:
+            raise UnknownTopicError(f"topic {topic} does not exist on {backend.topic_url(topic)}; create it first (create_topic)")
+        self._cond = threading.Condition()
+        self._pending = 0
+        self._error: str | None = None
+        try:
+            self._producer: pulsar.Producer | None = backend.client.create_producer(
+                topic,
+                batching_enabled=batching,
+                batching_max_publish_delay_ms=5,
+                block_if_queue_full=True,
+                send_timeout_millis=max(1, int(backend.config.operation_timeout * 1000)),
+            )
+        except pulsar.PulsarException as exc:
+            raise backend._unreachable("creating a producer of", topic, exc) from exc
+
+    def send(self, value: bytes, *, key: str | None = None, properties: Mapping[str, str] | None = None) -> None:
+        producer = self._producer
+        if producer is None:
+            raise ClosedError(f"publisher of {self.topic} is closed")
+        with self._cond:
+            if self._error is not None:
+                raise BackendUnavailableError(f"an earlier send to {self.topic} failed: {self._error}")
+            self._pending += 1
+        kwargs: dict[str, Any] = {}
+        if key is not None:
+            kwargs["partition_key"] = key
+        if properties:
+            kwargs["properties"] = dict(properties)
+        try:
+            producer.send_async(value, self._sent, **kwargs)
+        except pulsar.PulsarException as exc:
+            self._sent(None, None)
+            raise self._backend._unreachable("sending to", self.topic, exc) from exc
+
+    def _sent(self, result: Any, _msg_id: Any) -> None:
+        with self._cond:
+            self._pending -= 1
+            if result != pulsar.Result.Ok and self._error is None:
+                self._error = str(result)
+            self._cond.notify_all()
+
+    def flush(self, *, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._pending and self._error is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise OperationTimeoutError(
+                        f"{self._pending} messages to {self.topic} not acknowledged within {timeout:.1f}s"
+                    )
+                self._cond.wait(remaining)
+            if self._error is not None:
+                raise BackendUnavailableError(f"a send to {self.topic} failed: {self._error}")
+
+    def close(self) -> None:
+        producer = self._producer
+        if producer is None:
+            return
+        try:
+            self.flush(timeout=self._backend.config.operation_timeout)
+        finally:
+            self._producer = None
+            _close_quietly(producer)
+
+
+def create_pulsar_topic(backend: PulsarBackend, topic: str, *, partitions: int = 0) -> None:
+    """Create ``topic`` (``partitions`` > 0: partitioned); an identical existing one is fine.
+
+    :raises ConfigurationError: it exists with another partition count, or ``partitions`` < 0.
+    """
+    if not isinstance(partitions, int) or partitions < 0:
+        raise ConfigurationError(f"partitions must be a non-negative int, got {partitions!r}")
+    admin = backend.admin
+    for _attempt in range(2):
+        existing = admin.partition_count(topic)
+        if existing is not None:
+            if existing != partitions:
+                raise ConfigurationError(f"topic {topic} exists with {existing} partitions, not {partitions}")
+            return
+        created = admin.create_partitioned_topic(topic, partitions) if partitions else admin.create_non_partitioned_topic(topic)
+        if created:
+            return
+
+
+def _close_quietly(resource: Any) -> None:
+    try:
+        resource.close()
+    except pulsar.PulsarException:
+        pass

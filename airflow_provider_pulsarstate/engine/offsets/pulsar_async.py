@@ -1,0 +1,139 @@
+"""Offsets of a Pulsar topic read on an event loop (triggers): httpx on the admin API, never blocking.
+
+The same answers as :class:`~airflow_provider_pulsarstate.engine.offsets.pulsar.PulsarOffsetLog`
+(end offsets from the last entry's index, committed offsets from the subscription property), the
+same auth token, CA bundle and per-request time-out as
+:class:`~airflow_provider_pulsarstate.engine.backends.admin.PulsarAdmin`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from typing import Any, Mapping
+
+import httpx
+
+from airflow_provider_pulsarstate.engine.config import ConnectionConfig, redact_url
+from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, ClosedError, UnknownTopicError
+from airflow_provider_pulsarstate.engine.offsets.base import AsyncOffsetProbe
+from airflow_provider_pulsarstate.engine.offsets.pulsar_index import (
+    cursor_positions,
+    last_index_property,
+    parse_committed,
+    parse_entry_headers,
+    partition_topic,
+    subscription_path,
+    topic_path,
+)
+
+
+class PulsarAsyncOffsetProbe(AsyncOffsetProbe):
+    """End and committed offsets of Pulsar topics, awaited (one probe per triggerer task).
+
+    Constructing it does no I/O; the HTTP client is created on first use, in the running loop.
+
+    :param config: a ``pulsar://`` connection (its admin URL, token, CA bundle and operation time-out).
+    """
+
+    def __init__(self, config: ConnectionConfig) -> None:
+        self._config = config
+        self._url = config.resolved_admin_url
+        self._shown = redact_url(self._url)
+        self._client: httpx.AsyncClient | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"PulsarAsyncOffsetProbe({self._shown!r})"
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._closed:
+            raise ClosedError(f"offset probe of {self._shown} is closed")
+        if self._client is None:
+            cfg = self._config
+            headers = {"Authorization": f"Bearer {cfg.auth_token}"} if cfg.auth_token else {}
+            # An explicit CA bundle wins over $SSL_CERT_FILE & co., as in PulsarAdmin.
+            verify: ssl.SSLContext | bool = (
+                ssl.create_default_context(cafile=cfg.tls_trust_certs_file_path) if cfg.tls_trust_certs_file_path else True
+            )
+            self._client = httpx.AsyncClient(
+                base_url=f"{self._url}/admin/v2/", headers=headers, verify=verify, timeout=cfg.operation_timeout
+            )
+        return self._client
+
+    async def _request(self, method: str, path: str, *, ok: tuple[int, ...] = (200,), params: Mapping[str, Any] | None = None) -> httpx.Response:
+        shown = f"{self._shown}/admin/v2/{path}"
+        try:
+            resp = await self._http().request(method, path, params=params)
+        except httpx.HTTPError as exc:
+            detail = str(exc).replace(self._url, self._shown)
+            raise BackendUnavailableError(
+                f"Pulsar admin API {self._shown} unreachable ({method} {shown}): {type(exc).__name__}: {detail}"
+            ) from None
+        if resp.status_code not in ok:
+            raise BackendUnavailableError(f"Pulsar admin API {method} {shown} answered {resp.status_code}: {resp.text[:300]}")
+        return resp
+
+    async def _partition_topics(self, topic: str) -> dict[int, str]:
+        resp = await self._request("GET", f"{topic_path(topic)}/partitions", ok=(200, 404))
+        if resp.status_code == 404:
+            raise UnknownTopicError(f"topic {topic} does not exist on {self._shown}")
+        count = int(resp.json().get("partitions", 0))
+        return {p: partition_topic(topic, count, p) for p in (range(count) if count else [0])}
+
+    async def _end(self, pt: str) -> int:
+        resp = await self._request(
+            "HEAD", f"{topic_path(pt)}/examinemessage", ok=(200, 412), params={"initialPosition": "latest", "messagePosition": 1}
+        )
+        if resp.status_code == 200:
+            return parse_entry_headers(resp.headers, pt)[0] + 1
+        stats = (await self._request("GET", f"{topic_path(pt)}/internalStats")).json()
+        return last_index_property(stats) + 1
+
+    async def _beginning(self, pt: str) -> int:
+        resp = await self._request(
+            "HEAD", f"{topic_path(pt)}/examinemessage", ok=(200, 412), params={"initialPosition": "earliest", "messagePosition": 1}
+        )
+        if resp.status_code == 200:
+            last, count = parse_entry_headers(resp.headers, pt)
+            return last - count + 1
+        return await self._end(pt)
+
+    async def _entry(self, pt: str, ledger: int, entry: int) -> tuple[int, int] | None:
+        resp = await self._request("HEAD", f"{topic_path(pt)}/ledger/{ledger}/entry/{entry}", ok=(200, 404, 500))
+        if resp.status_code != 200:
+            return None
+        last, count = parse_entry_headers(resp.headers, pt)
+        return last - count + 1, last
+
+    async def _committed(self, pt: str, subscription: str) -> int | None:
+        resp = await self._request("GET", f"{subscription_path(pt, subscription)}/properties", ok=(200, 404))
+        if resp.status_code == 404:
+            return None
+        value = parse_committed(resp.json() or {})
+        if value is not None:
+            return value
+        # A subscription committed by other means: the offset after its mark-delete position.
+        stats = (await self._request("GET", f"{topic_path(pt)}/internalStats")).json()
+        mark, read = cursor_positions(stats, subscription)
+        if mark is not None and (found := await self._entry(pt, *mark)) is not None:
+            return found[1] + 1
+        if read is not None and (found := await self._entry(pt, *read)) is not None:
+            return found[0]
+        return await self._beginning(pt)
+
+    async def end_offsets(self, topic: str) -> dict[int, int]:
+        parts = await self._partition_topics(topic)
+        ends = await asyncio.gather(*(self._end(pt) for pt in parts.values()))
+        return dict(zip(parts, ends))
+
+    async def committed(self, topic: str, subscription: str) -> dict[int, int | None]:
+        parts = await self._partition_topics(topic)
+        values = await asyncio.gather(*(self._committed(pt, subscription) for pt in parts.values()))
+        return dict(zip(parts, values))
+
+    async def aclose(self) -> None:
+        self._closed = True
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
