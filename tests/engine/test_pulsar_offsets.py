@@ -135,11 +135,13 @@ def test_consecutive_pulls_over_mixed_batches_never_repeat_or_skip(backend: Puls
     assert log.readers_created == 1  # every continuation reused the pooled reader
 
 
-def test_pull_inside_a_batch_starts_exactly_there_on_a_cold_cache(backend: PulsarBackend, topic: str, consumers: Any) -> None:
+@pytest.mark.parametrize("batching", [True, False])
+def test_pull_inside_a_batch_starts_exactly_there_on_a_cold_cache(backend: PulsarBackend, topic: str, consumers: Any,
+                                                                  batching: bool) -> None:
     """Reference bugs: after a cache miss it started AFTER the resolved entry, and it did not drop
     the lower indexes of the batch."""
     values = [b"b%d" % i for i in range(40)]
-    publish(backend, topic, values, batching=True, bursts=[10, 10, 10, 10])
+    publish(backend, topic, values, batching=batching, bursts=[10, 10, 10, 10])
     everything = pull_all(consumers(topic), 0)
     for target in (0, 3, 9, 10, 17, 39):
         fresh = consumers(topic)  # cold cache, no pooled reader
@@ -472,3 +474,64 @@ def test_async_probe_reads_ends_and_commits_without_blocking(backend: PulsarBack
     assert end == {0: 7} and committed == {0: 4} and nobody == {0: None}
     assert part_end == ends and part_committed == {0: None, 1: 1}
     assert ticks > 0
+
+
+def test_concurrent_commits_from_two_consumers_retry_until_done(backend: PulsarBackend, topic: str, consumers: Any) -> None:
+    """The broker answers "Subscription Busy" / BadVersion to concurrent cursor updates: each commit
+    retries, and the subscription ends at one of the committed offsets."""
+    publish(backend, topic, [b"x%d" % i for i in range(50)], batching=True, bursts=[10] * 5)
+    a, b = consumers(topic, "shared-sub"), consumers(topic, "shared-sub")
+    errors: list[BaseException] = []
+
+    def work(consumer: PullConsumer, offsets: list[int]) -> None:
+        try:
+            for offset in offsets:
+                consumer.commit(offset)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(a, list(range(0, 50, 3)))),
+               threading.Thread(target=work, args=(b, list(range(1, 50, 3))))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert a.committed() in (48, 49)
+
+
+def test_offsets_and_commits_survive_a_broker_restart(tmp_path: Any) -> None:
+    """A broker of its own, restarted: the index continues, the committed offset is exact, and the
+    cursor never acknowledged a message at or after it."""
+    from airflow_provider_pulsarstate.testing.broker import PulsarStandalone
+    from tests.conftest import ARTIFACTS
+
+    broker = PulsarStandalone(data_dir=tmp_path / "data", log_file=ARTIFACTS / "pulsar-restart-broker.log")
+    broker.start()
+    try:
+        topic = "persistent://public/default/restarted"
+        values = [b"r%d" % i for i in range(30)]
+        backend = open_backend(pulsar_config(broker))
+        try:
+            create_topic(backend, topic)
+            publish(backend, topic, values, batching=True, bursts=[10, 10, 10])  # type: ignore[arg-type]
+            with PullConsumer(backend, topic, "durable") as consumer:
+                consumer.commit(14)
+        finally:
+            backend.close()
+        broker.restart()
+        backend = open_backend(pulsar_config(broker))
+        try:
+            with PullConsumer(backend, topic, "durable") as consumer:
+                assert consumer.committed() == 14
+                assert consumer.beginning_offsets() == {0: 0} and consumer.end_offsets() == {0: 30}
+                publish(backend, topic, [b"after"], batching=False)  # type: ignore[arg-type]
+                got = pull_all(consumer, 0, sizes=[9])
+                assert [(m.offset, m.value) for m in got] == list(enumerate(values + [b"after"]))
+                assert [m.value for m in consumer.pull(12, max_messages=3).messages] == values[12:15]
+            received = receive_all(backend, topic, "durable")  # type: ignore[arg-type]
+            assert received[-17:] == values[14:] + [b"after"] and set(received) <= set(values[10:] + [b"after"])
+        finally:
+            backend.close()
+    finally:
+        broker.stop()

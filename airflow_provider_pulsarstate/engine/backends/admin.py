@@ -150,9 +150,14 @@ class PulsarAdmin:
         resp = self.request("GET", f"{self._sub_path(topic, subscription)}/properties", ok=(200, 404))
         return dict(resp.json() or {}) if resp.status_code == 200 else None
 
-    def set_subscription_properties(self, topic: str, subscription: str, properties: Mapping[str, str]) -> None:
-        """Replace a subscription's properties (stored with its cursor; durable on return)."""
-        self.request("PUT", f"{self._sub_path(topic, subscription)}/properties", json=dict(properties))
+    def set_subscription_properties(self, topic: str, subscription: str, properties: Mapping[str, str]) -> bool:
+        """Replace a subscription's properties (stored with its cursor; durable on return). False when
+        a concurrent update of the cursor won (the broker's BadVersion): read again and retry."""
+        resp = self.request("PUT", f"{self._sub_path(topic, subscription)}/properties", ok=(200, 204, 409, 412, 500),
+                            json=dict(properties))
+        if resp.status_code == 500 and "BadVersion" not in resp.text:
+            raise BackendUnavailableError(f"Pulsar admin API PUT properties of {subscription} on {topic} answered 500: {resp.text[:300]}")
+        return resp.status_code in (200, 204)
 
     def create_subscription(self, topic: str, subscription: str, *, ledger: int, entry: int) -> bool:
         """Create a durable subscription whose first unacknowledged entry is ``ledger:entry``
@@ -164,14 +169,16 @@ class PulsarAdmin:
 
     def reset_cursor(
         self, topic: str, subscription: str, *, ledger: int, entry: int, batch_index: int = -1, excluded: bool = False
-    ) -> None:
+    ) -> bool:
         """Move a subscription's cursor (either way) to ``ledger:entry`` (``excluded``: just after it;
         ``batch_index``: skipping that many messages of the entry for batch-index-ack consumers while
-        the topic stays loaded). The entry-level position is durable on return."""
+        the topic stays loaded). The entry-level position is durable on return. False when the broker
+        could not fence the subscription (412: busy with another reset or ack): retry."""
         body: dict[str, Any] = {"ledgerId": ledger, "entryId": entry, "excluded": excluded}
         if batch_index >= 0:
             body["batchIndex"] = batch_index
-        self.request("POST", f"{self._sub_path(topic, subscription)}/resetcursor", json=body)
+        resp = self.request("POST", f"{self._sub_path(topic, subscription)}/resetcursor", ok=(200, 204, 412), json=body)
+        return resp.status_code != 412
 
     def create_partitioned_topic(self, topic: str, partitions: int) -> bool:
         """Create a partitioned topic; False when one of that name exists (409)."""

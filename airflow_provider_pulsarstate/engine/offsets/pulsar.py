@@ -63,6 +63,7 @@ from airflow_provider_pulsarstate.engine.offsets.pulsar_index import (
     parse_position,
     partition_topic,
 )
+from airflow_provider_pulsarstate.engine.retry import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,7 @@ class PulsarOffsetLog(OffsetLog):
         self._positions: dict[int, OrderedDict[int, EntryRef]] = {}
         self._ends: dict[int, tuple[float, int]] = {}
         self._partitions: tuple[float, int] | None = None
+        self._commit_locks: dict[tuple[str, int], threading.Lock] = {}
         self._closed = False
         self.readers_created = 0
         """How many readers this log created (pool reuse shows as a count that does not grow)."""
@@ -486,16 +488,34 @@ class PulsarOffsetLog(OffsetLog):
         if not beginning <= next_offset <= end:
             raise self._out_of_range(partition, next_offset, "commit offset")
         target = self._cursor_target(partition, pt, next_offset, beginning, end)
+        with self._commit_lock(subscription, partition):
+            deadline = time.monotonic() + self._backend.config.operation_timeout
+            backoff = Backoff(initial=0.02, maximum=0.5)
+            # The exact offset first, then the cursor: a crash in between leaves the cursor behind the
+            # committed offset (messages kept and redelivered), never ahead of it. Another process
+            # updating the same cursor makes the broker answer "busy": retry until the time-out.
+            while not self._try_commit(pt, subscription, next_offset, target):
+                if time.monotonic() >= deadline:
+                    raise OperationTimeoutError(
+                        f"committing {next_offset} on {self.topic} partition {partition} subscription {subscription}: "
+                        f"the subscription stayed busy for {self._backend.config.operation_timeout:.0f}s"
+                    )
+                backoff.sleep(deadline)
+        log.debug("committed %s partition %d subscription %s at %d (%s)", self.topic, partition, subscription, next_offset, target)
+
+    def _try_commit(self, pt: str, subscription: str, next_offset: int, target: dict[str, Any]) -> bool:
         properties = self._admin.subscription_properties(pt, subscription)
         if properties is None:
             self._admin.create_subscription(pt, subscription, ledger=target["ledger"], entry=target["entry"])
             properties = self._admin.subscription_properties(pt, subscription) or {}
         properties[COMMITTED_PROPERTY] = str(next_offset)
-        # The exact offset first, then the cursor: a crash in between leaves the cursor behind the
-        # committed offset (messages kept and redelivered), never ahead of it.
-        self._admin.set_subscription_properties(pt, subscription, properties)
-        self._admin.reset_cursor(pt, subscription, **target)
-        log.debug("committed %s partition %d subscription %s at %d (%s)", self.topic, partition, subscription, next_offset, target)
+        return self._admin.set_subscription_properties(pt, subscription, properties) and self._admin.reset_cursor(
+            pt, subscription, **target
+        )
+
+    def _commit_lock(self, subscription: str, partition: int) -> threading.Lock:
+        with self._lock:
+            return self._commit_locks.setdefault((subscription, partition), threading.Lock())
 
     def _cursor_target(self, partition: int, pt: str, next_offset: int, beginning: int, end: int) -> dict[str, Any]:
         """Where ``resetcursor`` puts the cursor so that exactly the offsets below ``next_offset`` are acknowledged."""
@@ -580,6 +600,15 @@ class PulsarTopicPublisher(TopicPublisher):
             raise backend._unreachable("creating a producer of", topic, exc) from exc
 
     def send(self, value: bytes, *, key: str | None = None, properties: Mapping[str, str] | None = None) -> None:
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise ConfigurationError(f"message value must be bytes, got {type(value).__name__} for topic {self.topic}")
+        if key is not None and not isinstance(key, str):
+            raise ConfigurationError(f"message key must be a str or None, got {type(key).__name__} for topic {self.topic}")
+        if properties is not None and (
+            not isinstance(properties, Mapping)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in properties.items())
+        ):
+            raise ConfigurationError(f"message properties must map str to str, got {properties!r} for topic {self.topic}")
         producer = self._producer
         if producer is None:
             raise ClosedError(f"publisher of {self.topic} is closed")
@@ -593,7 +622,7 @@ class PulsarTopicPublisher(TopicPublisher):
         if properties:
             kwargs["properties"] = dict(properties)
         try:
-            producer.send_async(value, self._sent, **kwargs)
+            producer.send_async(bytes(value), self._sent, **kwargs)
         except pulsar.PulsarException as exc:
             self._sent(None, None)
             raise self._backend._unreachable("sending to", self.topic, exc) from exc
