@@ -154,3 +154,56 @@ def test_every_event_counts_exactly_once_when_a_worker_dies_at_each_task_boundar
     everything = [e for batch in range(1, len(boundaries) + 1) for e in job.batch_events(batch, EVENTS, SKUS)]
     assert counted == len(everything)
     assert rows == job.fold(everything)  # every published event counted exactly once
+
+
+# ---------------------------------------------------------------------------------- operators, no Spark
+def test_ingestion_group_commits_the_cursor_after_apply_and_ends_with_it() -> None:
+    from tests.airflow.test_views_operators import _group_dag
+
+    dag, group, after = _group_dag(source_topic="{{ params.events }}", source_subscription="ingest")
+    assert group.commit.task_id == "prices.commit_offsets"
+    assert group.commit.upstream_task_ids == {"prices.apply_view"}
+    assert after.upstream_task_ids == {"prices.commit_offsets"}  # downstream waits for the cursor too
+    assert (group.commit.source_topic, group.commit.subscription) == ("{{ params.events }}", "ingest")
+    args = group.spark.application_args
+    assert args[6:8] == ["--source-topic", "{{ params.events }}"]
+    _, plain, after = _group_dag(source_topic="events")  # the job gets the topic; no cursor to move
+    assert plain.commit is None and after.upstream_task_ids == {"prices.apply_view"}
+    with pytest.raises(TypeError, match="source_subscription needs source_topic"):
+        _group_dag(source_subscription="ingest")
+
+
+def test_commit_operator_moves_the_cursor_to_the_tables_record(env_connection: Any, tmp_path: Path) -> None:
+    from unittest import mock
+
+    from airflow_provider_pulsarstate.engine.recipes.table import source_ranges
+    from airflow_provider_pulsarstate.operators.offsets import CommitSourceOffsetsOperator
+
+    conn_id = env_connection("ps_ingest", extra={"service_url": str(tmp_path / "state.db")})
+    operator = CommitSourceOffsetsOperator(
+        task_id="commit", table_topic="t", source_topic="events", subscription="ingest", pulsarstate_conn_id=conn_id
+    )
+    with PulsarStateHook(conn_id) as hook:
+        topic = hook.create_topic("events", partitions=2)
+        publisher = hook.get_publisher(topic)
+        for i in range(20):
+            publisher.send(b"x", key=f"k{i}")
+        publisher.flush(timeout=10.0)
+        end = hook.get_pull_consumer(topic).end_offsets()
+        # nothing recorded yet: nothing committed
+        assert operator.execute({"ti": mock.MagicMock()})["committed"] == {}
+        assert hook.get_pull_consumer(topic, "ingest").committed(partition=0) is None
+
+        table = _table(hook, "t")
+        view = table.create_view()
+        table.seal(view.view_id, stagers={}, source_offsets=source_ranges(topic, {0: 0, 1: 0}, end))
+        table.apply(view.view_id)
+        hook.get_pull_consumer(topic, "ingest").commit(end[1], partition=1)
+        out = operator.execute({"ti": mock.MagicMock()})
+        assert out == {
+            "topic": topic, "subscription": "ingest",
+            "committed": {str(p): o for p, o in end.items()}, "previous": {"0": None, "1": end[1]},
+        }
+        consumer = hook.get_pull_consumer(topic, "ingest")
+        assert {p: consumer.committed(partition=p) for p in (0, 1)} == end
+        assert operator.execute({"ti": mock.MagicMock()})["committed"] == out["committed"]  # idempotent
