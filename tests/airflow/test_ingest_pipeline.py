@@ -116,7 +116,7 @@ def _worker(names: dict[str, str], batch: int, kill_after: str) -> dict[str, Any
         capture_output=True, text=True, timeout=900, env=os.environ.copy(),
     )
     tail = f"\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}"
-    if kill_after:
+    if kill_after and not kill_after.startswith("fail:"):
         assert proc.returncode == -9 and f"KILLED after {kill_after}" in proc.stdout, f"rc={proc.returncode}{tail}"
         return None
     assert proc.returncode == 0, f"rc={proc.returncode}{tail}"
@@ -130,7 +130,11 @@ def test_every_event_counts_exactly_once_when_a_worker_dies_at_each_task_boundar
     names = _names()
     stale_view = None
     # each run publishes a new batch, then its worker dies after one task; the next run follows
-    boundaries = ["publish_events", "wait_for_events", "prices.spark_job", "prices.apply_view", "prices.commit_offsets", ""]
+    boundaries = [
+        "publish_events", "wait_for_events", "prices.spark_job", "prices.apply_view", "prices.commit_offsets",
+        "fail:prices.apply_view",  # fails after its commit, retried in the same run: already applied, nothing twice
+        "",
+    ]
     for batch, kill_after in enumerate(boundaries, start=1):
         outcome = _worker(names, batch, kill_after)
         with PulsarStateHook() as hook:
@@ -148,8 +152,12 @@ def test_every_event_counts_exactly_once_when_a_worker_dies_at_each_task_boundar
                 # the view staged by the dead run 3 read from the same (empty) record: applying it now would double-count
                 with pytest.raises(SourceOffsetsConflictError, match="consumed .* partition"):
                     _table(hook, names["table_topic"]).apply(stale_view)
-            if kill_after in ("prices.commit_offsets", ""):
+            if kill_after in ("prices.commit_offsets", "fail:prices.apply_view", ""):
                 assert recorded == end and cursor == recorded
+            if kill_after.startswith("fail:"):
+                assert outcome is not None and outcome["state"] == "success", outcome
+                assert outcome["states"]["prices.apply_view"] == "success"
+                assert outcome["tries"]["prices.apply_view"] == 2  # it really failed once and was retried
     assert outcome is not None and outcome["state"] == "success", outcome
     everything = [e for batch in range(1, len(boundaries) + 1) for e in job.batch_events(batch, EVENTS, SKUS)]
     assert counted == len(everything)
