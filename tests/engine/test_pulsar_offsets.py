@@ -400,7 +400,7 @@ def test_commit_on_an_empty_topic_and_a_foreign_subscription(backend: PulsarBack
 # -- the reader pool -------------------------------------------------------------------------------------
 def test_reader_pool_reuse_bounds_and_close(backend: PulsarBackend, topic: str, consumers: Any) -> None:
     publish(backend, topic, [b"p%d" % i for i in range(100)], batching=True, bursts=[10] * 10)
-    consumer = PullConsumer(backend, topic, reader_pool_size=2, reader_idle_timeout=1.0)
+    consumer = PullConsumer(backend, topic, reader_pool_size=2, reader_idle_timeout=4.0)
     log = consumer._log
     assert isinstance(log, PulsarOffsetLog)
     r = consumer.pull(0, max_messages=10)
@@ -411,7 +411,7 @@ def test_reader_pool_reuse_bounds_and_close(backend: PulsarBackend, topic: str, 
     assert log.readers_created == 3 and log.pooled_readers() == {0: [55, 75]} and log.open_readers() == 2
     consumer.pull(55, max_messages=5)
     assert log.readers_created == 3 and log.pooled_readers() == {0: [75, 60]}
-    time.sleep(1.2)
+    time.sleep(4.2)
     consumer.pull(0, max_messages=1)  # the idle ones are closed on the next call
     assert log.pooled_readers() == {0: [1]} and log.open_readers() == 1
     stats = backend.admin.topic_stats(topic)
@@ -535,3 +535,91 @@ def test_offsets_and_commits_survive_a_broker_restart(tmp_path: Any) -> None:
             backend.close()
     finally:
         broker.stop()
+
+
+def test_pulled_messages_pickle_and_compare_as_plain_ones(backend: PulsarBackend, topic: str, consumers: Any) -> None:
+    import pickle
+
+    from airflow_provider_pulsarstate.engine.offsets import PulledMessage
+
+    publish(backend, topic, [b"a", b"b"], batching=True, keys=["k", "k"])
+    message = consumers(topic).pull(1).messages[0]
+    plain = PulledMessage(1, 0, b"b", "k", {}, message.publish_time, message.position)
+    assert message == plain and plain == message and message.publish_time > 0
+    copy = pickle.loads(pickle.dumps(message))
+    assert type(copy) is PulledMessage and copy == plain
+
+
+def test_async_probe_sends_the_token_and_hides_credentials() -> None:
+    admin_url = "http://user:s3cret@127.0.0.1:9"  # nothing listens there
+    from airflow_provider_pulsarstate import ConnectionConfig
+    from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError
+
+    config = ConnectionConfig(url="pulsar://127.0.0.1:6650", admin_url=admin_url, auth_token="tok", operation_timeout=2.0)
+
+    async def probe() -> None:
+        p = open_async_probe(config)
+        assert p._http().headers["Authorization"] == "Bearer tok"  # type: ignore[attr-defined]
+        with pytest.raises(BackendUnavailableError) as info:
+            await p.end_offsets("persistent://public/default/x")
+        assert "s3cret" not in str(info.value) and "127.0.0.1:9" in str(info.value)
+        await p.aclose()
+
+    asyncio.run(probe())
+
+
+def test_offsets_counted_inside_a_batch_are_checked_against_the_message_ids() -> None:
+    """Edge case (a stand-in client): if a client ever skipped a message inside a batch, counting
+    offsets would drift; the pull fails instead of mislabelling messages."""
+    from types import SimpleNamespace
+
+    from airflow_provider_pulsarstate.engine.errors import OffsetError
+    from airflow_provider_pulsarstate.engine.offsets.pulsar import _Cursor
+    from airflow_provider_pulsarstate.engine.offsets.pulsar_index import EntryRef
+
+    class Id:
+        def __init__(self, e: int, b: int) -> None:
+            self.e, self.b = e, b
+
+        def ledger_id(self) -> int:
+            return 7
+
+        def entry_id(self) -> int:
+            return self.e
+
+        def batch_index(self) -> int:
+            return self.b
+
+        def serialize(self) -> bytes:
+            return bytes([0x08, 7, 0x10, self.e, 0x20, self.b, 0x30, 3])  # batch_size 3
+
+    class Msg:
+        def __init__(self, e: int, b: int) -> None:
+            self.id = Id(e, b)
+
+        def message_id(self) -> Id:
+            return self.id
+
+        def data(self) -> bytes:
+            return b"%d-%d" % (self.id.e, self.id.b)
+
+    class Reader:
+        def __init__(self, msgs: list[Msg]) -> None:
+            self.msgs = msgs
+
+        def read_next(self, _timeout: int) -> Msg:
+            if not self.msgs:
+                raise pulsar.Timeout()
+            return self.msgs.pop(0)
+
+        def has_message_available(self) -> bool:
+            return False
+
+    fake_backend = SimpleNamespace(admin=None, config=SimpleNamespace(operation_timeout=1.0))
+    log = PulsarOffsetLog(fake_backend, "persistent://public/default/fake")  # type: ignore[arg-type]
+    whole = _Cursor(0, "t", Reader([Msg(0, 0), Msg(0, 1), Msg(0, 2), Msg(1, 0)]), 0, entry=EntryRef(7, 0, 0, 3))  # type: ignore[arg-type]
+    messages, _ = log._fill(whole, max_messages=10, max_bytes=1 << 20, timeout=0)
+    assert [(m.offset, m.value) for m in messages] == [(0, b"0-0"), (1, b"0-1"), (2, b"0-2"), (3, b"1-0")]
+    skipped = _Cursor(0, "t", Reader([Msg(0, 0), Msg(0, 2), Msg(1, 0)]), 0, entry=EntryRef(7, 0, 0, 3))  # type: ignore[arg-type]
+    with pytest.raises(OffsetError, match="drifted"):
+        log._fill(skipped, max_messages=10, max_bytes=1 << 20, timeout=0)

@@ -156,16 +156,20 @@ class PulsarAdmin:
         resp = self.request("PUT", f"{self._sub_path(topic, subscription)}/properties", ok=(200, 204, 409, 412, 500),
                             json=dict(properties))
         if resp.status_code == 500 and "BadVersion" not in resp.text:
-            raise BackendUnavailableError(f"Pulsar admin API PUT properties of {subscription} on {topic} answered 500: {resp.text[:300]}")
+            raise BackendUnavailableError(
+                f"Pulsar admin API PUT properties of {subscription} on {topic} answered 500: {resp.text[:300]}"
+            )
         return resp.status_code in (200, 204)
 
     def create_subscription(self, topic: str, subscription: str, *, ledger: int, entry: int) -> bool:
         """Create a durable subscription whose first unacknowledged entry is ``ledger:entry``
-        (``-1, -1``: the earliest); False when it already exists."""
+        (``-1, -1``: the earliest); False when it already exists, or is being created or reset by
+        someone else (409, 412)."""
         resp = self.request(
-            "PUT", self._sub_path(topic, subscription), ok=(200, 204, 409), json={"ledgerId": ledger, "entryId": entry}
+            "PUT", self._sub_path(topic, subscription), ok=(200, 204, 409, 412),
+            json={"ledgerId": ledger, "entryId": entry},
         )
-        return resp.status_code != 409
+        return resp.status_code in (200, 204)
 
     def reset_cursor(
         self, topic: str, subscription: str, *, ledger: int, entry: int, batch_index: int = -1, excluded: bool = False

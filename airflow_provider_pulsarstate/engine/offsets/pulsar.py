@@ -15,7 +15,11 @@ How offsets are found (facts checked on Pulsar 4.2, see :mod:`.pulsar_index`):
 * **Reader pool.** Per partition, a bounded LRU of readers keyed by the next offset each would
   return: a caller continuing where it stopped reuses one; idle ones are closed after
   ``reader_idle_timeout`` (checked on every call). Readers are created without holding a lock.
-  A bounded offset-to-entry cache per partition saves index look-ups.
+  A bounded offset-to-entry cache per partition saves index look-ups. Like Kafka's fetch buffer,
+  a pooled reader may still hand out messages it received before retention trimmed them; a new
+  reader never starts below the beginning offset.
+* **End offset of a pull.** Exact when the pull reached the tail; otherwise the end offset read
+  at most ``END_TTL`` seconds earlier by this log (never below the pull's ``next_offset``).
 * **Commits.** The committed offset (the next to consume) is stored exactly in the subscription's
   properties (``pulsarstate.next-offset``, durable on return, may move backwards), written before
   the cursor is moved with ``resetcursor``: every entry wholly below it is acknowledged; the entry
@@ -92,6 +96,51 @@ class _Cursor:
     entry: EntryRef | None = None  # the entry of the last message read
     pending: PulledMessage | None = None  # read but not returned (max_bytes), offset >= next_offset
     idle_since: float = field(default_factory=time.monotonic)
+
+
+class _PulsarMessage(PulledMessage):
+    """A PulledMessage whose key, properties and publish time are read from the client's message
+    only when asked (most consumers read the offset and value only: three fewer client calls per
+    message). Equal to, and pickled as, a plain :class:`PulledMessage`."""
+
+    __slots__ = ("_raw",)
+
+    @property  # type: ignore[override]
+    def key(self) -> str | None:
+        return self._raw.partition_key() or None
+
+    @property  # type: ignore[override]
+    def properties(self) -> Mapping[str, str]:
+        return self._raw.properties()
+
+    @property  # type: ignore[override]
+    def publish_time(self) -> float:
+        return self._raw.publish_timestamp() / 1000.0
+
+    def plain(self) -> PulledMessage:
+        """The same message as a plain PulledMessage (detached from the client's message)."""
+        return PulledMessage(*_fields_of(self))
+
+    def __eq__(self, other: object) -> bool:
+        return _fields_of(self) == _fields_of(other) if isinstance(other, PulledMessage) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (PulledMessage, _fields_of(self))
+
+
+def _fields_of(m: PulledMessage) -> tuple[Any, ...]:
+    return (m.offset, m.partition, m.value, m.key, m.properties, m.publish_time, m.position)
+
+
+# Built field by field in the read loop (a third of the cost of a frozen dataclass's __init__).
+_new_message = object.__new__
+_set_offset = PulledMessage.__dict__["offset"].__set__
+_set_partition = PulledMessage.__dict__["partition"].__set__
+_set_value = PulledMessage.__dict__["value"].__set__
+_set_position = PulledMessage.__dict__["position"].__set__
+_set_raw = _PulsarMessage.__dict__["_raw"].__set__
 
 
 class PulsarOffsetLog(OffsetLog):
@@ -315,53 +364,120 @@ class PulsarOffsetLog(OffsetLog):
             raise ClosedError(f"offset log of {self.topic} is closed")
         return cursor
 
-    def _fill(self, cursor: _Cursor, *, max_messages: int, max_bytes: int, timeout: float) -> tuple[list[PulledMessage], bool]:
+    def _fill(
+        self, cursor: _Cursor, *, max_messages: int, max_bytes: int, timeout: float
+    ) -> tuple[list[PulledMessage], bool]:
+        """Read into a list until ``max_messages``, ``max_bytes`` or the tail; True when the tail stopped it.
+
+        The per-message path is kept flat (it is most of a pull's cost): the client's own reader
+        object, offsets computed inline while the entry does not change.
+        """
         deadline = time.monotonic() + timeout
         messages: list[PulledMessage] = []
-        size = 0
+        append = messages.append
+        raw_reader = getattr(cursor.reader, "_reader", cursor.reader)  # skips pulsar.Message wrapping
+        partition = cursor.partition
+        next_offset = cursor.next_offset
+        ref = cursor.entry
+        ledger_now, entry_now, first = (ref.ledger, ref.entry, ref.first) if ref is not None else (-2, -2, 0)
+        batch_now = remaining = 0
+        size = count = 0
         at_tail = False
-        while len(messages) < max_messages:
-            pm = cursor.pending
-            if pm is not None:
-                cursor.pending = None
-            else:
-                raw = self._next_raw(cursor, deadline, first=not messages)
-                if raw is None:
-                    at_tail = True
+        try:
+            while count < max_messages:
+                pm = cursor.pending
+                if pm is not None:
+                    cursor.pending = None
+                else:
+                    try:
+                        msg = raw_reader.read_next(0)  # what the client already received
+                    except pulsar.Timeout:
+                        msg = self._wait_next(cursor, deadline, first=not count)
+                        if msg is None:
+                            at_tail = True
+                            break
+                    if remaining:
+                        # The client hands out every message of a batch in order: no id to read.
+                        remaining -= 1
+                        batch_now += 1
+                        offset = first + batch_now
+                    else:
+                        mid = msg.message_id()
+                        ledger, entry, batch_now = mid.ledger_id(), mid.entry_id(), mid.batch_index()
+                        if entry != entry_now or ledger != ledger_now:
+                            cursor.entry = ref = self._next_entry(cursor, mid, ledger, entry, batch_now)
+                            ledger_now, entry_now, first = ledger, entry, ref.first
+                        if batch_now >= 0:
+                            offset = first + batch_now
+                            remaining = ref.count - 1 - batch_now  # type: ignore[union-attr]
+                        else:
+                            offset = first
+                    if offset < next_offset:
+                        continue  # below the requested offset, inside the entry holding it
+                    pm = _new_message(_PulsarMessage)
+                    _set_offset(pm, offset)
+                    _set_partition(pm, partition)
+                    _set_value(pm, msg.data())
+                    _set_position(pm, (ledger_now, entry_now, batch_now))
+                    _set_raw(pm, msg)
+                if pm.offset > next_offset and self._skipped_trimmed(cursor, pm, next_offset, bool(count)):
                     break
-                pm = self._pulled(cursor, raw)
-                if pm is None:
-                    continue
-            if pm.offset > cursor.next_offset and self._skipped_trimmed(cursor, pm, bool(messages)):
-                break
-            if messages and size + pm.size > max_bytes:
-                cursor.pending = pm
-                break
-            messages.append(pm)
-            size += pm.size
-            cursor.next_offset = pm.offset + 1
-            if size >= max_bytes:
-                break
+                length = len(pm.value)
+                if count and size + length > max_bytes:
+                    cursor.pending = pm
+                    break
+                append(pm)
+                count += 1
+                size += length
+                next_offset = pm.offset + 1
+                if size >= max_bytes:
+                    break
+            if count and type(messages[-1]) is _PulsarMessage:
+                self._check_position(cursor, messages[-1])
+        finally:
+            cursor.next_offset = next_offset
         return messages, at_tail
 
-    def _skipped_trimmed(self, cursor: _Cursor, pm: PulledMessage, have_some: bool) -> bool:
+    def _check_position(self, cursor: _Cursor, last: _PulsarMessage) -> None:
+        """Inside a batch offsets are counted, not read: once per pull, check the count against the
+        last message's own id (a mismatch would mean the client skipped messages of a batch)."""
+        mid = last._raw.message_id()
+        actual = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
+        if actual != last.position:
+            raise OffsetError(
+                f"offsets of {cursor.topic} drifted: the message counted at {last.position} is at {actual}; "
+                "its reader is discarded"
+            )
+
+    def _next_entry(self, cursor: _Cursor, mid: Any, ledger: int, entry: int, batch: int) -> EntryRef:
+        """The offsets of a new entry: from the previous one when it directly follows it in the same
+        ledger (nothing can hide between them), else from the entry's headers."""
+        ref = cursor.entry
+        if ref is not None and ref.ledger == ledger and ref.entry + 1 == entry:
+            count = batch_size_of(mid.serialize()) if batch >= 0 else 1
+            if count > 0:
+                return EntryRef(ledger, entry, ref.last + 1, count)
+        found = self._entry_ref(cursor.topic, ledger, entry)
+        if found is None:
+            raise OffsetError(f"entry {ledger}:{entry} of {cursor.topic} was delivered but has no headers")
+        return found
+
+    def _skipped_trimmed(self, cursor: _Cursor, pm: PulledMessage, expected: int, have_some: bool) -> bool:
         """A jump in offsets is fine when nobody held the skipped indexes; not when they were trimmed
         under the reader (then the offsets are gone: stop here, or raise when nothing was returned)."""
         beginning = self.beginning_offset(cursor.partition)
-        if beginning <= cursor.next_offset:
+        if beginning <= expected:
             return False
         if have_some:
             cursor.pending = pm
             return True
-        raise self._out_of_range(cursor.partition, cursor.next_offset)
+        raise self._out_of_range(cursor.partition, expected)
 
-    def _next_raw(self, cursor: _Cursor, deadline: float, *, first: bool) -> pulsar.Message | None:
-        reader = cursor.reader
-        msg = self._read(cursor, 0)  # what the client already received
-        if msg is not None:
-            return msg
+    def _wait_next(self, cursor: _Cursor, deadline: float, *, first: bool) -> Any:
+        """The next message when the client's queue is empty: one in flight, or (for a pull that has
+        nothing yet) one arriving before ``deadline``; None at the tail."""
         try:
-            in_flight = reader.has_message_available()
+            in_flight = cursor.reader.has_message_available()
         except pulsar.PulsarException as exc:
             raise self._backend._unreachable("checking the tail of", cursor.topic, exc) from exc
         if in_flight:
@@ -374,43 +490,16 @@ class PulsarOffsetLog(OffsetLog):
                 return self._read(cursor, max(1, int(remaining * 1000)))
         return None
 
-    def _read(self, cursor: _Cursor, timeout_ms: int) -> pulsar.Message | None:
+    def _read(self, cursor: _Cursor, timeout_ms: int) -> Any:
+        raw_reader = getattr(cursor.reader, "_reader", cursor.reader)
         try:
-            return cursor.reader.read_next(timeout_ms)
+            return raw_reader.read_next(timeout_ms)
         except pulsar.Timeout:
             return None
         except pulsar.AlreadyClosed as exc:
             raise ClosedError(f"offset log of {self.topic} was closed during a read") from exc
         except pulsar.PulsarException as exc:
             raise self._backend._unreachable("reading", cursor.topic, exc) from exc
-
-    def _pulled(self, cursor: _Cursor, msg: pulsar.Message) -> PulledMessage | None:
-        """``msg`` with its offset, or None when it lies below the cursor's next offset."""
-        mid = msg.message_id()
-        ledger, entry, batch = mid.ledger_id(), mid.entry_id(), mid.batch_index()
-        ref = cursor.entry
-        if ref is None or ref.ledger != ledger or ref.entry != entry:
-            follows = ref is not None and ref.ledger == ledger and ref.entry + 1 == entry
-            count = (batch_size_of(mid.serialize()) if batch >= 0 else 1) if follows else 0
-            if follows and count > 0:
-                ref = EntryRef(ledger, entry, ref.last + 1, count)  # type: ignore[union-attr]
-            else:
-                ref = self._entry_ref(cursor.topic, ledger, entry)
-                if ref is None:
-                    raise OffsetError(f"entry {ledger}:{entry} of {cursor.topic} was delivered but has no headers")
-            cursor.entry = ref
-        offset = ref.first + max(batch, 0)
-        if offset < cursor.next_offset:
-            return None
-        return PulledMessage(
-            offset=offset,
-            partition=cursor.partition,
-            value=msg.data(),
-            key=msg.partition_key() or None,
-            properties=msg.properties(),
-            publish_time=msg.publish_timestamp() / 1000.0,
-            position=(ledger, entry, batch),
-        )
 
     # -- the reader pool --------------------------------------------------------------------
     def _take(self, partition: int, offset: int) -> _Cursor | None:
@@ -452,12 +541,20 @@ class PulsarOffsetLog(OffsetLog):
         return expired
 
     def _close_cursors(self, cursors: list[_Cursor]) -> None:
+        """Close evicted, expired or failed readers without making the caller's pull wait for the broker."""
         if not cursors:
             return
         with self._lock:
             for cursor in cursors:
                 self._live.discard(cursor)
         for cursor in cursors:
+            raw = getattr(cursor.reader, "_reader", None)
+            if raw is not None and hasattr(raw, "close_async"):
+                try:
+                    raw.close_async(_ignore)
+                    continue
+                except pulsar.PulsarException:
+                    pass
             _close_quietly(cursor.reader)
 
     def pooled_readers(self) -> dict[int, list[int]]:
@@ -501,13 +598,16 @@ class PulsarOffsetLog(OffsetLog):
                         f"the subscription stayed busy for {self._backend.config.operation_timeout:.0f}s"
                     )
                 backoff.sleep(deadline)
-        log.debug("committed %s partition %d subscription %s at %d (%s)", self.topic, partition, subscription, next_offset, target)
+        log.debug("committed %s partition %d subscription %s at %d (%s)",
+                  self.topic, partition, subscription, next_offset, target)
 
     def _try_commit(self, pt: str, subscription: str, next_offset: int, target: dict[str, Any]) -> bool:
         properties = self._admin.subscription_properties(pt, subscription)
         if properties is None:
             self._admin.create_subscription(pt, subscription, ledger=target["ledger"], entry=target["entry"])
-            properties = self._admin.subscription_properties(pt, subscription) or {}
+            properties = self._admin.subscription_properties(pt, subscription)
+            if properties is None:
+                return False  # another process is creating it: try again
         properties[COMMITTED_PROPERTY] = str(next_offset)
         return self._admin.set_subscription_properties(pt, subscription, properties) and self._admin.reset_cursor(
             pt, subscription, **target
@@ -584,7 +684,9 @@ class PulsarTopicPublisher(TopicPublisher):
         self.topic = topic
         self._backend = backend
         if backend.admin.partition_count(topic) is None:
-            raise UnknownTopicError(f"topic {topic} does not exist on {backend.topic_url(topic)}; create it first (create_topic)")
+            raise UnknownTopicError(
+                f"topic {topic} does not exist on {backend.topic_url(topic)}; create it first (create_topic)"
+            )
         self._cond = threading.Condition()
         self._pending = 0
         self._error: str | None = None
@@ -603,12 +705,16 @@ class PulsarTopicPublisher(TopicPublisher):
         if not isinstance(value, (bytes, bytearray, memoryview)):
             raise ConfigurationError(f"message value must be bytes, got {type(value).__name__} for topic {self.topic}")
         if key is not None and not isinstance(key, str):
-            raise ConfigurationError(f"message key must be a str or None, got {type(key).__name__} for topic {self.topic}")
+            raise ConfigurationError(
+                f"message key must be a str or None, got {type(key).__name__} for topic {self.topic}"
+            )
         if properties is not None and (
             not isinstance(properties, Mapping)
             or not all(isinstance(k, str) and isinstance(v, str) for k, v in properties.items())
         ):
-            raise ConfigurationError(f"message properties must map str to str, got {properties!r} for topic {self.topic}")
+            raise ConfigurationError(
+                f"message properties must map str to str, got {properties!r} for topic {self.topic}"
+            )
         producer = self._producer
         if producer is None:
             raise ClosedError(f"publisher of {self.topic} is closed")
@@ -672,9 +778,16 @@ def create_pulsar_topic(backend: PulsarBackend, topic: str, *, partitions: int =
             if existing != partitions:
                 raise ConfigurationError(f"topic {topic} exists with {existing} partitions, not {partitions}")
             return
-        created = admin.create_partitioned_topic(topic, partitions) if partitions else admin.create_non_partitioned_topic(topic)
+        if partitions:
+            created = admin.create_partitioned_topic(topic, partitions)
+        else:
+            created = admin.create_non_partitioned_topic(topic)
         if created:
             return
+
+
+def _ignore(*_args: Any) -> None:
+    pass
 
 
 def _close_quietly(resource: Any) -> None:

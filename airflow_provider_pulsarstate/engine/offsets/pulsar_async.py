@@ -53,15 +53,17 @@ class PulsarAsyncOffsetProbe(AsyncOffsetProbe):
             cfg = self._config
             headers = {"Authorization": f"Bearer {cfg.auth_token}"} if cfg.auth_token else {}
             # An explicit CA bundle wins over $SSL_CERT_FILE & co., as in PulsarAdmin.
-            verify: ssl.SSLContext | bool = (
-                ssl.create_default_context(cafile=cfg.tls_trust_certs_file_path) if cfg.tls_trust_certs_file_path else True
-            )
+            verify: ssl.SSLContext | bool = True
+            if cfg.tls_trust_certs_file_path:
+                verify = ssl.create_default_context(cafile=cfg.tls_trust_certs_file_path)
             self._client = httpx.AsyncClient(
                 base_url=f"{self._url}/admin/v2/", headers=headers, verify=verify, timeout=cfg.operation_timeout
             )
         return self._client
 
-    async def _request(self, method: str, path: str, *, ok: tuple[int, ...] = (200,), params: Mapping[str, Any] | None = None) -> httpx.Response:
+    async def _request(
+        self, method: str, path: str, *, ok: tuple[int, ...] = (200,), params: Mapping[str, Any] | None = None
+    ) -> httpx.Response:
         shown = f"{self._shown}/admin/v2/{path}"
         try:
             resp = await self._http().request(method, path, params=params)
@@ -71,7 +73,9 @@ class PulsarAsyncOffsetProbe(AsyncOffsetProbe):
                 f"Pulsar admin API {self._shown} unreachable ({method} {shown}): {type(exc).__name__}: {detail}"
             ) from None
         if resp.status_code not in ok:
-            raise BackendUnavailableError(f"Pulsar admin API {method} {shown} answered {resp.status_code}: {resp.text[:300]}")
+            raise BackendUnavailableError(
+                f"Pulsar admin API {method} {shown} answered {resp.status_code}: {resp.text[:300]}"
+            )
         return resp
 
     async def _partition_topics(self, topic: str) -> dict[int, str]:
@@ -81,19 +85,22 @@ class PulsarAsyncOffsetProbe(AsyncOffsetProbe):
         count = int(resp.json().get("partitions", 0))
         return {p: partition_topic(topic, count, p) for p in (range(count) if count else [0])}
 
-    async def _end(self, pt: str) -> int:
-        resp = await self._request(
-            "HEAD", f"{topic_path(pt)}/examinemessage", ok=(200, 412), params={"initialPosition": "latest", "messagePosition": 1}
+    async def _examine(self, pt: str, position: str) -> httpx.Response:
+        """The first or last retained entry's headers (412: no message retained)."""
+        return await self._request(
+            "HEAD", f"{topic_path(pt)}/examinemessage", ok=(200, 412),
+            params={"initialPosition": position, "messagePosition": 1},
         )
+
+    async def _end(self, pt: str) -> int:
+        resp = await self._examine(pt, "latest")
         if resp.status_code == 200:
             return parse_entry_headers(resp.headers, pt)[0] + 1
         stats = (await self._request("GET", f"{topic_path(pt)}/internalStats")).json()
         return last_index_property(stats) + 1
 
     async def _beginning(self, pt: str) -> int:
-        resp = await self._request(
-            "HEAD", f"{topic_path(pt)}/examinemessage", ok=(200, 412), params={"initialPosition": "earliest", "messagePosition": 1}
-        )
+        resp = await self._examine(pt, "earliest")
         if resp.status_code == 200:
             last, count = parse_entry_headers(resp.headers, pt)
             return last - count + 1

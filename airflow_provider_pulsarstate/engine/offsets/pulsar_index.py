@@ -113,7 +113,9 @@ def last_index_property(internal_stats: Mapping[str, Any]) -> int:
         return -1
 
 
-def cursor_positions(internal_stats: Mapping[str, Any], subscription: str) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+def cursor_positions(
+    internal_stats: Mapping[str, Any], subscription: str
+) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
     """A subscription's ``(markDeletePosition, readPosition)`` entries from internal stats; each None
     when absent or before a ledger's first entry (``L:-1``)."""
     cursor = (internal_stats.get("cursors") or {}).get(subscription) or {}
