@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 import time
 from datetime import datetime
 from typing import Any, AsyncIterator
@@ -45,6 +46,9 @@ class OffsetProgressTrigger(BaseTrigger):
     * ``{"status": "error", "error_type", "message"}``: the problem, named (unknown topic or
       partition, a bad target, no index on the broker, ...). Unreachable back ends and time-outs
       are retried with back-off until the deadline, never reported as success.
+
+    The first poll is immediate; later ones come every 75-100% of ``poll_interval`` (jittered,
+    so triggers started together do not poll in bursts).
 
     The probe is opened in :meth:`run` and closed in its ``finally`` (also when the triggerer
     cancels the trigger).
@@ -181,8 +185,10 @@ class OffsetProgressTrigger(BaseTrigger):
                 if last.total != logged_total:
                     logged_total = last.total
                     self.log.info("%s", last.table())
-                delay = self.poll_interval if remaining is None else min(self.poll_interval, max(0.0, remaining))
-                await asyncio.sleep(delay)
+                # jittered (never longer than asked) so that triggers started together, e.g. after a
+                # triggerer restart, drift out of phase instead of polling the broker in bursts
+                delay = self.poll_interval * random.uniform(0.75, 1.0)
+                await asyncio.sleep(delay if remaining is None else min(delay, max(0.0, remaining)))
         finally:
             if probe is not None:
                 try:

@@ -1,0 +1,136 @@
+"""start_from_trigger with a real ``airflow scheduler`` and ``airflow triggerer`` (LocalExecutor, SQLite).
+
+``dag.test()`` bypasses start_from_trigger, so this runs the real processes: the scheduler
+defers the sensor straight to the triggerer, the triggerer renders its templated fields, polls
+the embedded log and ends the task with its XCom. No API server runs, so a worker could not run
+the task at all; the sensor's execute()/execute_complete() also leave a marker file if called.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+
+from tests.airflow.conftest import AIRFLOW_BIN
+
+LIVE_DAG = Path(__file__).resolve().parent / "dags_live" / "start_from_trigger_dag.py"
+DAG_ID = "offset_sensor_start_from_trigger"
+
+
+def _wait(what: str, probe: Callable[[], Any], timeout: float, logs: list[Path]) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.5)
+    tails = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}" for p in logs if p.exists())
+    pytest.fail(f"timed out after {timeout}s waiting for {what}\n{tails}")
+
+
+def _ti_state(run_id: str) -> str | None:
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        ti = session.query(TaskInstance).filter_by(dag_id=DAG_ID, run_id=run_id, task_id="wait").one_or_none()
+        return None if ti is None else str(ti.state)
+
+
+@pytest.mark.slow
+def test_start_from_trigger_completes_the_task_without_a_worker(
+    airflow_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("AIRFLOW_CONN_PULSARSTATE_DEFAULT", raising=False)  # the embedded default, shared by file
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    shutil.copy(LIVE_DAG, dags / LIVE_DAG.name)
+    bundle = [{
+        "name": "live", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+        "kwargs": {"path": str(dags), "refresh_interval": 0},
+    }]
+    env = {
+        **os.environ,
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+        "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundle),
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": "http://127.0.0.1:9/execution/",  # nothing listens: no worker can run
+    }
+    monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps(bundle))
+    reserialize = subprocess.run(
+        [AIRFLOW_BIN, "dags", "reserialize", "--bundle-name", "live"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert reserialize.returncode == 0, reserialize.stdout[-3000:] + reserialize.stderr[-3000:]
+
+    topic = f"live-{uuid.uuid4().hex[:10]}"
+    marker = tmp_path / "worker-ran"
+    with PulsarStateHook() as hook:
+        full = hook.create_topic(topic)
+        publisher = hook.get_publisher(full)
+        for i in range(2):
+            publisher.send(f"before-{i}".encode())
+        publisher.flush(timeout=30)
+
+    logs = [tmp_path / "scheduler.log", tmp_path / "triggerer.log"]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for name, log in zip(("scheduler", "triggerer"), logs):
+            with open(log, "wb") as out:
+                procs.append(subprocess.Popen(
+                    [AIRFLOW_BIN, name], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                ))
+        run_id = f"live__{uuid.uuid4().hex[:8]}"
+        conf = {"topic": topic, "target": 5, "marker": str(marker)}
+        triggered = subprocess.run(
+            [AIRFLOW_BIN, "dags", "trigger", DAG_ID, "--run-id", run_id, "--conf", json.dumps(conf)],
+            env=env, capture_output=True, text=True, timeout=300,
+        )
+        assert triggered.returncode == 0, triggered.stdout[-3000:] + triggered.stderr[-3000:]
+
+        def deferred() -> bool:
+            state = _ti_state(run_id)
+            assert state not in ("failed", "up_for_retry", "success", "skipped"), f"the sensor ended {state} without deferring"
+            return state == "deferred"
+
+        _wait("the sensor to be deferred", deferred, 180, logs)
+        time.sleep(1.0)  # the trigger polls 2 of 5 messages a few times
+        assert _ti_state(run_id) == "deferred"
+        with PulsarStateHook() as hook:
+            publisher = hook.get_publisher(full)
+            for i in range(3):
+                publisher.send(f"after-{i}".encode())
+            publisher.flush(timeout=30)
+        state = _wait("the sensor to finish", lambda: _ti_state(run_id) in ("success", "failed", "skipped", "up_for_retry") and _ti_state(run_id), 120, logs)
+        assert state == "success", state
+
+        from airflow.models.xcom import XComModel
+        from airflow.utils.session import create_session
+
+        with create_session() as session:
+            rows = list(session.scalars(XComModel.get_many(run_id=run_id, dag_ids=DAG_ID, key="return_value")))
+            values = [XComModel.deserialize_value(row) for row in rows]
+        assert len(values) == 1
+        seen = values[0]
+        assert seen["met"] and seen["topic"] == full and seen["value"] == 5 and seen["target"] == 5  # rendered in the triggerer
+        assert not marker.exists(), marker.read_text()
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
