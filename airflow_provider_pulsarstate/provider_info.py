@@ -43,6 +43,7 @@ def provider_info() -> dict[str, Any]:
                 "python-modules": [
                     "airflow_provider_pulsarstate.operators.views",
                     "airflow_provider_pulsarstate.operators.spark_submit",
+                    "airflow_provider_pulsarstate.operators.offsets",
                 ],
             }
         ],

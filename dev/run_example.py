@@ -1,13 +1,18 @@
-"""The main job: the price-table pipeline end to end with dag.test(), on a SQLite metadata DB.
+"""The main job: the price-events ingestion pipeline end to end with dag.test(), on a SQLite metadata DB.
 
-Runs ``price_table_pipeline`` twice, version 1 then version 2, each with a real ``spark-submit``
-in local mode, and prints what each run published beside the true diff between the two
-versions (computed in plain Python from the job's formulas): the second run publishes only the
-changed rows. State goes to the embedded log under AIRFLOW_HOME unless
-AIRFLOW_CONN_PULSARSTATE_DEFAULT points at a broker.
+Runs ``price_events_pipeline`` twice, batch 1 then batch 2, each with a real ``spark-submit`` in
+local mode: upstream publishes a batch of price-change events, the offset sensor lets the job
+start, the job folds exactly the new offset range into the price table, apply publishes the
+changed rows with the consumed offsets, and the subscription's cursor follows. It prints both
+runs side by side beside the truth computed in plain Python from the job's own event generator
+and fold: the second run consumes only batch 2 and publishes only the rows it changed, and the
+table counts every event exactly once. State goes to the embedded log under AIRFLOW_HOME (fresh
+topics per invocation) unless AIRFLOW_CONN_PULSARSTATE_DEFAULT points at a broker.
 
-Environment: PULSARSTATE_EXAMPLE_DAG picks another DAG (run once, no params);
-PULSARSTATE_EXAMPLE_ROWS changes the table size (default 100000).
+Environment: PULSARSTATE_EXAMPLE_DAG=price_table_pipeline runs the recompute example instead
+(version 1 then 2, PULSARSTATE_EXAMPLE_ROWS skus, default 100000); any other DAG runs once with
+no params. PULSARSTATE_EXAMPLE_EVENTS (default 10000) and PULSARSTATE_EXAMPLE_SKUS (default
+100000) size the event batches.
 """
 
 from __future__ import annotations
@@ -22,9 +27,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-MAIN_DAG = "price_table_pipeline"
+MAIN_DAG = "price_events_pipeline"
+TABLE_DAG = "price_table_pipeline"
 DAG_ID = os.environ.get("PULSARSTATE_EXAMPLE_DAG", MAIN_DAG)
 ROWS = int(os.environ.get("PULSARSTATE_EXAMPLE_ROWS", "100000"))
+EVENTS = int(os.environ.get("PULSARSTATE_EXAMPLE_EVENTS", "10000"))
+SKUS = int(os.environ.get("PULSARSTATE_EXAMPLE_SKUS", "100000"))
 SPARK_LOCAL = '{"conn_type": "spark", "host": "local[*]"}'
 
 
@@ -49,16 +57,26 @@ def main() -> int:
     if dag is None:
         logging.error("no DAG %r in %s (found: %s)", DAG_ID, ROOT / "dags", ", ".join(sorted(bag.dag_ids)))
         return 1
-    if DAG_ID != MAIN_DAG:
+    if DAG_ID not in (MAIN_DAG, TABLE_DAG):
         return 0 if _run(dag, None) is not None else 1
 
     summaries = []
-    for version in (1, 2):
-        summary = _run(dag, {"version": version, "rows": ROWS})
-        if summary is None:
-            return 1
-        summaries.append(summary)
-    ok = _print_comparison(summaries)
+    if DAG_ID == TABLE_DAG:
+        for version in (1, 2):
+            summary = _run(dag, {"version": version, "rows": ROWS})
+            if summary is None:
+                return 1
+            summaries.append(summary)
+        ok = _print_comparison(summaries)
+    else:
+        suffix = time.strftime("%Y%m%d-%H%M%S")  # fresh topics: the runs below are batches 1 and 2 of them
+        names = {"events_topic": f"price-events-{suffix}", "table_topic": f"price-events-table-{suffix}"}
+        for batch in (1, 2):
+            summary = _run(dag, {"batch": batch, "events": EVENTS, "skus": SKUS, **names})
+            if summary is None:
+                return 1
+            summaries.append(summary)
+        ok = _print_ingestion(summaries, names)
     logging.info("%s: two runs in %.1fs", DAG_ID, time.monotonic() - start)
     return 0 if ok else 1
 
@@ -70,7 +88,7 @@ def _run(dag: Any, conf: dict[str, Any] | None) -> dict[str, Any] | None:
     logging.info("%s %s finished: %s in %.1fs", dag.dag_id, conf or "", state, time.monotonic() - started)
     if state not in ("success", "DagRunState.SUCCESS"):
         return None
-    if dag.dag_id != MAIN_DAG:
+    if dag.dag_id not in (MAIN_DAG, TABLE_DAG):
         return {}
     return {**_xcom(run, "report"), "seconds": time.monotonic() - started}
 
@@ -86,12 +104,61 @@ def _xcom(run: Any, task_id: str) -> Any:
         return XComModel.deserialize_value(row) if row is not None else None
 
 
-def _print_comparison(summaries: list[dict[str, Any]]) -> bool:
-    """The two runs side by side, with the true diff from the job's own formulas."""
-    spec = importlib.util.spec_from_file_location("price_table_job", ROOT / "dags" / "jobs" / "price_table_job.py")
+def _load_job(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "dags" / "jobs" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     job = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(job)
+    return job
+
+
+def _print_ingestion(summaries: list[dict[str, Any]], names: dict[str, str]) -> bool:
+    """The two ingestion runs side by side, with the truth from the job's own generator and fold."""
+    from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+
+    job = _load_job("price_events_job")
+    batch1, batch2 = job.batch_events(1, EVENTS, SKUS), job.batch_events(2, EVENTS, SKUS)
+    v1, v2 = job.fold(batch1), job.fold(batch2, job.fold(batch1))
+    touched = {e["sku"] for e in batch2}
+    truth = [
+        {"events_published": EVENTS, "offsets_consumed": EVENTS, "set": len(v1), "delete": 0, "unchanged": 0, "table_rows": len(v1)},
+        {"events_published": EVENTS, "offsets_consumed": EVENTS, "set": len(touched), "delete": 0,
+         "unchanged": len(v1.keys() - touched), "table_rows": len(v2)},
+    ]
+    with PulsarStateHook() as hook:
+        table = hook.get_table(names["table_topic"])
+        exact = table.to_dict(latest=True) == v2
+
+    def ranges(summary: dict[str, Any]) -> str:
+        return " ".join(f"{p}:[{a},{b})" for p, (a, b) in sorted(summary["offsets"].items()))
+
+    first, second = summaries
+    lines = [
+        "",
+        f"price events, {EVENTS:,} events per batch over {SKUS:,} skus: what each run consumed and published",
+        f"  {'':<18} {'run 1 (batch 1)':>16} {'true':>8} {'run 2 (batch 2)':>16} {'true':>8}",
+    ]
+    for name in ("events_published", "offsets_consumed", "set", "delete", "unchanged", "table_rows"):
+        lines.append(f"  {name:<18} {first[name]:>16,} {truth[0][name]:>8,} {second[name]:>16,} {truth[1][name]:>8,}")
+    lines.append(f"  {'offsets [start,next)':<18}  run 1 {ranges(first)}   run 2 {ranges(second)}")
+    lines.append(f"  {'cursor after run':<18}  run 1 {first['cursor']}   run 2 {second['cursor']}")
+    lines.append(f"  {'seconds':<18} {first['seconds']:>16.1f} {'':>8} {second['seconds']:>16.1f}")
+    fields = ("offsets_consumed", "set", "delete", "unchanged", "table_rows")
+    # offsets equal events on the embedded log; on Pulsar system messages may take offsets too
+    ok = exact and all(s[name] == t[name] for s, t in zip(summaries, truth) for name in fields[1:])
+    share = 100.0 * second["published"] / max(1, second["table_rows"])
+    lines.append(
+        f"  run 2 consumed only batch 2 and published {second['published']:,} rows ({share:.2f} % of the table) "
+        f"at commit offset {second['commit_offset']}, with its offsets: "
+        + ("every event counted exactly once" if ok else "NOT the true fold")
+    )
+    print("\n".join(lines), flush=True)
+    return ok
+
+
+def _print_comparison(summaries: list[dict[str, Any]]) -> bool:
+    """The two runs side by side, with the true diff from the job's own formulas."""
+    job = _load_job("price_table_job")
     v1, v2 = job.price_table(1, ROWS), job.price_table(2, ROWS)
     diff = job.table_diff(v1, v2)
     expected = {

@@ -219,6 +219,27 @@ class ViewSealMismatchError(ViewError):
     """The rows in the staging topic do not match the counts the seal recorded; nothing was published."""
 
 
+class SourceOffsetsConflictError(ViewError):
+    """A view consumed a source range that does not start where the table's record ends.
+
+    The view says it consumed ``[start, next)`` of a source partition, but the table records
+    ``recorded`` as that partition's next offset: another run consumed (or skipped) that range
+    already, and applying the view would count those messages twice (or lose some). Nothing was
+    published; recompute the view from the table's recorded offsets.
+
+    :ivar topic, partition: the source partition.
+    :ivar start: where the view's range starts.
+    :ivar recorded: the table's recorded next offset (None: the table records none).
+    """
+
+    def __init__(self, message: str, *, topic: str, partition: int, start: int, recorded: int | None) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.partition = partition
+        self.start = start
+        self.recorded = recorded
+
+
 class OffsetError(PulsarStateError):
     """Base of the pull consumer's errors (offsets, partitions, the broker's offset index)."""
 

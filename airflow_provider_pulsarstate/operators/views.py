@@ -287,17 +287,21 @@ def format_counts(counts: Mapping[str, Any], *, title: str) -> str:
 class TempViewTaskGroup(TaskGroup):
     """The task group :func:`temp_view_spark_task_group` returns.
 
-    ``create``, ``spark``, ``apply`` and ``drop`` are its tasks. Its only leaf for downstream
-    dependencies is ``apply`` (``group >> report`` runs ``report`` after a successful apply),
-    although ``drop`` has no downstream task either: it is skipped when the job succeeds.
+    ``create``, ``spark``, ``apply`` and ``drop`` are its tasks, plus ``commit`` (the cursor
+    commit after apply) in an ingestion group. Its only leaf for downstream dependencies is
+    ``commit`` when there is one, else ``apply`` (``group >> report`` runs ``report`` after a
+    successful apply), although ``drop`` has no downstream task either: it is skipped when the
+    job succeeds.
     """
 
+    commit: Any = None
+
     def get_leaves(self) -> Any:
-        apply = getattr(self, "apply", None)
-        if apply is None:
+        last = self.commit or getattr(self, "apply", None)
+        if last is None:
             yield from super().get_leaves()
             return
-        yield apply
+        yield last
 
 
 def temp_view_spark_task_group(
@@ -317,6 +321,8 @@ def temp_view_spark_task_group(
     max_deletes: int | None = None,
     max_delete_fraction: float | None = DEFAULT_MAX_DELETE_FRACTION,
     sample: int = 10,
+    source_topic: str | None = None,
+    source_subscription: str | None = None,
     **spark_kwargs: Any,
 ) -> TempViewTaskGroup:
     """create_view -> spark_job -> apply_view, plus drop_view when the Spark job fails.
@@ -351,6 +357,14 @@ def temp_view_spark_task_group(
     :param pulsarstate_conn_id: the ``pulsarstate`` connection.
     :param scope_prefix, scope_predicate, ttl, view_id: see :class:`CreateTempViewOperator`.
     :param dry_run, overwrite, max_deletes, max_delete_fraction, sample: see :class:`ApplyTempViewOperator`.
+    :param source_topic: exactly-once ingestion: the topic the job consumes, passed to it as
+        ``--source-topic <name>`` (templated; short names use the connection's namespace). The job
+        reads from the table's recorded offsets and seals its view with the range it read
+        (:mod:`airflow_provider_pulsarstate.spark.offsets`); apply publishes the range with the diff.
+    :param source_subscription: with ``source_topic``: after the apply, a ``commit_offsets`` task
+        (:class:`~airflow_provider_pulsarstate.operators.offsets.CommitSourceOffsetsOperator`)
+        moves this subscription's cursor to the table's record. Runs read the record, never the
+        cursor, so a run killed between apply and commit loses and repeats nothing.
     :param spark_kwargs: more SparkSubmitOperator arguments (``conf``, ``env_vars``, ``name``, ...).
     :return: the group; ``group.create``, ``.spark``, ``.apply``, ``.drop`` are its tasks.
     """
@@ -358,6 +372,10 @@ def temp_view_spark_task_group(
         if reserved in spark_kwargs:
             raise TypeError(f"temp_view_spark_task_group() sets {reserved!r} itself")
     extra = [arg if isinstance(arg, str) else str(arg) for arg in application_args_extra]
+    if source_subscription and not source_topic:
+        raise TypeError("temp_view_spark_task_group(): source_subscription needs source_topic")
+    if source_topic:
+        extra = ["--source-topic", source_topic, *extra]
     try:
         from airflow_provider_pulsarstate.operators.spark_submit import ViewSparkSubmitOperator
     except ImportError as exc:  # pragma: no cover - a declared dependency
@@ -411,5 +429,16 @@ def temp_view_spark_task_group(
         )
         create >> spark >> apply
         spark >> drop
+        if source_subscription:
+            from airflow_provider_pulsarstate.operators.offsets import CommitSourceOffsetsOperator
+
+            group.commit = CommitSourceOffsetsOperator(
+                task_id="commit_offsets",
+                table_topic=table_topic,
+                source_topic=source_topic,  # type: ignore[arg-type]
+                subscription=source_subscription,
+                pulsarstate_conn_id=pulsarstate_conn_id,
+            )
+            apply >> group.commit
     group.create, group.spark, group.apply, group.drop = create, spark, apply, drop
     return group

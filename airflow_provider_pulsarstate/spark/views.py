@@ -30,6 +30,7 @@ from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError, SerializationError
 
 if TYPE_CHECKING:
+    from airflow_provider_pulsarstate.engine.recipes.table import SourceRange
     from pyspark.sql import DataFrame, Row, SparkSession
     from pyspark.sql.types import DataType, StructType
 
@@ -127,6 +128,7 @@ def write_view(
     view_id: str,
     key_column: str,
     batch_rows: int = 1000,
+    source_offsets: "Iterable[SourceRange]" = (),
 ) -> int:
     """Stage every row of ``df`` into the open view ``view_id`` of ``table_topic``, then seal it; returns the row count.
 
@@ -152,6 +154,9 @@ def write_view(
     :param view_id: the open view to stage into (from ``StateTable.create_view``).
     :param key_column: the column holding the key (strings or integers).
     :param batch_rows: rows per staged batch.
+    :param source_offsets: the source ranges the rows were computed from (exactly-once ingestion,
+        see :mod:`airflow_provider_pulsarstate.spark.offsets`): recorded in the seal, published by
+        apply with the diff.
     :return: the number of rows staged (the sum of the sealed counts).
     :raises ConfigurationError: ``key_column`` is missing or not a string/integer column, or the
         config is invalid.
@@ -183,11 +188,13 @@ def write_view(
             )
 
     counts = dict(df.rdd.mapPartitions(stage_partition).collect())  # only the attempts Spark kept
-    _seal(cfg, topic, view_id, counts)
+    _seal(cfg, topic, view_id, counts, list(source_offsets))
     return sum(counts.values())
 
 
-def _seal(cfg: ConnectionConfig, topic: str, view_id: str, counts: dict[str, int]) -> None:
+def _seal(
+    cfg: ConnectionConfig, topic: str, view_id: str, counts: dict[str, int], sources: "list[SourceRange]"
+) -> None:
     """Seal the view from the driver with the per-stager counts the executors returned."""
     from airflow_provider_pulsarstate.engine.backends import open_backend
     from airflow_provider_pulsarstate.engine.recipes.table import StateTable
@@ -196,7 +203,7 @@ def _seal(cfg: ConnectionConfig, topic: str, view_id: str, counts: dict[str, int
     try:
         table = StateTable(backend, topic)
         try:
-            table.seal(view_id, stagers=counts)
+            table.seal(view_id, stagers=counts, source_offsets=sources)
         finally:
             table.close()
     finally:

@@ -2,6 +2,7 @@
 
 from airflow_provider_pulsarstate.engine.recipes.map import MapChange, PulsarMap
 from airflow_provider_pulsarstate.engine.recipes.table import (
+    SourceRange,
     StateTable,
     TableChange,
     ViewInfo,
@@ -11,4 +12,4 @@ from airflow_provider_pulsarstate.engine.recipes.table import (
     register_scope_predicate,
 )
 
-__all__ = ["MapChange", "PulsarMap", "StateTable", "TableChange", "ViewInfo", "ViewPlan", "ViewResult", "ViewStager", "register_scope_predicate"]
+__all__ = ["MapChange", "PulsarMap", "SourceRange", "StateTable", "TableChange", "ViewInfo", "ViewPlan", "ViewResult", "ViewStager", "register_scope_predicate"]

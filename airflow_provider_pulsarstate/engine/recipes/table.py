@@ -33,6 +33,12 @@ is sonic-swss-common's create_temp_view / apply_temp_view, minus its weaknesses:
   published as one set of the full record (no del+set flicker).
 * **Change records.** Every published change carries its type (set/delete), the view id and the
   commit offset (:class:`TableChange`).
+* **Exactly-once ingestion.** A view computed from a range of source messages (offsets of any
+  topic, see :mod:`~airflow_provider_pulsarstate.engine.offsets`) carries that range in its seal
+  (:class:`SourceRange`: topic, partition, start, next). Apply publishes the consumed next offsets
+  in the same commit record as the diff, and refuses (:class:`SourceOffsetsConflictError`) a view
+  whose range does not start at the table's recorded offsets: the table's record
+  (:meth:`StateTable.source_offsets`), not a subscription's cursor, says where the next run starts.
 * **Expiry.** Views not applied or dropped within ``ttl`` seconds are dropped by the next
   create_view (or :meth:`StateTable.expire_views`), and their staging topics deleted.
 """
@@ -64,6 +70,7 @@ from airflow_provider_pulsarstate.engine.errors import (
     BackendUnavailableError,
     ConfigurationError,
     SerializationError,
+    SourceOffsetsConflictError,
     ViewClosedError,
     ViewConflictError,
     UnknownScopePredicateError,
@@ -122,6 +129,67 @@ class TableChange:
 
 
 @dataclass(frozen=True)
+class SourceRange:
+    """The offsets of one source partition a view consumed: ``[start, next)``.
+
+    ``start`` is where the table's record said to start (:meth:`StateTable.source_offsets`; the
+    partition's beginning when the table records none), ``next`` the offset after the last message
+    consumed (the end offset snapshot the job read up to).
+    """
+
+    topic: str
+    partition: int
+    start: int
+    next: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.topic, str) or not self.topic:
+            raise ConfigurationError(f"source range: topic must be a non-empty str, got {self.topic!r}")
+        for name in ("partition", "start", "next"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigurationError(
+                    f"source range of {self.topic}: {name} must be a non-negative int, got {value!r}"
+                )
+        if self.next < self.start:
+            raise ConfigurationError(
+                f"source range of {self.topic} partition {self.partition}: next {self.next} is below start {self.start}"
+            )
+
+    @property
+    def count(self) -> int:
+        """Offsets in the range (an upper bound of the messages: offsets may skip numbers)."""
+        return self.next - self.start
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"topic": self.topic, "partition": self.partition, "start": self.start, "next": self.next}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "SourceRange":
+        """The inverse of :meth:`as_dict` (e.g. from a job's result or an XCom).
+
+        :raises ConfigurationError: missing or extra fields, or bad values.
+        """
+        if not isinstance(data, Mapping) or set(data) != {"topic", "partition", "start", "next"}:
+            raise ConfigurationError(f"a source range needs exactly topic, partition, start, next; got {data!r}")
+        return cls(data["topic"], data["partition"], data["start"], data["next"])
+
+
+def source_ranges(
+    topic: str, start: Mapping[int, int], next_offsets: Mapping[int, int]
+) -> list[SourceRange]:
+    """The ranges ``[start[p], next_offsets[p])`` of every partition of ``topic`` (same partitions in both).
+
+    :raises ConfigurationError: the two mappings name different partitions, or a bad range.
+    """
+    if set(start) != set(next_offsets):
+        raise ConfigurationError(
+            f"source ranges of {topic}: start offsets name partitions {sorted(start)}, next offsets {sorted(next_offsets)}"
+        )
+    return [SourceRange(topic, int(p), int(start[p]), int(next_offsets[p])) for p in sorted(start)]
+
+
+@dataclass(frozen=True)
 class ViewInfo:
     """A view's metadata, as recorded in the table's log."""
 
@@ -139,6 +207,8 @@ class ViewInfo:
     """Stager id -> rows it staged, as recorded by :meth:`StateTable.seal`; None while unsealed."""
     scope_predicate: str | None = None
     """Name of a registered ``(key) -> bool`` (:func:`register_scope_predicate`) that, with ``scope_prefix``, bounds the view."""
+    sources: list[SourceRange] = field(default_factory=list)
+    """The source ranges the view consumed, as sealed (empty: a view computed from no source)."""
 
     def in_scope(self) -> Callable[[str], bool]:
         """The view's scope as a predicate on keys (everything when unscoped)."""
@@ -172,6 +242,8 @@ class ViewPlan:
     sample_set: list[str] = field(default_factory=list)
     sample_delete: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
+    source_conflicts: list[str] = field(default_factory=list)
+    """Source partitions whose range does not start at the table's recorded offset (apply would refuse)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -189,19 +261,23 @@ class ViewResult:
     already_applied: bool = False
     sample_set: list[str] = field(default_factory=list)
     sample_delete: list[str] = field(default_factory=list)
+    sources: list[dict[str, Any]] = field(default_factory=list)
+    """The source ranges published with the diff (:meth:`SourceRange.as_dict` each)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 class _TableState:
-    __slots__ = ("rows", "changed", "views")
+    __slots__ = ("rows", "changed", "views", "sources")
 
     def __init__(self) -> None:
         self.rows: dict[str, Record] = {}
         # key -> offset of its last change, kept only while some view is open (for conflict checks)
         self.changed: dict[str, int] = {}
         self.views: dict[str, dict[str, Any]] = {}
+        # source topic -> partition -> next offset, as published by the last view that consumed it
+        self.sources: dict[str, dict[int, int]] = {}
 
     def open_views(self) -> list[str]:
         return [vid for vid, meta in self.views.items() if meta["status"] == "open"]
@@ -255,12 +331,15 @@ class StateTable(Recipe):
             meta = state.views.get(op["id"])
             if meta is not None and meta["status"] == "open":
                 meta["sealed"] = op["stagers"]
+                meta["sources"] = op.get("sources") or []
         else:  # view_end
             meta = state.views.get(op["id"])
             if meta is not None:
                 meta["status"] = op["status"]
                 meta["result"] = op.get("result")
                 meta["commit_offset"] = offset
+            for topic, partition, _start, next_offset in op.get("sources") or ():
+                state.sources.setdefault(topic, {})[partition] = next_offset
             if not state.open_views():
                 state.changed.clear()
 
@@ -285,6 +364,22 @@ class StateTable(Recipe):
 
     def size(self, *, latest: bool = False, timeout: float | None = None) -> int:
         return self.manager.read(lambda s: len(s.rows), latest=latest, timeout=timeout)
+
+    def source_offsets(self, topic: str, *, latest: bool = True, timeout: float | None = None) -> dict[int, int]:
+        """The next offset to consume per partition of source ``topic``, as the last applied views
+        recorded (empty: no view consumed it yet). This record, not a subscription's cursor, is
+        where the next ingestion run starts: it moves in the same commit as the data it produced.
+        """
+        return self.manager.read(lambda s: dict(s.sources.get(topic, {})), latest=latest, timeout=timeout)
+
+    def rows_with_source_offsets(
+        self, topic: str, *, latest: bool = True, timeout: float | None = None
+    ) -> tuple[dict[str, Record], dict[int, int]]:
+        """The rows and :meth:`source_offsets` of ``topic`` from one consistent state (the rows are
+        exactly the fold of the source up to those offsets, for tables fed only by ingestion views)."""
+        return self.manager.read(
+            lambda s: (dict(s.rows), dict(s.sources.get(topic, {}))), latest=latest, timeout=timeout
+        )
 
     def put(self, key: str, record: Record, *, timeout: float | None = None) -> None:
         """Set one row directly (not through a view)."""
@@ -344,17 +439,33 @@ class StateTable(Recipe):
         """A :class:`ViewStager` for the view (convenience for single-process producers)."""
         return ViewStager(self.backend, self.topic, view_id, **options)
 
-    def seal(self, view_id: str, *, stagers: "Iterable[ViewStager] | Mapping[str, int]") -> ViewInfo:
-        """Record that staging is complete: which stagers staged how many rows.
+    def seal(
+        self, view_id: str, *, stagers: "Iterable[ViewStager] | Mapping[str, int]",
+        source_offsets: Iterable[SourceRange] = (),
+    ) -> ViewInfo:
+        """Record that staging is complete: which stagers staged how many rows, and from which source offsets.
 
         Call it once every stager is closed, with the stagers themselves or a mapping
         ``stager_id -> rows_staged`` gathered from other processes (``write_view`` does this for a
         Spark job). Plan and apply then use exactly the rows of these stagers and refuse if the
         staging topic holds a different count for any of them.
 
+        ``source_offsets``: the ranges of source messages the staged rows were computed from (one
+        per topic partition). Apply publishes their next offsets with the diff, atomically, and
+        refuses the view if a range does not start at the table's recorded offset.
+
         :raises ViewNotFoundError, ViewClosedError: the view does not exist or is not open.
-        :raises ConfigurationError: a stager still buffers rows (close it first), or a bad count.
+        :raises ConfigurationError: a stager still buffers rows (close it first), a bad count, or
+            two ranges of the same topic partition.
         """
+        sources = list(source_offsets)
+        seen: set[tuple[str, int]] = set()
+        for r in sources:
+            if not isinstance(r, SourceRange):
+                raise ConfigurationError(f"view {view_id!r}: source_offsets must hold SourceRange, got {r!r}")
+            if (r.topic, r.partition) in seen:
+                raise ConfigurationError(f"view {view_id!r}: two source ranges of {r.topic} partition {r.partition}")
+            seen.add((r.topic, r.partition))
         counts: dict[str, int] = {}
         if isinstance(stagers, Mapping):
             counts = dict(stagers)
@@ -375,7 +486,10 @@ class StateTable(Recipe):
                 raise ViewNotFoundError(f"no view {view_id!r} on {self.topic}")
             if meta["status"] != "open":
                 raise ViewClosedError(f"view {view_id!r} on {self.topic} is {meta['status']}; it cannot be sealed")
-            return [{"o": "seal", "id": view_id, "stagers": counts}]
+            op: dict[str, Any] = {"o": "seal", "id": view_id, "stagers": counts}
+            if sources:
+                op["sources"] = [[r.topic, r.partition, r.start, r.next] for r in sources]
+            return [op]
 
         info = self.manager.write(ops, lambda s: self._info(s, check_view_id(view_id)))
         log.info("view %s on %s sealed: %d row(s) from %d stager(s)", view_id, self.topic, sum(counts.values()), len(counts))
@@ -388,9 +502,13 @@ class StateTable(Recipe):
 
         def run(s: _TableState) -> ViewPlan:
             diff = self._diff(s, info, target)
+            stale = [
+                f"{r.topic} partition {r.partition}: view starts at {r.start}, table records {recorded}"
+                for r, recorded in self._source_conflicts(s, info)
+            ]
             return ViewPlan(
                 view_id, len(diff.sets), len(diff.deletes), diff.unchanged,
-                diff.sample_sets(sample), diff.sample_deletes(sample), self._conflicts(s, info, diff),
+                diff.sample_sets(sample), diff.sample_deletes(sample), self._conflicts(s, info, diff), stale,
             )
 
         return self.manager.read(run, latest=True)
@@ -415,6 +533,9 @@ class StateTable(Recipe):
             ``max_deletes`` None: no limit.
         :raises ViewConflictError: such keys exist and ``overwrite`` is False (nothing published).
         :raises ViewGuardError: the diff deletes more than the limit (nothing published).
+        :raises SourceOffsetsConflictError: a source range of the view does not start at the
+            table's recorded offset (someone else consumed it: applying would double-count);
+            nothing published, ``overwrite`` does not lift it.
         :param timeout: seconds to wait for the switch's write (see ``SharedStateManager.write``);
             an :class:`UnknownOutcomeError` then means: ask ``manager.outcome`` or apply again
             (apply is idempotent: a view already applied returns its first result).
@@ -438,8 +559,20 @@ class StateTable(Recipe):
                 return []
             if meta["status"] != "open":
                 raise ViewClosedError(f"view {view_id!r} on {self.topic} is {meta['status']}")
-            if meta.get("sealed") != info.sealed:
+            if meta.get("sealed") != info.sealed or (meta.get("sources") or []) != [
+                [r.topic, r.partition, r.start, r.next] for r in info.sources
+            ]:
                 raise ViewSealMismatchError(f"view {view_id!r} on {self.topic} was sealed again during apply; apply again")
+            stale = self._source_conflicts(s, info)
+            if stale:
+                r, recorded = stale[0]
+                raise SourceOffsetsConflictError(
+                    f"view {view_id!r} consumed {r.topic} partition {r.partition} from offset {r.start}, but "
+                    f"{self.topic} records {recorded} as its next offset: that range was consumed by another "
+                    "view already (applying would count it twice); nothing was published -- recompute the view "
+                    "from the table's recorded offsets",
+                    topic=r.topic, partition=r.partition, start=r.start, recorded=recorded,
+                )
             diff = self._diff(s, info, target)
             _check_deletes(view_id, self.topic, diff, target, max_deletes, max_delete_fraction)
             conflicts = self._conflicts(s, info, diff)
@@ -454,8 +587,12 @@ class StateTable(Recipe):
             counts = {
                 "set": len(diff.sets), "delete": len(diff.deletes), "unchanged": diff.unchanged,
                 "sample_set": diff.sample_sets(sample), "sample_delete": diff.sample_deletes(sample),
+                "sources": [r.as_dict() for r in info.sources],
             }
-            out.append({"o": "view_end", "id": view_id, "status": "applied", "result": counts})
+            end: dict[str, Any] = {"o": "view_end", "id": view_id, "status": "applied", "result": counts}
+            if info.sources:  # the consumed offsets move in the same record as the diff
+                end["sources"] = [[r.topic, r.partition, r.start, r.next] for r in info.sources]
+            out.append(end)
             return out
 
         start = time.monotonic()
@@ -504,7 +641,7 @@ class StateTable(Recipe):
         return ViewInfo(
             view_id, self.topic, m["baseline"], m["scope_prefix"], m["expires_at"], m["status"],
             staging_topic(self.topic, view_id), m.get("result"), m.get("commit_offset", -1), m.get("sealed"),
-            m.get("scope_predicate"),
+            m.get("scope_predicate"), [SourceRange(*r) for r in m.get("sources") or ()],
         )
 
     @staticmethod
@@ -513,6 +650,7 @@ class StateTable(Recipe):
         return ViewResult(
             info.view_id, counts.get("set", 0), counts.get("delete", 0), counts.get("unchanged", 0),
             info.commit_offset, already, counts.get("sample_set", []), counts.get("sample_delete", []),
+            counts.get("sources", []),
         )
 
     def _open_view(self, view_id: str) -> ViewInfo:
@@ -598,6 +736,19 @@ class StateTable(Recipe):
             if staged is not None and key not in rows:
                 diff.sets[key] = json.loads(staged)
         return diff
+
+    @staticmethod
+    def _source_conflicts(s: _TableState, info: ViewInfo) -> list[tuple[SourceRange, int]]:
+        """The view's ranges that do not start at the table's recorded next offset.
+
+        A partition the table records nothing for accepts any start (the first run picks it).
+        """
+        stale = []
+        for r in info.sources:
+            recorded = s.sources.get(r.topic, {}).get(r.partition)
+            if recorded is not None and recorded != r.start:
+                stale.append((r, recorded))
+        return stale
 
     def _conflicts(self, s: _TableState, info: ViewInfo, diff: "_Diff") -> list[str]:
         changed = s.changed
