@@ -112,7 +112,9 @@ def test_start_from_trigger_completes_the_task_without_a_worker(
                 publisher.send(f"after-{i}".encode())
             publisher.flush(timeout=30)
         state = _wait("the sensor to finish", lambda: _ti_state(run_id) in ("success", "failed", "skipped", "up_for_retry") and _ti_state(run_id), 120, logs)
-        assert state == "success", state
+        assert state == "success", f"the sensor ended {state}\n" + "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-6000:]}" for p in logs if p.exists()
+        )
 
         from airflow.models.xcom import XComModel
         from airflow.utils.session import create_session
