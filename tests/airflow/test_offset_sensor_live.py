@@ -21,6 +21,7 @@ from typing import Any, Callable
 import pytest
 
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+from airflow_provider_pulsarstate.testing.airflow_processes import free_port
 
 from tests.airflow.conftest import AIRFLOW_BIN
 
@@ -66,6 +67,9 @@ def test_start_from_trigger_completes_the_task_without_a_worker(
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
         "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundle),
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": "http://127.0.0.1:9/execution/",  # nothing listens: no worker can run
+        # the log servers' fixed default ports (8793/8794) may be taken by another Airflow on this host
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
     }
     monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps(bundle))
     reserialize = subprocess.run(
