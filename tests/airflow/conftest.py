@@ -83,3 +83,15 @@ def env_connection(monkeypatch: pytest.MonkeyPatch) -> Callable[..., str]:
         return conn_id
 
     return define
+
+
+@pytest.fixture(params=["embedded", pytest.param("pulsar", marks=pytest.mark.pulsar)])
+def state_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Embedded: no pulsarstate_default connection at all (the default). Pulsar: the test broker."""
+    if request.param == "pulsar":
+        broker = request.getfixturevalue("pulsar_broker")
+        extra = {"service_url": broker.service_url, "admin_url": broker.admin_url, "operation_timeout": 30}
+        monkeypatch.setenv("AIRFLOW_CONN_PULSARSTATE_DEFAULT", json.dumps({"conn_type": "pulsarstate", "extra": extra}))
+    else:
+        monkeypatch.delenv("AIRFLOW_CONN_PULSARSTATE_DEFAULT", raising=False)
+    return request.param

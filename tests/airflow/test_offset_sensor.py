@@ -46,18 +46,6 @@ def dag_bundles(airflow_db: Path) -> Iterator[None]:
         yield
 
 
-@pytest.fixture(params=["embedded", pytest.param("pulsar", marks=pytest.mark.pulsar)])
-def state_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Embedded: no pulsarstate_default connection (the default). Pulsar: the session's broker."""
-    if request.param == "pulsar":
-        broker = request.getfixturevalue("pulsar_broker")
-        extra = {"service_url": broker.service_url, "admin_url": broker.admin_url, "operation_timeout": 30}
-        monkeypatch.setenv("AIRFLOW_CONN_PULSARSTATE_DEFAULT", json.dumps({"conn_type": "pulsarstate", "extra": extra}))
-    else:
-        monkeypatch.delenv("AIRFLOW_CONN_PULSARSTATE_DEFAULT", raising=False)
-    return request.param
-
-
 def _topic(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
