@@ -21,7 +21,7 @@ import pytest
 from airflow_provider_pulsarstate.engine.errors import SourceOffsetsConflictError
 from airflow_provider_pulsarstate.engine.recipes.table import TableChange
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
-from tests.airflow.test_views_operators import EXAMPLE_DAGS, _load_dag, _run, _table, dag_bundles, state_backend  # noqa: F401
+from tests.airflow.test_views_operators import EXAMPLE_DAGS, _load_dag, _run, _table, dag_bundles  # noqa: F401
 
 WORKER = Path(__file__).with_name("ingest_kill_worker.py")
 EVENTS, SKUS = 400, 1500
@@ -125,8 +125,8 @@ def _worker(names: dict[str, str], batch: int, kill_after: str) -> dict[str, Any
 
 
 @pytest.mark.usefixtures("dag_bundles")
-def test_every_event_counts_exactly_once_when_a_worker_dies_at_each_task_boundary(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("AIRFLOW_CONN_PULSARSTATE_DEFAULT", raising=False)  # the embedded default
+@pytest.mark.timeout(1800)  # seven runs with a real spark-submit each: ~6 min alone on 2 cores
+def test_every_event_counts_exactly_once_when_a_worker_dies_at_each_task_boundary(state_backend: str) -> None:
     names = _names()
     stale_view = None
     # each run publishes a new batch, then its worker dies after one task; the next run follows
