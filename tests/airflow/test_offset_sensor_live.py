@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import time
 import uuid
@@ -40,20 +41,33 @@ def _wait(what: str, probe: Callable[[], Any], timeout: float, logs: list[Path])
     pytest.fail(f"timed out after {timeout}s waiting for {what}\n{tails}")
 
 
-def _ti_state(run_id: str) -> str | None:
-    from airflow.models.taskinstance import TaskInstance
-    from airflow.utils.session import create_session
+_DB: Path | None = None  # the test's own metadata DB (set by the test)
 
-    with create_session() as session:
-        ti = session.query(TaskInstance).filter_by(dag_id=DAG_ID, run_id=run_id, task_id="wait").one_or_none()
-        return None if ti is None else str(ti.state)
+
+def _query(sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    assert _DB is not None
+    conn = sqlite3.connect(_DB, timeout=30)
+    try:
+        return conn.execute(sql, args).fetchall()
+    finally:
+        conn.close()
+
+
+def _ti_state(run_id: str) -> str | None:
+    rows = _query("SELECT state FROM task_instance WHERE dag_id = ? AND run_id = ? AND task_id = 'wait'", DAG_ID, run_id)
+    return None if not rows or rows[0][0] is None else str(rows[0][0])
 
 
 @pytest.mark.slow
-def test_start_from_trigger_completes_the_task_without_a_worker(
-    airflow_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("AIRFLOW_CONN_PULSARSTATE_DEFAULT", raising=False)  # the embedded default, shared by file
+def test_start_from_trigger_completes_the_task_without_a_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its own AIRFLOW_HOME and metadata DB: triggers and runs left by the session's dag.test() runs
+    # must not reach this scheduler and triggerer. State: one embedded file, shared explicitly.
+    home = tmp_path / "airflow-home"
+    home.mkdir()
+    global _DB
+    _DB = home / "airflow.db"
+    state_conn = json.dumps({"conn_type": "pulsarstate", "extra": {"service_url": str(tmp_path / "state.db")}})
+    monkeypatch.setenv("AIRFLOW_CONN_PULSARSTATE_DEFAULT", state_conn)
     dags = tmp_path / "dags"
     dags.mkdir()
     shutil.copy(LIVE_DAG, dags / LIVE_DAG.name)
@@ -63,6 +77,9 @@ def test_start_from_trigger_completes_the_task_without_a_worker(
     }]
     env = {
         **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{_DB}",
+        "AIRFLOW_CONN_PULSARSTATE_DEFAULT": state_conn,
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
         "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundle),
@@ -71,11 +88,9 @@ def test_start_from_trigger_completes_the_task_without_a_worker(
         "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
         "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
     }
-    monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps(bundle))
-    reserialize = subprocess.run(
-        [AIRFLOW_BIN, "dags", "reserialize", "--bundle-name", "live"], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert reserialize.returncode == 0, reserialize.stdout[-3000:] + reserialize.stderr[-3000:]
+    for args in (["db", "migrate"], ["dags", "reserialize", "--bundle-name", "live"]):
+        done = subprocess.run([AIRFLOW_BIN, *args], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     topic = f"live-{uuid.uuid4().hex[:10]}"
     marker = tmp_path / "worker-ran"
@@ -120,12 +135,12 @@ def test_start_from_trigger_completes_the_task_without_a_worker(
             f"--- {p.name}\n{p.read_text(errors='replace')[-6000:]}" for p in logs if p.exists()
         )
 
-        from airflow.models.xcom import XComModel
-        from airflow.utils.session import create_session
-
-        with create_session() as session:
-            rows = list(session.scalars(XComModel.get_many(run_id=run_id, dag_ids=DAG_ID, key="return_value")))
-            values = [XComModel.deserialize_value(row) for row in rows]
+        rows = _query("SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND key = 'return_value'", DAG_ID, run_id)
+        values = []
+        for (value,) in rows:
+            while isinstance(value, (str, bytes)):  # the DB column holds the serialized value as JSON text
+                value = json.loads(value)
+            values.append(value)
         assert len(values) == 1
         seen = values[0]
         assert seen["met"] and seen["topic"] == full and seen["value"] == 5 and seen["target"] == 5  # rendered in the triggerer
