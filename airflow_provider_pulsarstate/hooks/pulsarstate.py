@@ -100,15 +100,30 @@ class PulsarStateHook(BaseHook):
         :raises ConfigurationError: the connection is missing (and is not the default one), or a
             field is invalid; the message names the connection id and the field.
         """
-        conn_id = self.pulsarstate_conn_id
         try:
-            conn = self.get_connection(conn_id)
+            conn = self.get_connection(self.pulsarstate_conn_id)
         except AirflowNotFoundException:
+            conn = None
+        return self._config_for(conn)
+
+    async def aget_config(self) -> ConnectionConfig:
+        """:meth:`get_config` for async code (triggers): the connection is read without blocking the
+        event loop (``aget_connection``); the same defaults, checks and errors."""
+        try:
+            conn = await self.aget_connection(self.pulsarstate_conn_id)
+        except AirflowNotFoundException:
+            conn = None
+        return self._config_for(conn)
+
+    def _config_for(self, conn: Any) -> ConnectionConfig:
+        """The config of a connection read by get_config/aget_config (None: not defined)."""
+        conn_id = self.pulsarstate_conn_id
+        if conn is None:
             if conn_id != self.default_conn_name:
                 raise ConfigurationError(
                     f"Airflow connection {conn_id!r} is not defined: create it (type {CONN_TYPE!r}) or set "
                     f"AIRFLOW_CONN_{conn_id.upper()}"
-                ) from None
+                )
             config = ConnectionConfig()
             refuse_multi_host_executor(conn_id)
             if not _default_logged.is_set():
@@ -119,31 +134,6 @@ class PulsarStateHook(BaseHook):
                     config.embedded_path,
                 )
             return config
-        _mask_secrets(conn.password, conn.host, _extra_dict(conn.extra))
-        config = config_from_connection(
-            conn_id,
-            conn_type=conn.conn_type,
-            host=conn.host,
-            password=conn.password,
-            extra=conn.extra,
-        )
-        _mask_secrets(config.auth_token, config.url, {"admin_url": config.admin_url})
-        return config
-
-    async def aget_config(self) -> ConnectionConfig:
-        """:meth:`get_config` for async code (triggers): the connection is read without blocking the
-        event loop (``aget_connection``); the same defaults, checks and errors."""
-        conn_id = self.pulsarstate_conn_id
-        try:
-            conn = await self.aget_connection(conn_id)
-        except AirflowNotFoundException:
-            if conn_id != self.default_conn_name:
-                raise ConfigurationError(
-                    f"Airflow connection {conn_id!r} is not defined: create it (type {CONN_TYPE!r}) or set "
-                    f"AIRFLOW_CONN_{conn_id.upper()}"
-                ) from None
-            refuse_multi_host_executor(conn_id)
-            return ConnectionConfig()
         _mask_secrets(conn.password, conn.host, _extra_dict(conn.extra))
         config = config_from_connection(
             conn_id, conn_type=conn.conn_type, host=conn.host, password=conn.password, extra=conn.extra
