@@ -116,7 +116,7 @@ class AirflowProcesses:
         for component in self.components:
             self.start_component(component)
         if "api-server" in self.components:
-            self._wait(lambda: self._get("/api/v2/monitor/health", ok_only=False) is not None, "the API server to answer")
+            self._wait(lambda: self._get("/api/v2/monitor/health") is not None, "the API server to answer")
         return self
 
     def start_component(self, component: str) -> None:
@@ -176,16 +176,13 @@ class AirflowProcesses:
     def api_url(self) -> str:
         return f"http://127.0.0.1:{self.api_port}"
 
-    def _get(self, path: str, *, ok_only: bool = True) -> Any:
+    def _get(self, path: str) -> Any:
+        """The JSON answer to a GET, or None when there is no 200 answer (yet)."""
         try:
             resp = self._session.get(self.api_url + path, timeout=10)
         except requests.RequestException:
             return None
-        if resp.status_code != 200:
-            if ok_only:
-                return None
-            return None
-        return resp.json()
+        return resp.json() if resp.status_code == 200 else None
 
     def _send(self, method: str, path: str, body: Mapping[str, Any]) -> Any:
         resp = self._session.request(method, self.api_url + path, json=body, timeout=30)

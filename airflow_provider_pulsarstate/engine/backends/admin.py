@@ -15,6 +15,20 @@ from airflow_provider_pulsarstate.engine.config import redact_url
 from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, ConfigurationError
 
 
+def admin_unreachable(exc: Exception, method: str, path: str, *, url: str, shown_url: str) -> BackendUnavailableError:
+    """The error for an admin request that got no answer (credentials in ``url`` never shown)."""
+    detail = str(exc).replace(url, shown_url)
+    return BackendUnavailableError(
+        f"Pulsar admin API {shown_url} unreachable ({method} {shown_url}/admin/v2/{path}): {type(exc).__name__}: {detail}"
+    )
+
+
+def check_admin_status(method: str, path: str, status: int, text: str, *, ok: tuple[int, ...], shown_url: str) -> None:
+    """Raise BackendUnavailableError naming the request and the answer when ``status`` is not in ``ok``."""
+    if status not in ok:
+        raise BackendUnavailableError(f"Pulsar admin API {method} {shown_url}/admin/v2/{path} answered {status}: {text[:300]}")
+
+
 class PulsarAdmin:
     """Admin REST calls for topics of one broker.
 
@@ -54,19 +68,12 @@ class PulsarAdmin:
     def request(self, method: str, path: str, *, ok: tuple[int, ...] = (200, 204), **kwargs: Any) -> requests.Response:
         """One request; raises BackendUnavailableError naming the URL and status on failure."""
         url = f"{self.url}/admin/v2/{path}"
-        shown = f"{self._shown_url}/admin/v2/{path}"
         kwargs.setdefault("verify", self._verify)
         try:
             resp = self._session.request(method, url, timeout=self.timeout, **kwargs)
         except requests.RequestException as exc:
-            detail = str(exc).replace(self.url, self._shown_url)
-            raise BackendUnavailableError(
-                f"Pulsar admin API {self._shown_url} unreachable ({method} {shown}): {type(exc).__name__}: {detail}"
-            ) from None
-        if resp.status_code not in ok:
-            raise BackendUnavailableError(
-                f"Pulsar admin API {method} {shown} answered {resp.status_code}: {resp.text[:300]}"
-            )
+            raise admin_unreachable(exc, method, path, url=self.url, shown_url=self._shown_url) from None
+        check_admin_status(method, path, resp.status_code, resp.text, ok=ok, shown_url=self._shown_url)
         return resp
 
     def topic_stats(self, topic: str) -> dict[str, Any]:

@@ -44,6 +44,12 @@ EARLIEST = "earliest"
 """Start position: the first entry of the topic."""
 
 
+def partition_topic_name(topic: str, partition: int) -> str:
+    """The topic that stores partition ``partition`` of a partitioned ``topic`` (Pulsar's naming,
+    which the embedded log follows)."""
+    return f"{topic}-partition-{partition}"
+
+
 def is_earliest(start: Any) -> bool:
     """Whether a start position is :data:`EARLIEST` (positions may refuse ``==`` with a str)."""
     return isinstance(start, str) and start == EARLIEST

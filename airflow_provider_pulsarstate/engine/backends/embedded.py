@@ -34,6 +34,7 @@ from typing import Any, Sequence
 from airflow_provider_pulsarstate.engine.backends.base import (
     EARLIEST,
     is_earliest,
+    partition_topic_name,
     AcquireMode,
     Backend,
     RawEntry,
@@ -243,7 +244,7 @@ class EmbeddedBackend(Backend):
         try:
             conn.execute("BEGIN IMMEDIATE")
             row = conn.execute("SELECT partitions FROM offset_topics WHERE name = ?", (topic,)).fetchone()
-            for name in [topic] + [f"{topic}-partition-{k}" for k in range(row[0] if row else 0)]:
+            for name in [topic] + [partition_topic_name(topic, k) for k in range(row[0] if row else 0)]:
                 for table, column in _TOPIC_ROWS:
                     conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (name,))
             conn.execute("COMMIT")

@@ -139,12 +139,11 @@ class PullConsumer:
         log = self._open()
         try:
             messages, end = log.read(part, offset, max_messages=max_messages, max_bytes=max_bytes, timeout=timeout)
-        except OffsetOutOfRangeError as exc:
+        except OffsetOutOfRangeError:
             if self.auto_offset_reset is None:
                 raise
             offset = log.beginning_offset(part) if self.auto_offset_reset == "earliest" else log.end_offset(part)
             messages, end = log.read(part, offset, max_messages=max_messages, max_bytes=max_bytes, timeout=timeout)
-            del exc
         next_offset = messages[-1].offset + 1 if messages else offset
         return PullResult(messages, part, offset, next_offset, max(end, next_offset))
 

@@ -29,6 +29,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Mapping, TypeVar
 
+from airflow_provider_pulsarstate.engine.backends.base import partition_topic_name
 from airflow_provider_pulsarstate.engine.backends.embedded import (
     EmbeddedBackend,
     _close_quietly,
@@ -64,11 +65,6 @@ _POOL_OPTIONS = frozenset({"reader_pool_size", "reader_idle_timeout", "position_
 _QUEUE_MESSAGES = 1000
 _QUEUE_BYTES = 1 << 20
 _BUSY = frozenset({"SQLITE_BUSY", "SQLITE_LOCKED"})
-
-
-def partition_topic(topic: str, partition: int) -> str:
-    """The name partition ``partition`` of ``topic`` is stored under (Pulsar's naming)."""
-    return f"{topic}-partition-{partition}"
 
 
 class _Store:
@@ -148,7 +144,7 @@ def _stored_topic(conn: sqlite3.Connection, backend: EmbeddedBackend, topic: str
         raise UnknownPartitionError(
             f"topic {backend.topic_url(topic)} has partitions 0..{count - 1}: no partition {partition}"
         )
-    return partition_topic(topic, partition)
+    return partition_topic_name(topic, partition)
 
 
 def _offset_range(conn: sqlite3.Connection, stored: str) -> tuple[int, int]:
@@ -387,9 +383,9 @@ class EmbeddedTopicPublisher(TopicPublisher):
                 if count == 0:
                     stored = self.topic
                 elif message[1] is not None:
-                    stored = partition_topic(self.topic, zlib.crc32(message[1].encode()) % count)
+                    stored = partition_topic_name(self.topic, zlib.crc32(message[1].encode()) % count)
                 else:
-                    stored = partition_topic(self.topic, next_partition % count)
+                    stored = partition_topic_name(self.topic, next_partition % count)
                     next_partition += 1
                 routed.setdefault(stored, []).append(message)
             now = time.time()
@@ -603,5 +599,5 @@ class EmbeddedAsyncOffsetProbe(AsyncOffsetProbe):
 
 __all__ = [
     "EmbeddedAsyncOffsetProbe", "EmbeddedOffsetLog", "EmbeddedTopicPublisher", "create_embedded_topic",
-    "partition_topic", "trim_embedded_topic",
+    "trim_embedded_topic",
 ]

@@ -15,8 +15,9 @@ from typing import Any, Mapping
 
 import httpx
 
+from airflow_provider_pulsarstate.engine.backends.admin import admin_unreachable, check_admin_status
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig, redact_url
-from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, ClosedError, UnknownTopicError
+from airflow_provider_pulsarstate.engine.errors import ClosedError, UnknownTopicError
 from airflow_provider_pulsarstate.engine.offsets.base import AsyncOffsetProbe
 from airflow_provider_pulsarstate.engine.offsets.pulsar_index import (
     cursor_positions,
@@ -73,18 +74,11 @@ class PulsarAsyncOffsetProbe(AsyncOffsetProbe):
     async def _request(
         self, method: str, path: str, *, ok: tuple[int, ...] = (200,), params: Mapping[str, Any] | None = None
     ) -> httpx.Response:
-        shown = f"{self._shown}/admin/v2/{path}"
         try:
             resp = await self._http().request(method, path, params=params)
         except httpx.HTTPError as exc:
-            detail = str(exc).replace(self._url, self._shown)
-            raise BackendUnavailableError(
-                f"Pulsar admin API {self._shown} unreachable ({method} {shown}): {type(exc).__name__}: {detail}"
-            ) from None
-        if resp.status_code not in ok:
-            raise BackendUnavailableError(
-                f"Pulsar admin API {method} {shown} answered {resp.status_code}: {resp.text[:300]}"
-            )
+            raise admin_unreachable(exc, method, path, url=self._url, shown_url=self._shown) from None
+        check_admin_status(method, path, resp.status_code, resp.text, ok=ok, shown_url=self._shown)
         return resp
 
     async def _partition_topics(self, topic: str) -> dict[int, str]:

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 from urllib.parse import quote
 
 from airflow_provider_pulsarstate.engine.backends.admin import PulsarAdmin
+from airflow_provider_pulsarstate.engine.backends.base import partition_topic_name
 from airflow_provider_pulsarstate.engine.errors import OffsetIndexUnavailableError
 
 INDEX_HEADER = "X-Pulsar-Broker-Entry-METADATA-index"
@@ -42,7 +43,7 @@ def index_unavailable(topic: str, detail: str) -> OffsetIndexUnavailableError:
 
 def partition_topic(topic: str, partitions: int, partition: int) -> str:
     """The topic holding ``partition``: ``topic`` itself when not partitioned, else ``topic-partition-K``."""
-    return topic if partitions == 0 else f"{topic}-partition-{partition}"
+    return topic if partitions == 0 else partition_topic_name(topic, partition)
 
 
 def topic_path(topic: str) -> str:
