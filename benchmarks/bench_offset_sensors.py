@@ -36,7 +36,6 @@ import json
 import logging
 import multiprocessing
 import os
-import platform
 import random
 import resource
 import statistics
@@ -51,19 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-
-def machine_info() -> dict[str, Any]:
-    info: dict[str, Any] = {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()}
-    with contextlib.suppress(Exception):
-        info["pulsar_client"] = __import__("importlib.metadata").metadata.version("pulsar-client")
-    with contextlib.suppress(Exception):
-        info["airflow"] = __import__("importlib.metadata").metadata.version("apache-airflow")
-    with contextlib.suppress(Exception):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-    return info
+from machine import machine_info  # noqa: E402  (benchmarks/machine.py, beside this script)
 
 
 def _cpu_seconds() -> float:

@@ -43,25 +43,13 @@ sys.path.insert(0, str(ROOT))
 
 import pulsar  # noqa: E402
 
+from machine import machine_info  # noqa: E402  (benchmarks/machine.py, beside this script)
+
 from airflow_provider_pulsarstate import ConnectionConfig, open_backend  # noqa: E402
 from airflow_provider_pulsarstate.engine.offsets import PullConsumer, create_topic  # noqa: E402
 
 log = logging.getLogger("bench_offsets")
 TARGET = 0.70
-
-
-def machine() -> str:
-    cpu = "?"
-    with contextlib.suppress(Exception):
-        cpu = next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                   if ln.startswith("model name"))
-    mem = "?"
-    with contextlib.suppress(Exception):
-        mem = f"{int(Path('/proc/meminfo').read_text().split()[1]) / 1024 / 1024:.1f} GB"
-    client = "?"
-    with contextlib.suppress(Exception):
-        client = __import__("importlib.metadata").metadata.version("pulsar-client")
-    return f"{platform.node()}: {os.cpu_count()} CPUs ({cpu}), {mem}, Python {platform.python_version()}, pulsar-client {client}"
 
 
 def publish(client: pulsar.Client, topic: str, n: int, payload: int, *, batching: bool) -> float:
@@ -171,7 +159,9 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     logging.getLogger("airflow_provider_pulsarstate.testing.broker").setLevel(logging.WARNING)
     print(f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}")
-    print(f"machine: {machine()}; load average at start {os.getloadavg()[0]:.2f}")
+    m = machine_info()
+    print(f"machine: {platform.node()}: {m['cpus']} CPUs ({m.get('cpu', '?')}), {m.get('mem_gb', '?')} GB, "
+          f"Python {m['python']}, pulsar-client {m.get('pulsar_client', '?')}; load average at start {os.getloadavg()[0]:.2f}")
     rows = []
     passed = True
     with broker_for(args):

@@ -61,7 +61,6 @@ import gc
 import json
 import logging
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -78,6 +77,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import pulsar  # noqa: E402
+
+from machine import machine_info  # noqa: E402  (benchmarks/machine.py, beside this script)
 
 from airflow_provider_pulsarstate import ConnectionConfig, PulsarMap, open_backend  # noqa: E402
 from airflow_provider_pulsarstate.engine.envelope import HEADER, RecordKind, encode_frames, encode_writes  # noqa: E402
@@ -573,21 +574,6 @@ def print_table(res: Results) -> None:
     for r in rows:
         print(line(r))
     print()
-
-
-def machine_info() -> dict[str, Any]:
-    info: dict[str, Any] = {"python": platform.python_version(), "cpus": os.cpu_count()}
-    with contextlib.suppress(Exception):
-        info["pulsar_client"] = __import__("importlib.metadata").metadata.version("pulsar-client")
-    with contextlib.suppress(Exception):
-        for ln in Path("/proc/cpuinfo").read_text().splitlines():
-            if ln.startswith("model name"):
-                info["cpu"] = ln.split(":", 1)[1].strip()
-                break
-    with contextlib.suppress(Exception):
-        kb = int(Path("/proc/meminfo").read_text().split()[1])
-        info["mem_gb"] = round(kb / 1024 / 1024, 1)
-    return info
 
 
 @contextlib.contextmanager

@@ -22,6 +22,23 @@ from airflow_provider_pulsarstate.engine.backends.base import Backend
 ARTIFACTS = Path(os.environ.get("PULSARSTATE_ARTIFACTS", Path(__file__).resolve().parent.parent / ".artifacts"))
 
 
+def _standalone(tmp_path_factory: pytest.TempPathFactory, name: str, **conf_overrides: str) -> Iterator[object]:
+    """Start a PulsarStandalone (data under a session temp dir, log in ARTIFACTS), yield it, stop it."""
+    from airflow_provider_pulsarstate.testing.broker import PulsarStandalone
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    broker = PulsarStandalone(
+        data_dir=tmp_path_factory.mktemp(f"{name}-data"), log_file=ARTIFACTS / f"{name}-broker.log",
+        conf_overrides=conf_overrides or None,
+    )
+    broker.start()
+    logging.getLogger(__name__).info("test broker %s up at %s / %s", name, broker.service_url, broker.admin_url)
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
 @pytest.fixture(scope="session")
 def pulsar_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """The session's real Pulsar broker (``service_url``, ``admin_url``)."""
@@ -29,54 +46,26 @@ def pulsar_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     if url:
         yield SimpleNamespace(service_url=url, admin_url=os.environ.get("PULSARSTATE_TEST_ADMIN_URL", ""))
         return
-    from airflow_provider_pulsarstate.testing.broker import PulsarStandalone
-
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    broker = PulsarStandalone(
-        data_dir=tmp_path_factory.mktemp("pulsar-data"), log_file=ARTIFACTS / "pulsar-broker.log"
-    )
-    broker.start()
-    logging.getLogger(__name__).info("test broker up at %s / %s", broker.service_url, broker.admin_url)
-    try:
-        yield broker
-    finally:
-        broker.stop()
+    yield from _standalone(tmp_path_factory, "pulsar")
 
 
 @pytest.fixture(scope="session")
 def pulsar_defaults_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A second broker with Pulsar's own retention and inactive-topic defaults (retention 0,
     inactive topics deleted), checked every 5 s: started only by the tests that ask for it."""
-    from airflow_provider_pulsarstate.testing.broker import PULSAR_DEFAULT_POLICIES, PulsarStandalone
+    from airflow_provider_pulsarstate.testing.broker import PULSAR_DEFAULT_POLICIES
 
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    broker = PulsarStandalone(
-        data_dir=tmp_path_factory.mktemp("pulsar-defaults-data"), log_file=ARTIFACTS / "pulsar-defaults-broker.log",
-        conf_overrides=PULSAR_DEFAULT_POLICIES,
-    )
-    broker.start()
-    try:
-        yield broker
-    finally:
-        broker.stop()
+    yield from _standalone(tmp_path_factory, "pulsar-defaults", **PULSAR_DEFAULT_POLICIES)
 
 
 @pytest.fixture(scope="session")
 def pulsar_noindex_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A broker WITHOUT the entry-index interceptor (Pulsar's default): no offsets to give.
     Started only by the tests that ask for it."""
-    from airflow_provider_pulsarstate.testing.broker import PulsarStandalone
-
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    broker = PulsarStandalone(
-        data_dir=tmp_path_factory.mktemp("pulsar-noindex-data"), log_file=ARTIFACTS / "pulsar-noindex-broker.log",
-        conf_overrides={"brokerEntryMetadataInterceptors": "", "exposingBrokerEntryMetadataToClientEnabled": "false"},
+    yield from _standalone(
+        tmp_path_factory, "pulsar-noindex",
+        brokerEntryMetadataInterceptors="", exposingBrokerEntryMetadataToClientEnabled="false",
     )
-    broker.start()
-    try:
-        yield broker
-    finally:
-        broker.stop()
 
 
 def pulsar_config(broker: object, **options: object) -> ConnectionConfig:

@@ -7,7 +7,6 @@ from the topic), never something Spark computed.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -21,22 +20,15 @@ import pytest
 from airflow_provider_pulsarstate.engine.errors import SourceOffsetsConflictError
 from airflow_provider_pulsarstate.engine.recipes.table import TableChange
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
-from tests.airflow.test_views_operators import EXAMPLE_DAGS, _load_dag, _run, _table, dag_bundles  # noqa: F401
+from tests.airflow.dagruns import EXAMPLE_DAGS, load_dag, load_job, run_dag
+from tests.airflow.test_views_operators import _table, dag_bundles  # noqa: F401
 
 WORKER = Path(__file__).with_name("ingest_kill_worker.py")
 EVENTS, SKUS = 400, 1500
 DAG_ID = "price_events_pipeline"
 
 
-def _load_job() -> Any:
-    spec = importlib.util.spec_from_file_location("price_events_job", EXAMPLE_DAGS / "jobs" / "price_events_job.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-job = _load_job()
+job = load_job("price_events_job")
 
 
 def _conf(batch: int, names: dict[str, str]) -> dict[str, Any]:
@@ -75,11 +67,11 @@ def _state(hook: PulsarStateHook, names: dict[str, str]) -> tuple[dict[str, dict
 
 # ---------------------------------------------------------------------------------- end to end
 def test_second_run_consumes_only_new_events_and_publishes_only_changed_rows(dag_bundles: None, state_backend: str) -> None:
-    dag = _load_dag(EXAMPLE_DAGS, DAG_ID)
+    dag = load_dag(EXAMPLE_DAGS, DAG_ID)
     names = _names()
     batch1, batch2 = job.batch_events(1, EVENTS, SKUS), job.batch_events(2, EVENTS, SKUS)
 
-    first = _run(dag, _conf(1, names))
+    first = run_dag(dag, _conf(1, names))
     assert first.state == "success", first.states
     v1 = job.fold(batch1)
     assert first.xcoms["report"]["offsets_consumed"] == EVENTS or state_backend == "pulsar"
@@ -92,7 +84,7 @@ def test_second_run_consumes_only_new_events_and_publishes_only_changed_rows(dag
         changes: list[TableChange] = []
         table.add_listener(changes.append)
 
-        second = _run(dag, _conf(2, names))
+        second = run_dag(dag, _conf(2, names))
         assert second.state == "success", second.states
         v2 = job.fold(batch2, v1)
         touched = {e["sku"] for e in batch2}  # every sku with a new event changes (its event count moves)

@@ -15,7 +15,6 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Iterator
 
 import pytest
@@ -30,7 +29,9 @@ from airflow_provider_pulsarstate.sensors.offsets import (
 from airflow_provider_pulsarstate.triggers.offsets import OffsetProgressTrigger
 from airflow_provider_pulsarstate.triggers.progress import ProgressError, evaluate, parse_target
 
-TEST_DAGS = Path(__file__).resolve().parent / "dags"
+from tests.airflow.dagruns import TEST_DAGS, load_dag, run_dag
+
+SENSOR_DAGS = TEST_DAGS / "offset_sensor_dags.py"
 
 
 # ---------------------------------------------------------------------------------- fixtures
@@ -104,44 +105,15 @@ class Feeder:
         self._thread.join(timeout=60)
 
 
-def _load_dag(dag_id: str) -> Any:
-    from airflow.dag_processing.dagbag import DagBag
-
-    bag = DagBag(dag_folder=str(TEST_DAGS / "offset_sensor_dags.py"))
-    assert not bag.import_errors, bag.import_errors
-    dag = bag.get_dag(dag_id)
-    assert dag is not None, sorted(bag.dag_ids)
-    return dag
-
-
-def _run(dag: Any, conf: dict[str, Any]) -> SimpleNamespace:
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
-
-    started = time.monotonic()
-    run = dag.test(run_conf=conf)
-    elapsed = time.monotonic() - started
-    with create_session() as session:
-        tis = run.get_task_instances(session=session)
-        states = {ti.task_id: str(ti.state) for ti in tis}
-        durations = {ti.task_id: (ti.end_date - ti.start_date).total_seconds() for ti in tis if ti.start_date and ti.end_date}
-        xcoms = {
-            row.task_id: XComModel.deserialize_value(row)
-            for row in session.scalars(XComModel.get_many(run_id=run.run_id, dag_ids=dag.dag_id, key="return_value"))
-        }
-    print(f"{dag.dag_id} {conf}: {run.state} in {elapsed:.1f}s {states}")
-    return SimpleNamespace(state=str(run.state), states=states, xcoms=xcoms, durations=durations, seconds=elapsed)
-
-
 # ---------------------------------------------------------------------------------- dag.test()
 def test_sensor_waits_for_an_xcom_target_in_poke_and_deferred_modes(
     dag_bundles: None, state_backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    dag = _load_dag("offset_sensor_xcom_target")
+    dag = load_dag(SENSOR_DAGS, "offset_sensor_xcom_target")
     topic, count, extra = _topic("xcom"), 5, 3
     feeder = Feeder(monkeypatch, topic, extra)
     try:
-        outcome = _run(dag, {"topic": topic, "partitions": 2, "count": count, "extra": extra})
+        outcome = run_dag(dag, {"topic": topic, "partitions": 2, "count": count, "extra": extra})
     finally:
         feeder.stop()
 
@@ -166,7 +138,7 @@ def test_sensor_waits_for_an_xcom_target_in_poke_and_deferred_modes(
 def test_timeout_fails_and_soft_fail_skips_in_both_modes(
     dag_bundles: None, state_backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    dag = _load_dag("offset_sensor_timeouts")
+    dag = load_dag(SENSOR_DAGS, "offset_sensor_timeouts")
     events: list[Any] = []
     original_run = OffsetProgressTrigger.run
 
@@ -176,7 +148,7 @@ def test_timeout_fails_and_soft_fail_skips_in_both_modes(
             yield event
 
     monkeypatch.setattr(OffsetProgressTrigger, "run", run)
-    outcome = _run(dag, {"topic": _topic("timeouts"), "count": 1})
+    outcome = run_dag(dag, {"topic": _topic("timeouts"), "count": 1})
 
     assert outcome.state == "failed"
     assert outcome.states == {
@@ -199,12 +171,12 @@ def test_timeout_fails_and_soft_fail_skips_in_both_modes(
 def test_watermark_counts_new_messages_and_advances(
     dag_bundles: None, state_backend: str, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
-    dag = _load_dag(f"offset_sensor_watermark_{mode}")
+    dag = load_dag(SENSOR_DAGS, f"offset_sensor_watermark_{mode}")
     topic = _topic(f"wm-{mode}")
     feeder = Feeder(monkeypatch, topic, 2)
     try:
-        first = _run(dag, {"topic": topic, "count": 5, "n": 5})
-        second = _run(dag, {"topic": topic, "count": 3, "n": 5})
+        first = run_dag(dag, {"topic": topic, "count": 5, "n": 5})
+        second = run_dag(dag, {"topic": topic, "count": 3, "n": 5})
     finally:
         feeder.stop()
 

@@ -8,15 +8,12 @@ own formulas evaluated in plain Python, never from Spark.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 import sys
-import time
 import uuid
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Iterator
 from unittest import mock
 
@@ -32,22 +29,11 @@ from airflow_provider_pulsarstate.engine.recipes.table import (
 )
 from airflow_provider_pulsarstate.spark import AUTH_TOKEN_ENV, load_config
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE_DAGS = ROOT / "dags"
-TEST_DAGS = Path(__file__).resolve().parent / "dags"
+from tests.airflow.dagruns import EXAMPLE_DAGS, TEST_DAGS, load_dag, load_job, run_dag
+
 ROWS = 5000
 SPARK_LOCAL = json.dumps({"conn_type": "spark", "host": "local[*]"})
-
-
-def _load_job() -> Any:
-    spec = importlib.util.spec_from_file_location("price_table_job", EXAMPLE_DAGS / "jobs" / "price_table_job.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-job = _load_job()
+job = load_job("price_table_job")
 
 
 # ---------------------------------------------------------------------------------- fixtures
@@ -70,34 +56,6 @@ def dag_bundles(airflow_db: Path) -> Iterator[None]:
 
 def _topic(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-def _load_dag(folder: Path, dag_id: str) -> Any:
-    from airflow.dag_processing.dagbag import DagBag
-
-    bag = DagBag(dag_folder=str(folder))
-    assert not bag.import_errors, bag.import_errors
-    dag = bag.get_dag(dag_id)
-    assert dag is not None, f"{dag_id} not in {folder}: {sorted(bag.dag_ids)}"
-    return dag
-
-
-def _run(dag: Any, conf: dict[str, Any]) -> SimpleNamespace:
-    """dag.test() once; the run's state, each task's state and XCom return values."""
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
-
-    started = time.monotonic()
-    run = dag.test(run_conf=conf)
-    elapsed = time.monotonic() - started
-    with create_session() as session:
-        states = {ti.task_id: str(ti.state) for ti in run.get_task_instances(session=session)}
-        xcoms = {
-            row.task_id: XComModel.deserialize_value(row)
-            for row in session.scalars(XComModel.get_many(run_id=run.run_id, dag_ids=dag.dag_id, key="return_value"))
-        }
-    print(f"{dag.dag_id} {conf}: {run.state} in {elapsed:.1f}s {states}")
-    return SimpleNamespace(state=str(run.state), states=states, xcoms=xcoms, seconds=elapsed)
 
 
 def _table(hook: PulsarStateHook, topic: str) -> StateTable:
@@ -131,13 +89,13 @@ def _staged_entries(hook: PulsarStateHook, topic: str) -> int:
 
 # ---------------------------------------------------------------------------------- end to end
 def test_example_pipeline_second_run_publishes_exactly_the_changed_rows(dag_bundles: None, state_backend: str) -> None:
-    dag = _load_dag(EXAMPLE_DAGS, "price_table_pipeline")
+    dag = load_dag(EXAMPLE_DAGS, "price_table_pipeline")
     topic = _topic("prices")
     v1, v2 = job.price_table(1, ROWS), job.price_table(2, ROWS)
     diff = job.table_diff(v1, v2)
     assert diff["set"] and diff["delete"]  # the workload changes between versions
 
-    first = _run(dag, {"version": 1, "rows": ROWS, "table_topic": topic})
+    first = run_dag(dag, {"version": 1, "rows": ROWS, "table_topic": topic})
     assert first.state == "success", first.states
     assert first.xcoms["report"]["set"] == len(v1) and first.xcoms["report"]["delete"] == 0
 
@@ -148,7 +106,7 @@ def test_example_pipeline_second_run_publishes_exactly_the_changed_rows(dag_bund
         changes: list[TableChange] = []
         table.add_listener(changes.append)
 
-        second = _run(dag, {"version": 2, "rows": ROWS, "table_topic": topic})
+        second = run_dag(dag, {"version": 2, "rows": ROWS, "table_topic": topic})
         assert second.state == "success", second.states
         assert second.states["prices.drop_view"] == "skipped"
         report, result = second.xcoms["report"], second.xcoms["prices.apply_view"]
@@ -176,13 +134,13 @@ def test_example_pipeline_second_run_publishes_exactly_the_changed_rows(dag_bund
 def test_failing_spark_job_drops_the_view_and_leaves_the_table(
     dag_bundles: None, state_backend: str, tmp_path: Path
 ) -> None:
-    dag = _load_dag(TEST_DAGS, "views_failing_job")
+    dag = load_dag(TEST_DAGS, "views_failing_job")
     topic, marker = _topic("failing"), tmp_path / "staged.txt"
     with PulsarStateHook() as hook:
         _seed(hook, topic, {"sku-000001": {"stock": 7}, "other-1": {"stock": 1}})
         before = _table(hook, topic).to_dict(latest=True)
 
-        outcome = _run(dag, {"table_topic": topic, "marker": str(marker)})
+        outcome = run_dag(dag, {"table_topic": topic, "marker": str(marker)})
 
         assert outcome.state == "failed"
         assert outcome.states == {
@@ -202,7 +160,7 @@ def test_failing_spark_job_drops_the_view_and_leaves_the_table(
 
 
 def test_dry_run_publishes_nothing_and_drops_the_view(dag_bundles: None, state_backend: str) -> None:
-    dag = _load_dag(TEST_DAGS, "views_dry_run")
+    dag = load_dag(TEST_DAGS, "views_dry_run")
     rows, topic = 2000, _topic("dry")
     v1, v2 = job.price_table(1, rows), job.price_table(2, rows)
     diff = job.table_diff(v1, v2)
@@ -212,7 +170,7 @@ def test_dry_run_publishes_nothing_and_drops_the_view(dag_bundles: None, state_b
         changes: list[TableChange] = []
         table.add_listener(changes.append)
 
-        outcome = _run(dag, {"table_topic": topic, "version": 2, "rows": rows})
+        outcome = run_dag(dag, {"table_topic": topic, "version": 2, "rows": rows})
 
         assert outcome.state == "success", outcome.states
         plan = outcome.xcoms["prices.apply_view"]

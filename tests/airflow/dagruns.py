@@ -1,0 +1,53 @@
+"""Helpers the Airflow tests share: load a DAG, run it once with dag.test(), load an example Spark job."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE_DAGS = ROOT / "dags"
+TEST_DAGS = Path(__file__).resolve().parent / "dags"
+
+
+def load_dag(folder: Path, dag_id: str) -> Any:
+    """``dag_id`` from the DAG files under ``folder`` (a folder or one file); import errors fail the test."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(folder))
+    assert not bag.import_errors, bag.import_errors
+    dag = bag.get_dag(dag_id)
+    assert dag is not None, f"{dag_id} not in {folder}: {sorted(bag.dag_ids)}"
+    return dag
+
+
+def run_dag(dag: Any, conf: dict[str, Any]) -> SimpleNamespace:
+    """dag.test() once: the run's state, each task's state, duration (seconds) and XCom return value."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    started = time.monotonic()
+    run = dag.test(run_conf=conf)
+    elapsed = time.monotonic() - started
+    with create_session() as session:
+        tis = run.get_task_instances(session=session)
+        states = {ti.task_id: str(ti.state) for ti in tis}
+        durations = {ti.task_id: (ti.end_date - ti.start_date).total_seconds() for ti in tis if ti.start_date and ti.end_date}
+        xcoms = {
+            row.task_id: XComModel.deserialize_value(row)
+            for row in session.scalars(XComModel.get_many(run_id=run.run_id, dag_ids=dag.dag_id, key="return_value"))
+        }
+    print(f"{dag.dag_id} {conf}: {run.state} in {elapsed:.1f}s {states}")
+    return SimpleNamespace(state=str(run.state), states=states, xcoms=xcoms, durations=durations, seconds=elapsed)
+
+
+def load_job(name: str) -> ModuleType:
+    """The example Spark job ``dags/jobs/<name>.py`` as a module (its pure-Python parts give the truth)."""
+    spec = importlib.util.spec_from_file_location(name, EXAMPLE_DAGS / "jobs" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
