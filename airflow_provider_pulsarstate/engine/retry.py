@@ -1,9 +1,14 @@
-"""Bounded exponential back-off used by every wait loop."""
+"""Bounded exponential back-off used by every wait loop, and a cancellation-safe time bound for awaits."""
 
 from __future__ import annotations
 
+import asyncio
 import random
+import sys
 import time
+from typing import Awaitable, TypeVar
+
+T = TypeVar("T")
 
 
 class Backoff:
@@ -29,3 +34,27 @@ class Backoff:
         if deadline is not None:
             delay = max(0.0, min(delay, deadline - time.monotonic()))
         time.sleep(delay)
+
+
+async def within(awaitable: Awaitable[T], timeout: float | None) -> T:
+    """Await ``awaitable`` for at most ``timeout`` seconds; cancel it and raise ``asyncio.TimeoutError`` after.
+
+    Use this instead of ``asyncio.wait_for``: before Python 3.12 that returns the inner result when
+    the caller is cancelled just as the inner await completes, swallowing the cancellation
+    (CPython gh-86296), so a trigger the triggerer cancels could go on polling for ever. Here a
+    cancellation of the caller always propagates.
+    """
+    if sys.version_info >= (3, 11):
+        async with asyncio.timeout(timeout):
+            return await awaitable
+    task = asyncio.ensure_future(awaitable)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    except BaseException:
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()
+        await asyncio.wait({task})
+        raise asyncio.TimeoutError
+    return task.result()

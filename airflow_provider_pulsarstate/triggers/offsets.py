@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
 from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, OperationTimeoutError
-from airflow_provider_pulsarstate.engine.retry import Backoff
+from airflow_provider_pulsarstate.engine.retry import Backoff, within
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.triggers.progress import (
     CONDITIONS,
@@ -156,9 +156,9 @@ class OffsetProgressTrigger(BaseTrigger):
                     return
                 bound = call_timeout if remaining is None else max(0.001, min(call_timeout, remaining))
                 try:
-                    end = await asyncio.wait_for(probe.end_offsets(topic), bound)
+                    end = await within(probe.end_offsets(topic), bound)
                     committed = (
-                        await asyncio.wait_for(probe.committed(topic, subscription), bound)
+                        await within(probe.committed(topic, subscription), bound)
                         if subscription is not None else None
                     )
                     last = evaluate(

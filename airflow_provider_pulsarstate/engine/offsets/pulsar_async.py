@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import ssl
+import weakref
 from typing import Any, Mapping
 
 import httpx
@@ -41,10 +42,51 @@ def _ssl_context(cafile: str | None) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=cafile) if cafile else ssl.create_default_context()
 
 
+_ClientKey = tuple[str, "str | None", "str | None", float]
+# event loop -> admin endpoint and credentials -> [client, probes using it]
+_CLIENTS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[_ClientKey, list[Any]]]" = weakref.WeakKeyDictionary()
+
+
+def _acquire_client(config: ConnectionConfig) -> tuple[dict[_ClientKey, list[Any]], _ClientKey, httpx.AsyncClient]:
+    """The running loop's HTTP client for ``config``'s admin endpoint, shared by every probe on it.
+
+    A triggerer runs hundreds of probes on one loop: one client each cost a connection pool, an
+    environment scan and a keep-alive connection per trigger, and starting them together stalled
+    the loop. Synchronous, so two probes starting at once cannot both create one.
+    """
+    key: _ClientKey = (config.resolved_admin_url, config.auth_token, config.tls_trust_certs_file_path,
+                       float(config.operation_timeout))
+    per_loop = _CLIENTS.setdefault(asyncio.get_running_loop(), {})
+    entry = per_loop.get(key)
+    if entry is None:
+        headers = {"Authorization": f"Bearer {config.auth_token}"} if config.auth_token else {}
+        client = httpx.AsyncClient(
+            base_url=f"{config.resolved_admin_url}/admin/v2/", headers=headers,
+            verify=_ssl_context(config.tls_trust_certs_file_path), timeout=config.operation_timeout,
+        )
+        entry = per_loop[key] = [client, 0]
+    entry[1] += 1
+    return per_loop, key, entry[0]
+
+
+async def _release_client(per_loop: dict[_ClientKey, list[Any]], key: _ClientKey, client: httpx.AsyncClient) -> None:
+    """Drop one probe's use of a shared client; the last one out closes it."""
+    entry = per_loop.get(key)
+    if entry is None or entry[0] is not client:
+        await client.aclose()
+        return
+    entry[1] -= 1
+    if entry[1] <= 0:
+        del per_loop[key]
+        await client.aclose()
+
+
 class PulsarAsyncOffsetProbe(AsyncOffsetProbe):
     """End and committed offsets of Pulsar topics, awaited (one probe per triggerer task).
 
-    Constructing it does no I/O; the HTTP client is created on first use, in the running loop.
+    Constructing it does no I/O. On first use it joins the running loop's HTTP client for its admin
+    endpoint (one connection pool per loop and endpoint, however many probes); the last probe to
+    close closes the client.
 
     :param config: a ``pulsar://`` connection (its admin URL, token, CA bundle and operation time-out).
     """
@@ -54,6 +96,7 @@ class PulsarAsyncOffsetProbe(AsyncOffsetProbe):
         self._url = config.resolved_admin_url
         self._shown = redact_url(self._url)
         self._client: httpx.AsyncClient | None = None
+        self._shared: tuple[dict[_ClientKey, list[Any]], _ClientKey] | None = None
         self._closed = False
 
     def __repr__(self) -> str:
@@ -63,12 +106,8 @@ class PulsarAsyncOffsetProbe(AsyncOffsetProbe):
         if self._closed:
             raise ClosedError(f"offset probe of {self._shown} is closed")
         if self._client is None:
-            cfg = self._config
-            headers = {"Authorization": f"Bearer {cfg.auth_token}"} if cfg.auth_token else {}
-            self._client = httpx.AsyncClient(
-                base_url=f"{self._url}/admin/v2/", headers=headers,
-                verify=_ssl_context(cfg.tls_trust_certs_file_path), timeout=cfg.operation_timeout,
-            )
+            per_loop, key, self._client = _acquire_client(self._config)
+            self._shared = (per_loop, key)
         return self._client
 
     async def _request(
@@ -145,5 +184,5 @@ class PulsarAsyncOffsetProbe(AsyncOffsetProbe):
     async def aclose(self) -> None:
         self._closed = True
         client, self._client = self._client, None
-        if client is not None:
-            await client.aclose()
+        if client is not None and self._shared is not None:
+            await _release_client(*self._shared, client)
