@@ -276,3 +276,62 @@ class UnknownPartitionError(OffsetError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class LeaseError(PulsarStateError):
+    """Base of the lease and leadership errors (:mod:`~airflow_provider_pulsarstate.engine.recipes.lease`)."""
+
+
+class LeaseFencedError(LeaseError):
+    """A write carried a lease token lower than one the state log has already seen for that lease.
+
+    The holder was superseded (a newer holder acquired the lease and wrote). Nothing of the write
+    was applied, now or ever: every replica ignores such a write on replay too.
+
+    :ivar topic: the state log that refused the write.
+    :ivar lease: the lease name.
+    :ivar token: the token the write carried.
+    :ivar newer_token: the highest token the log has seen for that lease.
+    """
+
+    def __init__(self, *, topic: str, lease: str, token: int, newer_token: int) -> None:
+        super().__init__(
+            f"write to {topic} under lease {lease!r} with fencing token {token} refused: the log has seen "
+            f"token {newer_token} of that lease (a newer holder took over); nothing was applied"
+        )
+        self.topic = topic
+        self.lease = lease
+        self.token = token
+        self.newer_token = newer_token
+
+
+class LeaseLostError(LeaseError):
+    """The lease is no longer held under this token (released, or taken over by another holder).
+
+    :ivar lease: the lease name.
+    :ivar token: the token the caller holds.
+    :ivar current: what the lease log says now (a ``LeaseInfo``), or None when the lease never existed.
+    """
+
+    def __init__(self, message: str, *, lease: str, token: int, current: object = None) -> None:
+        super().__init__(message)
+        self.lease = lease
+        self.token = token
+        self.current = current
+
+
+class LeaseTimeoutError(LeaseError, OperationTimeoutError):
+    """``acquire`` did not win the lease within its timeout (another holder kept it valid).
+
+    :ivar lease: the lease name.
+    :ivar current: the holder's ``LeaseInfo`` as last observed.
+    """
+
+    def __init__(self, message: str, *, lease: str, current: object = None) -> None:
+        super().__init__(message)
+        self.lease = lease
+        self.current = current
+
+
+class LeadershipError(PulsarStateError):
+    """Leadership of a topic could not be observed (unknown topic or partition, admin API refused)."""

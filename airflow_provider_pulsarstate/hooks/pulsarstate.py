@@ -35,6 +35,7 @@ from airflow_provider_pulsarstate.engine.offsets import (
     open_publisher,
 )
 from airflow_provider_pulsarstate.engine.offsets import create_topic as _create_topic
+from airflow_provider_pulsarstate.engine.recipes.lease import DEFAULT_LEASE_TOPIC, Leases
 from airflow_provider_pulsarstate.engine.recipes.map import PulsarMap
 from airflow_provider_pulsarstate.engine.recipes.table import StateTable
 
@@ -218,6 +219,19 @@ class PulsarStateHook(BaseHook):
         """
         config, backend = self._open()
         return self._own(StateTable(backend, config.topic_name(topic), **options))
+
+    def get_leases(self, topic: str | None = None, **options: Any) -> Leases:
+        """:class:`~airflow_provider_pulsarstate.engine.recipes.lease.Leases` (durable leases with
+        fencing tokens) on the lease log ``topic``. Closed by :meth:`close`.
+
+        :param topic: a short name or a full ``persistent://...`` (default: ``pulsarstate-leases``
+            in the connection's tenant and namespace).
+        :param options: keyword options of Leases; ``operation_timeout`` defaults to the connection's.
+        :raises ConfigurationError: invalid connection or topic name.
+        """
+        config, backend = self._open()
+        options.setdefault("operation_timeout", config.operation_timeout)
+        return self._own(Leases(backend, config.topic_name(topic or DEFAULT_LEASE_TOPIC), **options))
 
     def get_pull_consumer(self, topic: str, subscription: str | None = None, **options: Any) -> PullConsumer:
         """A :class:`~airflow_provider_pulsarstate.engine.offsets.consumer.PullConsumer` on ``topic``:
