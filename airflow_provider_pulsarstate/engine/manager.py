@@ -1116,6 +1116,12 @@ class SharedStateManager(Generic[S, O]):
                     )
             record = reader.read_next(timeout=wait_s, drain=True)
             if record is None:
+                if deadline is not None and time.monotonic() >= deadline and reader.has_next():
+                    # the deadline cut the wait short, the tail was not reached: never serve the
+                    # prefix read so far as the whole log
+                    raise _ReplayPaused(
+                        f"{self.topic}: read up to offset {self._applied_offset}, not yet to the tail, within the timeout"
+                    )
                 break
             self._take_record(record)
             progress.tick(offset=self._applied_offset)
