@@ -19,6 +19,7 @@ Reading rules (applied identically on every back end):
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 CorruptPolicy = Literal["raise", "skip"]
 DEFAULT_MAX_FRAME_BYTES = 1024 * 1024
 _SAME_TOPIC = object()
+_EPOCH_RECHECKS = (0.1, 0.4, 0.0)  # pauses between the looks at the back end's epoch (the last: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,8 +146,14 @@ class LogReader:
         """Whether the back end ever granted ``epoch`` (asked only above the highest confirmed)."""
         if epoch <= self._confirmed_epoch or self.epoch_topic is None:
             return True
-        self._confirmed_epoch = max(self._confirmed_epoch, self.backend.current_epoch(self.epoch_topic))
-        return epoch <= self._confirmed_epoch
+        # Asked again before a frame is judged forged: the broker's reported epoch can lag one
+        # just granted (concurrent takeovers), and skipping a genuine frame would fork the state.
+        for pause in _EPOCH_RECHECKS:
+            self._confirmed_epoch = max(self._confirmed_epoch, self.backend.current_epoch(self.epoch_topic))
+            if epoch <= self._confirmed_epoch:
+                return True
+            time.sleep(pause)
+        return False
 
     def _where(self, position: Any) -> str:
         return f"position {position} (next offset {self.next_offset})"

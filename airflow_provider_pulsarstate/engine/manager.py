@@ -1079,6 +1079,14 @@ class SharedStateManager(Generic[S, O]):
                     f"{self.topic}: did not read back our own epoch {epoch} record within {self.operation_timeout:.1f}s"
                 )
             self._take_record(record)
+            if reader.max_epoch > epoch:
+                # The back end reported an epoch lower than one already in the log: our frames
+                # would be skipped as a fenced writer's. Let go and take the writer again.
+                self._drop_writer()
+                raise WriterFencedError(
+                    f"{self.topic}: the writer was granted epoch {epoch}, but the log already holds epoch "
+                    f"{reader.max_epoch}"
+                )
             if record.kind is RecordKind.EPOCH and record.writer_id == self.writer_id and record.epoch == epoch:
                 log.debug("%s: writer at epoch %d caught up to offset %d", self.topic, epoch, self._applied_offset)
                 break

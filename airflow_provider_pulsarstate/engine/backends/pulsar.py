@@ -2,10 +2,13 @@
 
 How the contract is kept:
 
-* **Exclusive writer.** ``ProducerAccessMode.Exclusive`` (FAIL_FAST and WAIT) or
-  ``ExclusiveWithFencing`` (FENCE). WAIT polls Exclusive with back-off until the deadline instead
-  of using ``WaitForExclusive``, which can block forever (apache/pulsar#24516) and, when abandoned,
-  leaves an orphaned producer behind.
+* **Exclusive writer.** Every writer is a ``ProducerAccessMode.Exclusive`` producer. WAIT polls
+  Exclusive with back-off until the deadline instead of using ``WaitForExclusive``, which can block
+  forever (apache/pulsar#24516) and, when abandoned, leaves an orphaned producer behind. FENCE
+  takes the topic over with a short-lived ``ExclusiveWithFencing`` producer that is closed at once,
+  then takes Exclusive like the others: ``ExclusiveWithFencing`` producers created concurrently can
+  all be admitted and all send (seen on Pulsar 4.2.4: three listed as publishers at once, the topic
+  epoch reported lower than one already granted), so no fencing producer ever writes.
 * **Epochs** are the broker's topic epoch (``topicEpoch`` in the topic stats), read right after the
   producer is created. The broker bumps it for every new exclusive producer and rejects the sends
   of a fenced one, so a fenced writer can never append again.
@@ -124,11 +127,7 @@ class PulsarBackend(Backend):
     # -- writer -----------------------------------------------------------------------------
     def acquire_writer(self, topic: str, *, mode: AcquireMode, timeout: float) -> RawWriter:
         mode = AcquireMode(mode)
-        access = (
-            pulsar.ProducerAccessMode.ExclusiveWithFencing
-            if mode is AcquireMode.FENCE
-            else pulsar.ProducerAccessMode.Exclusive
-        )
+        access = pulsar.ProducerAccessMode.Exclusive
         deadline = time.monotonic() + timeout
         backoff = Backoff(initial=0.05, maximum=0.5)
         while True:
@@ -146,6 +145,8 @@ class PulsarBackend(Backend):
             except _BUSY as exc:
                 if mode is AcquireMode.FAIL_FAST:
                     raise WriterBusyError(f"another writer holds {self.topic_url(topic)} ({type(exc).__name__})") from exc
+                if mode is AcquireMode.FENCE:
+                    self._fence(topic)
                 if time.monotonic() >= deadline:
                     raise OperationTimeoutError(
                         f"waited {timeout:.1f}s for the writer of {self.topic_url(topic)}; it is still held"
@@ -160,6 +161,26 @@ class PulsarBackend(Backend):
             raise
         log.debug("acquired writer of %s at epoch %d", topic, epoch)
         return self._track(PulsarWriter(self, topic, epoch, producer))
+
+    def _fence(self, topic: str) -> None:
+        """Close every producer of ``topic`` (the broker bumps its epoch): a fencing producer that
+        is created and closed at once, never written with. Another candidate may take the topic
+        before we do; the caller then fences again or gives up at its deadline."""
+        try:
+            fencer = self.client.create_producer(
+                topic, access_mode=pulsar.ProducerAccessMode.ExclusiveWithFencing,
+                batching_enabled=False, send_timeout_millis=max(1, int(self.config.operation_timeout * 1000)),
+            )
+        except _BUSY as exc:  # fenced in turn by a concurrent candidate: the topic was taken over anyway
+            log.debug("fencing %s: %s", topic, exc)
+            return
+        except _UNREACHABLE as exc:
+            raise self._unreachable("fencing the writer of", topic, exc) from exc
+        try:
+            fencer.close()
+        except pulsar.PulsarException as exc:  # fenced meanwhile or already gone: nothing of ours stays
+            log.debug("closing the fencing producer of %s: %s", topic, exc)
+        log.info("fenced the writer of %s", self.topic_url(topic))
 
     def current_epoch(self, topic: str) -> int:
         # The broker persists topicEpoch with the topic (it survives unloads and restarts); a topic

@@ -47,10 +47,19 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from airflow_provider_pulsarstate.engine.backends.base import AcquireMode, Backend
-from airflow_provider_pulsarstate.engine.errors import ConfigurationError, LeaseLostError, LeaseTimeoutError
+from airflow_provider_pulsarstate.engine.errors import (
+    BackendUnavailableError,
+    ConfigurationError,
+    LeaseLostError,
+    LeaseTimeoutError,
+    UnknownOutcomeError,
+    WriterBusyError,
+    WriterFencedError,
+)
 from airflow_provider_pulsarstate.engine.fencing import MAX_LEASE_NAME_BYTES, check_fence
 from airflow_provider_pulsarstate.engine.manager import Change, SharedStateManager, json_op_serializer
 from airflow_provider_pulsarstate.engine.recipes.base import Recipe
+from airflow_provider_pulsarstate.engine.retry import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +72,8 @@ DEFAULT_CHECKPOINT_AFTER_BYTES = 1 << 20
 MAX_HOLDER_BYTES = 1024
 _ACQUIRE, _RENEW, _RELEASE = "acquire", "renew", "release"
 _IMAGE_VERSION = 1
+_CONTENDED = (WriterFencedError, WriterBusyError, UnknownOutcomeError, BackendUnavailableError)
+"""An attempt that decided nothing: candidates fenced each other's lease-log writer, or the log was unreachable."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +247,8 @@ class Leases(Recipe):
         self._observed: dict[str, tuple[tuple[int, int, float], float]] = {}
         self._sent: dict[tuple[str, int], tuple[float, float]] = {}
         self._sent_lock = threading.Lock()
+        self.contended = 0
+        """Attempts that decided nothing because the lease log's writer was contended (retried)."""
         self._changed = threading.Condition()
         options.setdefault("acquire_mode", AcquireMode.FENCE)
         options.setdefault("max_retries", 10)
@@ -273,9 +286,12 @@ class Leases(Recipe):
         :param holder: non-empty text naming the holder.
         :param ttl: seconds the lease stays valid after this acquire (and after each renew).
         :param timeout: seconds to wait (0: one attempt; None: as long as it takes). The attempt
-            running when it ends is completed (bounded by the manager's own time-outs).
+            running when it ends is completed (bounded by the manager's own time-outs). An attempt
+            that decided nothing (candidates fenced each other's lease-log writer, or the log was
+            unreachable) is retried for at least ``operation_timeout``, also with ``timeout=0``.
         :param steal: take it over even though its holder's lease is still valid (explicit takeover).
-        :raises LeaseTimeoutError: still held and valid when ``timeout`` ran out (``err.current``).
+        :raises LeaseTimeoutError: still held and valid when ``timeout`` ran out (``err.current``),
+            or the lease log stayed contended or unreachable (``__cause__``).
         :raises ConfigurationError: bad name, holder, ttl or timeout.
         """
         _check_name(name)
@@ -290,7 +306,8 @@ class Leases(Recipe):
         while True:
             outcome: dict[str, Any] = {}
             sent = self._clock()
-            info = self._write(self._acquire_ops(name, holder, ttl, steal, outcome), lambda s: self._info(s, name))
+            info = self._write(self._acquire_ops(name, holder, ttl, steal, outcome), lambda s: self._info(s, name),
+                               what=f"acquire lease {name!r} for {holder!r}", lease=name, until=math.inf if deadline is None else deadline)
             token = outcome.get("token")
             if token is not None and info is not None and info.token == token and info.holder == holder:
                 with self._sent_lock:
@@ -360,7 +377,7 @@ class Leases(Recipe):
 
         sent = self._clock()
         try:
-            self._write(ops)
+            self._write(ops, what=f"renew lease {lease.name!r} (token {lease.token})", lease=lease.name)
         except LeaseLostError:
             self._forget(lease)
             raise
@@ -387,7 +404,7 @@ class Leases(Recipe):
             return [{"op": _RELEASE, "name": lease.name, "holder": lease.holder, "token": lease.token, "at": time.time()}]
 
         try:
-            self._write(ops)
+            self._write(ops, what=f"release lease {lease.name!r} (token {lease.token})", lease=lease.name)
         finally:
             self._forget(lease)
         if done[0]:
@@ -443,12 +460,40 @@ class Leases(Recipe):
         return max(0.0, ttl - (self._clock() - sent))
 
     # ------------------------------------------------------------------ internals
-    def _write(self, ops: Callable[[dict[str, _Record]], list[dict[str, Any]]], reader: Any = None) -> Any:
-        """A write whose ops see the tail. A writer held here skips the catch-up (the manager
-        assumes nobody else appends meanwhile), but lease writers fence each other: without this
-        read a "held" or "lost" answer that appends nothing could come from a stale replica."""
-        self.manager.read(lambda s: None, latest=True)
-        return self.manager.write(ops, reader)
+    def _write(
+        self, ops: Callable[[dict[str, _Record]], list[dict[str, Any]]], reader: Any = None, *,
+        what: str, lease: str, until: float | None = None,
+    ) -> Any:
+        """A write whose ops see the tail, retried while the lease log's writer is contended.
+
+        A writer held here skips the catch-up (the manager assumes nobody else appends
+        meanwhile), but lease writers fence each other: without the read, a "held" or "lost"
+        answer that appends nothing could come from a stale replica. Candidates racing for the
+        lease log's writer fence each other's attempts; such an attempt decided nothing, so it is
+        tried again (jittered) until ``until`` (at least one ``operation_timeout`` from now). A
+        retried write whose first send may have landed is safe: every op is decided again on the
+        latest state (an acquire that did land is then re-acquired under the next token).
+
+        :raises LeaseTimeoutError: still contended at the end (``__cause__`` is the last error).
+        """
+        until = max(until or 0.0, self._clock() + self.manager.operation_timeout)
+        backoff = Backoff(initial=0.02, maximum=0.5)
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                self.manager.read(lambda s: None, latest=True)
+                return self.manager.write(ops, reader)
+            except _CONTENDED as exc:
+                self.contended += 1
+                if self._clock() >= until:
+                    raise LeaseTimeoutError(
+                        f"{self.topic}: could not {what}: {attempts} attempt(s) in which the lease log's writer "
+                        f"was contended or unavailable; the last: {exc}",
+                        lease=lease, current=None,
+                    ) from exc
+                log.info("%s: %s: attempt %d decided nothing (%s); trying again", self.topic, what, attempts, exc)
+                backoff.sleep(deadline=time.monotonic() + max(0.0, until - self._clock()))
 
     def _check_handle(self, lease: Lease) -> None:
         if not isinstance(lease, Lease):
