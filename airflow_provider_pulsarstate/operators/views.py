@@ -160,8 +160,13 @@ class ApplyTempViewOperator(LeaseGuardMixin, BaseOperator):
         no limit.
     :param sample: sample keys to log and return per kind (from the diff apply computes anyway).
     :param pulsarstate_conn_id: the ``pulsarstate`` connection.
+    Guarded by a lease (:meth:`~airflow_provider_pulsarstate.operators.leases.LeaseTaskGroup.guard`),
+    it renews the lease first and publishes under its fencing token (``lease=``): once a newer
+    holder of the lease wrote to the table, the table refuses the apply and nothing is published.
+
     :raises AirflowFailException: a conflict (the keys are logged and in the message), an unknown,
-        dropped or expired view, or a staged key outside the view's scope; retrying cannot help.
+        dropped or expired view, a staged key outside the view's scope, or a lost or fenced lease;
+        retrying cannot help.
     """
 
     template_fields: Sequence[str] = ("table_topic", "view_id")

@@ -11,6 +11,7 @@ from the environment the test sets.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 
@@ -23,6 +24,10 @@ def main() -> int:
         print(json.dumps({"import_errors": {k: str(v) for k, v in bag.import_errors.items()}}), flush=True)
         return 2
     dag = bag.get_dag("price_events_pipeline")
+    # each deployment keeps its own sensor watermark: with one shared watermark the deployment whose
+    # sensor succeeds first moves it past the other's batch, and the other would wait for news forever
+    sensor = dag.get_task("wait_for_events")
+    sensor.watermark_key = f"{sensor.watermark_key}/{os.environ['AIRFLOW_VAR_PULSARSTATE_DEPLOYMENT']}"
     run = dag.test(run_conf=conf)
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session

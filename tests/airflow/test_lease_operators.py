@@ -292,7 +292,8 @@ def test_two_deployments_never_run_the_example_spark_job_at_once(
         assert proc.returncode == 0, f"{deployment}: rc={proc.returncode}\n{out[-3000:]}\n{err[-5000:]}"
         line = next(line for line in out.splitlines() if line.startswith("RESULT "))
         results[deployment] = json.loads(line[len("RESULT "):])
-        assert results[deployment]["state"] == "success", (results[deployment]["states"], err[-4000:])
+        failure = out[out.find("Task failed with exception"):][:3000]
+        assert results[deployment]["state"] == "success", (results[deployment]["states"], failure)
         assert results[deployment]["lease"]["holder"].startswith(f"{deployment}/price_events_pipeline/")
 
     first, second = sorted(results.values(), key=lambda r: r["lease"]["token"])
