@@ -22,10 +22,6 @@ from airflow_provider_pulsarstate.operators.leases import LeaseGuardMixin, descr
 from tests.airflow.dagruns import TEST_DAGS, load_dag, run_dag
 from tests.airflow.test_views_operators import _seed, _table, dag_bundles  # noqa: F401
 
-FENCING = pytest.mark.xfail(
-    strict=True, reason="needs lease= on StateTable.apply (the engine's fencing, being added on main)"
-)
-
 
 def _name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
@@ -165,7 +161,6 @@ def test_a_handle_taken_over_between_tasks_fails_the_guarded_task_with_a_clear_e
     assert isinstance(error.__cause__, LeaseLostError)
 
 
-@FENCING
 def test_an_apply_after_a_takeover_is_fenced_and_nothing_reaches_the_table(
     dag_bundles: None, state_backend: str
 ) -> None:
