@@ -187,14 +187,14 @@ def test_an_apply_after_a_takeover_is_fenced_and_nothing_reaches_the_table(
     def takeover_then_apply(self: StateTable, view_id: str, **kwargs: Any) -> Any:
         with PulsarStateHook() as hook:  # the new leader takes the lease and writes first
             new = hook.get_leases().acquire(lease, "deployment-b/thief", ttl=30.0, timeout=0, steal=True)
-            _table(hook, topic).put("sku-9", {"stock": 9}, lease=new)
+            _table(hook, topic).put("other-9", {"stock": 9}, lease=new)  # outside the view's scope: no conflict
         return real_apply(self, view_id, **kwargs)
 
     with mock.patch.object(StateTable, "apply", takeover_then_apply):
         run = run_dag(dag, {"lease_name": lease, "table_topic": topic, "view_id": view.view_id})
     assert run.state == "failed" and run.states["apply_view"] == "failed"
     with PulsarStateHook() as hook:
-        assert _table(hook, topic).to_dict(latest=True) == {"sku-1": {"stock": 1}, "sku-9": {"stock": 9}}
+        assert _table(hook, topic).to_dict(latest=True) == {"sku-1": {"stock": 1}, "other-9": {"stock": 9}}
 
 
 def test_a_spark_job_is_killed_when_its_lease_is_taken_over(dag_bundles: None, tmp_path: Path) -> None:
