@@ -14,6 +14,14 @@ until ``params.min_events`` new events arrived since its watermark. The ``prices
   view whose range does not start at the table's record: another run consumed it);
 * ``commit_offsets`` then moves the ``price-table-ingest`` subscription's cursor to the record.
 
+The group runs under a lease (``lease.acquire`` / ``lease.release``, one lease per table): two
+Airflow deployments running this DAG never run the Spark job at once. The holder names the
+deployment (the Airflow Variable ``pulsarstate_deployment``, e.g. ``AIRFLOW_VAR_PULSARSTATE_DEPLOYMENT``),
+the DAG and the run; the second deployment waits up to ``params.lease_timeout`` seconds. Each
+guarded task renews the lease on start and every ``ttl / 3`` while it runs (the Spark job is killed
+if the lease is lost), apply publishes under the lease's fencing token, and ``release`` runs
+whatever happened.
+
 A re-run starts from the table's record, not the cursor: kill any task and run again, and every
 event is counted exactly once (tests/airflow/test_ingest_pipeline.py does it at each boundary).
 Trigger it with ``{"batch": 2}`` after ``{"batch": 1}``: the second run consumes only batch 2 and
@@ -33,6 +41,7 @@ import pendulum
 from airflow.sdk import Param, dag, get_current_context, task
 
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+from airflow_provider_pulsarstate.operators.leases import lease_task_group
 from airflow_provider_pulsarstate.operators.views import temp_view_spark_task_group
 from airflow_provider_pulsarstate.sensors.offsets import OffsetProgressSensor
 
@@ -43,6 +52,8 @@ EVENTS_TOPIC = "price-events"
 TABLE_TOPIC = "price-events-table"
 SUBSCRIPTION = "price-table-ingest"
 PARTITIONS = 2
+HOLDER = "{{ var.value.get('pulsarstate_deployment', 'airflow') }}/{{ dag.dag_id }}/{{ run_id }}"
+LEASE_TTL = 30.0
 
 
 def _job() -> Any:
@@ -68,6 +79,7 @@ def _job() -> Any:
         "events_topic": Param(EVENTS_TOPIC, type="string", description="the source topic"),
         "table_topic": Param(TABLE_TOPIC, type="string", description="the shared state table"),
         "subscription": Param(SUBSCRIPTION, type="string", description="the cursor that follows the table"),
+        "lease_timeout": Param(900, type="number", minimum=0, description="seconds to wait for the table's lease"),
     },
 )
 def price_events_pipeline() -> None:
@@ -109,6 +121,15 @@ def price_events_pipeline() -> None:
         conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"},
     )
 
+    lease = lease_task_group(
+        "lease",
+        lease_name="price-events-ingest/{{ params.table_topic }}",
+        holder=HOLDER,
+        ttl=LEASE_TTL,
+        timeout="{{ params.lease_timeout }}",
+        guard=[prices],  # lease.acquire >> prices >> lease.release; create, Spark, apply, commit hold the lease
+    )
+
     @task
     def report(published: dict, result: dict, committed: dict) -> dict:
         """Log what this run consumed and published; the summary is the XCom."""
@@ -138,7 +159,7 @@ def price_events_pipeline() -> None:
         return summary
 
     published = publish_events()
-    published >> wait >> prices
+    published >> wait >> lease.acquire
     report(published, prices.apply.output, prices.commit.output)
 
 

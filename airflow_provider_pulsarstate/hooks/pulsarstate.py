@@ -35,7 +35,7 @@ from airflow_provider_pulsarstate.engine.offsets import (
     open_publisher,
 )
 from airflow_provider_pulsarstate.engine.offsets import create_topic as _create_topic
-from airflow_provider_pulsarstate.engine.recipes.lease import DEFAULT_LEASE_TOPIC, Leases
+from airflow_provider_pulsarstate.engine.recipes.lease import DEFAULT_LEASE_TOPIC, Lease, Leases
 from airflow_provider_pulsarstate.engine.recipes.map import PulsarMap
 from airflow_provider_pulsarstate.engine.recipes.table import StateTable
 
@@ -232,6 +232,16 @@ class PulsarStateHook(BaseHook):
         config, backend = self._open()
         options.setdefault("operation_timeout", config.operation_timeout)
         return self._own(Leases(backend, config.topic_name(topic or DEFAULT_LEASE_TOPIC), **options))
+
+    @staticmethod
+    def lease_from_json(handle: Any) -> Lease:
+        """A :class:`~airflow_provider_pulsarstate.engine.recipes.lease.Lease` from its XCom form
+        (``Lease.to_json()``: a dict or its JSON text), checked field by field (not yet against the
+        lease log: ``get_leases(lease.topic).renew(lease)`` does that).
+
+        :raises ConfigurationError: not a lease handle (names the missing or bad field).
+        """
+        return Lease.from_json(handle)
 
     def get_pull_consumer(self, topic: str, subscription: str | None = None, **options: Any) -> PullConsumer:
         """A :class:`~airflow_provider_pulsarstate.engine.offsets.consumer.PullConsumer` on ``topic``:

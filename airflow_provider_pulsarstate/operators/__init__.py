@@ -1,7 +1,15 @@
-"""Operators for state tables: temp-view switching (create, apply, drop) and its Spark task group."""
+"""Operators for state tables: temp-view switching (create, apply, drop) and its Spark task group; leases across tasks."""
 
 from __future__ import annotations
 
+from airflow_provider_pulsarstate.operators.leases import (
+    AcquireLeaseOperator,
+    LeaseGuardMixin,
+    LeaseTaskGroup,
+    ReleaseLeaseOperator,
+    hold_lease,
+    lease_task_group,
+)
 from airflow_provider_pulsarstate.operators.views import (
     ApplyTempViewOperator,
     CreateTempViewOperator,
@@ -11,6 +19,12 @@ from airflow_provider_pulsarstate.operators.views import (
 )
 
 __all__ = [
+    "AcquireLeaseOperator",
+    "LeaseGuardMixin",
+    "LeaseTaskGroup",
+    "ReleaseLeaseOperator",
+    "hold_lease",
+    "lease_task_group",
     "ApplyTempViewOperator",
     "CreateTempViewOperator",
     "DropTempViewOperator",

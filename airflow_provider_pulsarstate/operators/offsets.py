@@ -17,12 +17,13 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_pulsarstate.engine.errors import OffsetError
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+from airflow_provider_pulsarstate.operators.leases import LeaseGuardMixin
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-class CommitSourceOffsetsOperator(BaseOperator):
+class CommitSourceOffsetsOperator(LeaseGuardMixin, BaseOperator):
     """Commit ``subscription`` on ``source_topic`` to the next offsets ``table_topic`` recorded.
 
     Returns ``{"topic", "subscription", "committed": {partition: offset}, "previous": {...}}``
@@ -57,7 +58,9 @@ class CommitSourceOffsetsOperator(BaseOperator):
         self.pulsarstate_conn_id = pulsarstate_conn_id
 
     def execute(self, context: "Context") -> dict[str, Any]:
-        with PulsarStateHook(self.pulsarstate_conn_id) as hook:
+        # guarded: renewed on start and while it runs; the cursor is no state log (no fencing), and the
+        # commit is idempotent: it moves the cursor to what the table recorded, whoever runs it
+        with self.lease_guard(context), PulsarStateHook(self.pulsarstate_conn_id) as hook:
             source = hook.topic_name(self.source_topic)
             table = hook.get_table(self.table_topic)
             recorded = table.source_offsets(source)

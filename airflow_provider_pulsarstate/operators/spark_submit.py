@@ -1,4 +1,4 @@
-"""``spark-submit`` for jobs that stage rows into a temp view (the Spark provider is required)."""
+"""``spark-submit`` for jobs that stage rows into a temp view, and under a lease (the Spark provider is required)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,25 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundExceptio
 
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+from airflow_provider_pulsarstate.operators.leases import LeaseGuardMixin
 from airflow_provider_pulsarstate.spark.views import AUTH_TOKEN_ENV
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-class ViewSparkSubmitOperator(SparkSubmitOperator):
+class GuardedSparkSubmitOperator(LeaseGuardMixin, SparkSubmitOperator):
+    """A SparkSubmitOperator that runs only while its DAG run holds a lease (see
+    :class:`~airflow_provider_pulsarstate.operators.leases.LeaseGuardMixin`).
+
+    The lease is renewed before ``spark-submit`` starts and every ``ttl / 3`` while it runs; when a
+    renewal finds the lease lost, the job is killed (``on_kill``: the spark-submit process, or
+    the driver on a cluster) and the task fails naming the lease, its token and the new holder.
+    Without ``lease_task_id`` it is a plain SparkSubmitOperator.
+    """
+
+
+class ViewSparkSubmitOperator(LeaseGuardMixin, SparkSubmitOperator):
     """A SparkSubmitOperator that hands the job what it needs to reach the state back end.
 
     At run time, in the worker:
@@ -42,6 +54,9 @@ class ViewSparkSubmitOperator(SparkSubmitOperator):
       a missing Spark connection) fails the task before submitting: the executors could not reach
       the file and would stage into private ones.
 
+    * with ``lease_task_id`` (set by :meth:`~airflow_provider_pulsarstate.operators.leases.LeaseTaskGroup.guard`),
+      the job runs only under the lease, as in :class:`GuardedSparkSubmitOperator`.
+
     Everything else is SparkSubmitOperator's; ``env_vars`` you pass take precedence.
 
     :param pulsarstate_conn_id: the ``pulsarstate`` connection whose token to pass.
@@ -58,6 +73,10 @@ class ViewSparkSubmitOperator(SparkSubmitOperator):
         self.pass_token = pass_token
 
     def execute(self, context: "Context") -> None:
+        with self.lease_guard(context):
+            return self._submit(context)
+
+    def _submit(self, context: "Context") -> None:
         from airflow.sdk.log import mask_secret
 
         env = {str(k): str(v) for k, v in (self.env_vars or {}).items()}

@@ -30,6 +30,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_pulsarstate.engine.config import DEFAULT_MAX_DELETE_FRACTION
 from airflow_provider_pulsarstate.engine.errors import (
+    LeaseFencedError,
     UnknownScopePredicateError,
     ViewClosedError,
     ViewConflictError,
@@ -37,6 +38,7 @@ from airflow_provider_pulsarstate.engine.errors import (
     ViewNotFoundError,
 )
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+from airflow_provider_pulsarstate.operators.leases import LeaseGuardMixin
 from airflow_provider_pulsarstate.spark.views import dump_config
 
 if TYPE_CHECKING:
@@ -64,7 +66,7 @@ def default_view_id(dag_id: str, task_id: str, run_id: str, try_number: int = 1)
 
 
 # ---------------------------------------------------------------------------------- operators
-class CreateTempViewOperator(BaseOperator):
+class CreateTempViewOperator(LeaseGuardMixin, BaseOperator):
     """Open a temp view on a state table; returns ``{"view_id", "baseline", "staging_topic", "table"}``.
 
     The baseline is the table's commit offset when the view opened: apply refuses to overwrite
@@ -111,7 +113,7 @@ class CreateTempViewOperator(BaseOperator):
     def execute(self, context: "Context") -> dict[str, Any]:
         ti = context["ti"]
         view_id = self.view_id or default_view_id(ti.dag_id, ti.task_id, ti.run_id, ti.try_number)
-        with PulsarStateHook(self.pulsarstate_conn_id) as hook:
+        with self.lease_guard(context), PulsarStateHook(self.pulsarstate_conn_id) as hook:
             config = hook.get_config()
             table = hook.get_table(self.table_topic)
             info = table.create_view(
@@ -135,7 +137,7 @@ class CreateTempViewOperator(BaseOperator):
         }
 
 
-class ApplyTempViewOperator(BaseOperator):
+class ApplyTempViewOperator(LeaseGuardMixin, BaseOperator):
     """Publish a view's diff to its table (or, with ``dry_run``, only count it).
 
     Returns the :class:`~airflow_provider_pulsarstate.engine.recipes.table.ViewResult` as a dict
@@ -158,8 +160,13 @@ class ApplyTempViewOperator(BaseOperator):
         no limit.
     :param sample: sample keys to log and return per kind (from the diff apply computes anyway).
     :param pulsarstate_conn_id: the ``pulsarstate`` connection.
+    Guarded by a lease (:meth:`~airflow_provider_pulsarstate.operators.leases.LeaseTaskGroup.guard`),
+    it renews the lease first and publishes under its fencing token (``lease=``): once a newer
+    holder of the lease wrote to the table, the table refuses the apply and nothing is published.
+
     :raises AirflowFailException: a conflict (the keys are logged and in the message), an unknown,
-        dropped or expired view, or a staged key outside the view's scope; retrying cannot help.
+        dropped or expired view, a staged key outside the view's scope, or a lost or fenced lease;
+        retrying cannot help.
     """
 
     template_fields: Sequence[str] = ("table_topic", "view_id")
@@ -193,8 +200,9 @@ class ApplyTempViewOperator(BaseOperator):
     def execute(self, context: "Context") -> dict[str, Any]:
         if not self.view_id:
             raise AirflowFailException("no view id to apply (did the create task push one?)")
-        with PulsarStateHook(self.pulsarstate_conn_id) as hook:
+        with self.lease_guard(context) as lease, PulsarStateHook(self.pulsarstate_conn_id) as hook:
             table = hook.get_table(self.table_topic)
+            fence = {"lease": lease} if lease is not None else {}
             try:
                 if self.dry_run:
                     plan = table.plan(self.view_id, sample=self.sample).as_dict()
@@ -206,8 +214,13 @@ class ApplyTempViewOperator(BaseOperator):
                     return plan
                 result = table.apply(
                     self.view_id, overwrite=self.overwrite, max_deletes=self.max_deletes,
-                    max_delete_fraction=self.max_delete_fraction, sample=self.sample,
+                    max_delete_fraction=self.max_delete_fraction, sample=self.sample, **fence,
                 ).as_dict()
+            except LeaseFencedError as exc:
+                raise AirflowFailException(
+                    f"view {self.view_id} not applied to {table.topic}: {exc}. This run lost lease {exc.lease!r}; "
+                    f"nothing it staged reaches the table"
+                ) from exc
             except ViewConflictError as exc:
                 self.log.error(
                     "%s", format_counts({"conflicts": exc.keys}, title=f"view {self.view_id} conflicts on {table.topic}")
