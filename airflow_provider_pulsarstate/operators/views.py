@@ -72,7 +72,8 @@ class CreateTempViewOperator(LeaseGuardMixin, BaseOperator):
     The baseline is the table's commit offset when the view opened: apply refuses to overwrite
     keys changed after it (see :class:`ApplyTempViewOperator`). Creating an id that is already
     open returns that view (a retried task is safe). The connection config for a Spark job is
-    pushed as JSON under the XCom key :data:`CONFIG_XCOM_KEY`, without the auth token.
+    pushed as JSON under the XCom key :data:`CONFIG_XCOM_KEY`, without the auth token. Guarded
+    by a lease, it opens the view under the lease's fencing token (refused once a newer holder wrote).
 
     :param table_topic: the table (short name or full ``persistent://...``). Templated.
     :param scope_prefix: the view owns only keys with this prefix (others are never deleted,
@@ -113,12 +114,13 @@ class CreateTempViewOperator(LeaseGuardMixin, BaseOperator):
     def execute(self, context: "Context") -> dict[str, Any]:
         ti = context["ti"]
         view_id = self.view_id or default_view_id(ti.dag_id, ti.task_id, ti.run_id, ti.try_number)
-        with self.lease_guard(context), PulsarStateHook(self.pulsarstate_conn_id) as hook:
+        with self.lease_guard(context) as lease, PulsarStateHook(self.pulsarstate_conn_id) as hook:
             config = hook.get_config()
             table = hook.get_table(self.table_topic)
             info = table.create_view(
                 view_id=view_id, scope_prefix=self.scope_prefix or None,
                 scope_predicate=self.scope_predicate or None, ttl=self.ttl,
+                **({"lease": lease} if lease is not None else {}),
             )
         if info.status != "open":
             raise AirflowFailException(

@@ -197,6 +197,30 @@ def test_an_apply_after_a_takeover_is_fenced_and_nothing_reaches_the_table(
         assert _table(hook, topic).to_dict(latest=True) == {"sku-1": {"stock": 1}, "other-9": {"stock": 9}}
 
 
+def test_a_view_opened_after_a_takeover_is_fenced(dag_bundles: None, state_backend: str) -> None:
+    """create_view runs under the lease too: once a newer holder wrote, the old run opens no view."""
+    from airflow_provider_pulsarstate.engine.recipes.table import StateTable
+
+    dag = load_dag(TEST_DAGS, "leases_guarded_create_view")
+    lease, topic = _name("lease"), _name("fenced-view")
+    with PulsarStateHook() as hook:
+        _seed(hook, topic, {"sku-1": {"stock": 1}})
+        before = [v.view_id for v in _table(hook, topic).views(latest=True)]
+    real_create = StateTable.create_view
+
+    def takeover_then_create(self: StateTable, **kwargs: Any) -> Any:
+        with PulsarStateHook() as hook:
+            new = hook.get_leases().acquire(lease, "deployment-b/thief", ttl=30.0, timeout=0, steal=True)
+            _table(hook, topic).put("other-9", {"stock": 9}, lease=new)
+        return real_create(self, **kwargs)
+
+    with mock.patch.object(StateTable, "create_view", takeover_then_create):
+        run = run_dag(dag, {"lease_name": lease, "table_topic": topic})
+    assert run.state == "failed" and run.states["create_view"] == "failed", run.states
+    with PulsarStateHook() as hook:
+        assert [v.view_id for v in _table(hook, topic).views(latest=True)] == before  # no view opened
+
+
 def test_a_spark_job_is_killed_when_its_lease_is_taken_over(dag_bundles: None, tmp_path: Path) -> None:
     # one back end is enough: the kill is the Airflow layer's (the renewal thread calls on_kill)
     dag = load_dag(TEST_DAGS, "leases_guarded_spark")

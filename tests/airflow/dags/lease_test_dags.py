@@ -14,7 +14,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_pulsarstate.operators.leases import LeaseGuardMixin, lease_task_group
 from airflow_provider_pulsarstate.operators.spark_submit import GuardedSparkSubmitOperator
-from airflow_provider_pulsarstate.operators.views import ApplyTempViewOperator
+from airflow_provider_pulsarstate.operators.views import ApplyTempViewOperator, CreateTempViewOperator
 
 HERE = Path(__file__).resolve().parent
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
@@ -74,6 +74,17 @@ with DAG(
     apply = ApplyTempViewOperator(task_id="apply_view", table_topic="{{ params.table_topic }}", view_id="{{ params.view_id }}")
     lease_task_group(
         "lease", lease_name="{{ params.lease_name }}", ttl=TTL, timeout="{{ params.timeout }}", holder=HOLDER, guard=[apply]
+    )
+
+with DAG(
+    "leases_guarded_create_view",
+    schedule=None,
+    start_date=START,
+    params={**COMMON, "table_topic": Param("t", type="string")},
+) as guarded_create_view:
+    create = CreateTempViewOperator(task_id="create_view", table_topic="{{ params.table_topic }}", scope_prefix="sku-")
+    lease_task_group(
+        "lease", lease_name="{{ params.lease_name }}", ttl=TTL, timeout="{{ params.timeout }}", holder=HOLDER, guard=[create]
     )
 
 with DAG(
