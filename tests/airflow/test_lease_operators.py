@@ -308,11 +308,12 @@ def test_two_deployments_never_run_the_example_spark_job_at_once(
     results = {}
     for deployment, proc in procs.items():
         out, err = proc.communicate(timeout=800)
+        (tmp_path / f"{deployment}.log").write_text(out + "\n--- stderr ---\n" + err)  # kept for diagnosis
         assert proc.returncode == 0, f"{deployment}: rc={proc.returncode}\n{out[-3000:]}\n{err[-5000:]}"
         line = next(line for line in out.splitlines() if line.startswith("RESULT "))
         results[deployment] = json.loads(line[len("RESULT "):])
         failure = out[out.find("Task failed with exception"):][:3000]
-        assert results[deployment]["state"] == "success", (results[deployment]["states"], failure)
+        assert results[deployment]["state"] == "success", (results[deployment]["states"], failure, str(tmp_path))
         assert results[deployment]["lease"]["holder"].startswith(f"{deployment}/price_events_pipeline/")
 
     first, second = sorted(results.values(), key=lambda r: r["lease"]["token"])
