@@ -33,7 +33,7 @@ import re
 import time
 import uuid
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_pulsarstate.engine.backends.base import Backend
@@ -72,6 +72,8 @@ class CheckpointInfo:
     """The predecessor's image topic (deleted when the next checkpoint is written)."""
     log_id: str | None = None
     """The log's GENESIS id (None: a log written before GENESIS records existed)."""
+    fences: dict[str, int] = field(default_factory=dict)
+    """The highest fencing token per lease name applied up to ``offset`` (part of the state)."""
 
 
 class CheckpointStore:
@@ -147,6 +149,11 @@ class CheckpointStore:
             log_id = m.get("log_id")
             if log_id is not None and not (isinstance(log_id, str) and _HEX32.fullmatch(log_id)):
                 raise ValueError(f"log_id {log_id!r} is not 32 hex digits")
+            fences = m.get("fences", {})
+            if not isinstance(fences, dict) or not all(
+                isinstance(k, str) and k and type(v) is int and v > 0 for k, v in fences.items()
+            ):
+                raise ValueError("fences is not an object of lease name -> positive integer token")
             try:
                 position = self.backend.decode_position(base64.b64decode(_field(m, "position", str), validate=True))
             except Exception as exc:  # noqa: BLE001 - whatever the back end's decoder raises on foreign bytes
@@ -155,7 +162,7 @@ class CheckpointStore:
                 topic=self.topic, offset=offset, epoch=epoch, position=position, data_topic=data_topic,
                 checkpoint_id=ckpt_id, size=_field(m, "size", int, minimum=0),
                 crc32=_field(m, "crc32", int, minimum=0), created=float(_field(m, "created", (int, float))),
-                previous=previous, log_id=log_id,
+                previous=previous, log_id=log_id, fences=fences,
             )
         except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise self._error(f"the last manifest in {self.index_topic} does not decode: {exc}") from exc
@@ -213,13 +220,17 @@ class CheckpointStore:
         return record.body
 
     # ------------------------------------------------------------------ writing
-    def save(self, *, offset: int, epoch: int, position: Any, data: bytes, log_id: str | None = None) -> CheckpointInfo:
+    def save(
+        self, *, offset: int, epoch: int, position: Any, data: bytes, log_id: str | None = None,
+        fences: dict[str, int] | None = None,
+    ) -> CheckpointInfo:
         """Store ``data`` as the image at ``offset``, then publish its manifest.
 
         Not atomic across the two steps, and need not be: until the manifest is appended the
         image is invisible, so a writer dying half-way leaves only an unreferenced image topic.
 
         :param log_id: the log's GENESIS id, recorded in the manifest.
+        :param fences: the highest fencing token per lease name, recorded in the manifest.
         :raises CheckpointError: the image or its manifest could not be stored.
         """
         started = time.monotonic()
@@ -238,12 +249,13 @@ class CheckpointStore:
             topic=self.topic, offset=offset, epoch=epoch, position=position, data_topic=data_topic,
             checkpoint_id=ckpt_id.hex(), size=len(data), crc32=zlib.crc32(data), created=time.time(),
             previous=previous.data_topic if previous is not None else None, log_id=log_id,
+            fences=dict(fences or {}),
         )
         manifest = json.dumps({
             "format": FORMAT, "topic": self.topic, "offset": offset, "epoch": epoch,
             "position": base64.b64encode(self.backend.encode_position(position)).decode(),
             "data_topic": data_topic, "id": info.checkpoint_id, "size": info.size, "crc32": info.crc32,
-            "created": info.created, "previous": info.previous, "log_id": log_id,
+            "created": info.created, "previous": info.previous, "log_id": log_id, "fences": info.fences,
         }).encode()
         try:
             # Kept like the log: the manifests witness that the table existed (a deleted log is then

@@ -11,7 +11,8 @@ Header layout (big-endian, 44 bytes)::
     | part index u32 | part count u32
 
 The body of a DATA record is a sequence of writes, each ``seq u64 | op count u32`` followed by
-``len u32 | op bytes`` per op (see :func:`encode_writes`).
+``len u32 | op bytes`` per op (see :func:`encode_writes`). A write made under a lease has the top
+bit of its op count set and ``name length u16 | lease name (UTF-8) | token u64`` after its head.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ VERSION = 1
 HEADER = struct.Struct(">2sBBqq16sII")
 _WRITE_HEAD = struct.Struct(">QI")
 _OP_LEN = struct.Struct(">I")
+_FENCE_NAME_LEN = struct.Struct(">H")
+_FENCE_TOKEN = struct.Struct(">Q")
+_FENCED = 0x8000_0000
 NO_OFFSET = -1
 
 
@@ -96,26 +100,51 @@ def decode_frame(payload: bytes) -> Frame:
     return Frame(record_kind, epoch, offset, writer_id, index, count, payload[HEADER.size :])
 
 
-def encode_writes(writes: Iterable[tuple[int, Sequence[bytes]]]) -> bytes:
-    """Encode ``[(seq, [op bytes, ...]), ...]`` as a DATA record body."""
+def encode_writes(writes: Iterable[tuple[int, Sequence[bytes]] | tuple[int, Sequence[bytes], tuple[str, int] | None]]) -> bytes:
+    """Encode ``[(seq, [op bytes, ...]), ...]`` as a DATA record body; a third item
+    ``(lease name, token)`` marks a write made under a lease."""
     out = bytearray()
-    for seq, ops in writes:
-        out += _WRITE_HEAD.pack(seq, len(ops))
+    for seq, ops, *rest in writes:
+        fence = rest[0] if rest else None
+        if fence is None:
+            out += _WRITE_HEAD.pack(seq, len(ops))
+        else:
+            name = fence[0].encode()
+            out += _WRITE_HEAD.pack(seq, len(ops) | _FENCED)
+            out += _FENCE_NAME_LEN.pack(len(name)) + name + _FENCE_TOKEN.pack(fence[1])
         for op in ops:
             out += _OP_LEN.pack(len(op))
             out += op
     return bytes(out)
 
 
-def decode_writes(body: bytes) -> list[tuple[int, list[bytes]]]:
-    """Inverse of :func:`encode_writes`; raises :class:`FrameError` on a truncated body."""
-    writes: list[tuple[int, list[bytes]]] = []
+def decode_fenced_writes(body: bytes) -> list[tuple[int, list[bytes], tuple[str, int] | None]]:
+    """Inverse of :func:`encode_writes`: ``(seq, ops, (lease name, token) or None)`` per write.
+
+    :raises FrameError: a truncated body, or a lease name that is not UTF-8.
+    """
+    writes: list[tuple[int, list[bytes], tuple[str, int] | None]] = []
     pos, end = 0, len(body)
     view = memoryview(body)
     try:
         while pos < end:
             seq, n = _WRITE_HEAD.unpack_from(body, pos)
             pos += _WRITE_HEAD.size
+            fence = None
+            if n & _FENCED:
+                n &= ~_FENCED
+                (length,) = _FENCE_NAME_LEN.unpack_from(body, pos)
+                pos += _FENCE_NAME_LEN.size
+                if pos + length > end:
+                    raise FrameError(f"lease name of {length} bytes runs past the end of the record body")
+                try:
+                    name = bytes(view[pos : pos + length]).decode()
+                except UnicodeDecodeError:
+                    raise FrameError(f"lease name at byte {pos} is not UTF-8") from None
+                pos += length
+                (token,) = _FENCE_TOKEN.unpack_from(body, pos)
+                pos += _FENCE_TOKEN.size
+                fence = (name, token)
             ops = []
             for _ in range(n):
                 (length,) = _OP_LEN.unpack_from(body, pos)
@@ -124,9 +153,22 @@ def decode_writes(body: bytes) -> list[tuple[int, list[bytes]]]:
                     raise FrameError(f"op of {length} bytes runs past the end of the record body")
                 ops.append(bytes(view[pos : pos + length]))
                 pos += length
-            writes.append((seq, ops))
+            writes.append((seq, ops, fence))
     except struct.error as exc:
         raise FrameError(f"truncated record body at byte {pos}: {exc}") from None
+    return writes
+
+
+def decode_writes(body: bytes) -> list[tuple[int, list[bytes]]]:
+    """``[(seq, ops), ...]`` of a body without lease writes (staged view rows).
+
+    :raises FrameError: a truncated body, or a write made under a lease (not expected here).
+    """
+    writes = []
+    for seq, ops, fence in decode_fenced_writes(body):
+        if fence is not None:
+            raise FrameError(f"write {seq} carries lease {fence[0]!r}, not expected here")
+        writes.append((seq, ops))
     return writes
 
 

@@ -26,6 +26,12 @@ Guarantees:
   and stays pending; later catch-ups settle it, and :meth:`outcome` says what became of it.
 * **Fencing.** A fenced writer never appends again. The write is retried on a new epoch with ops
   regenerated from the new state, or fails with WriterFencedError when ``retry=False``.
+* **Fencing tokens.** A write may carry a lease (:mod:`~airflow_provider_pulsarstate.engine.fencing`).
+  The log keeps the highest token it has applied per lease name (in checkpoints too); a write
+  whose token is lower fails with LeaseFencedError before anything is appended, and a record
+  holding one anyway (forged, or written by a broken client) is skipped by every replica on
+  replay. A write under a token the log has not seen is appended even with no ops, so the new
+  token fences older holders from then on.
 * **Reads.** ``read(latest=False)`` answers from local state and never waits for the writer to be
   taken (the writer is acquired without the state lock); ``latest=True`` first reads up to the
   tail as of the call; ``linearizable=True`` goes through the writer and appends a BARRIER record
@@ -79,13 +85,14 @@ from typing import Any, Callable, Generic, Iterable, Iterator, TypeVar
 
 from airflow_provider_pulsarstate.engine.backends.base import EARLIEST, AcquireMode, Backend
 from airflow_provider_pulsarstate.engine.checkpoint import CheckpointInfo, CheckpointStore
-from airflow_provider_pulsarstate.engine.envelope import FrameError, RecordKind, decode_writes, encode_writes
+from airflow_provider_pulsarstate.engine.envelope import RecordKind, decode_fenced_writes, encode_writes
 from airflow_provider_pulsarstate.engine.errors import (
     BackendUnavailableError,
     CheckpointError,
     ClosedError,
     ConfigurationError,
     CorruptEntryError,
+    LeaseFencedError,
     LogLostError,
     OperationTimeoutError,
     PulsarStateError,
@@ -94,6 +101,7 @@ from airflow_provider_pulsarstate.engine.errors import (
     WriteId,
     WriterFencedError,
 )
+from airflow_provider_pulsarstate.engine.fencing import Fence, check_fence
 from airflow_provider_pulsarstate.engine.genesis import new_genesis_body, parse_genesis, read_beginning
 from airflow_provider_pulsarstate.engine.log import DEFAULT_MAX_FRAME_BYTES, CorruptPolicy, LogReader, LogRecord, LogWriter, open_writer
 from airflow_provider_pulsarstate.engine.progress import Progress
@@ -234,6 +242,7 @@ class SharedStateManager(Generic[S, O]):
 
         self._lock = threading.RLock()  # state, reader, writer, offsets
         self._state: Any = None
+        self._fences: dict[str, int] = {}  # lease name -> highest token applied (part of the state)
         self._reader: LogReader | None = None
         self._writer: LogWriter | None = None
         self._applied_offset = -1
@@ -270,7 +279,7 @@ class SharedStateManager(Generic[S, O]):
         self.stats = {
             "records_appended": 0, "writes_committed": 0, "acquisitions": 0, "rebuilds": 0, "retries": 0,
             "records_replayed": 0, "checkpoints_written": 0, "checkpoint_loaded_offset": -1,
-            "corrupt_skipped": 0, "unknown_outcomes": 0, "listener_errors": 0, "follower_errors": 0,
+            "corrupt_skipped": 0, "fenced_skipped": 0, "unknown_outcomes": 0, "listener_errors": 0, "follower_errors": 0,
             "committer_errors": 0,
         }
 
@@ -418,6 +427,7 @@ class SharedStateManager(Generic[S, O]):
         *,
         retry: bool = True,
         timeout: float | None = None,
+        lease: Fence | None = None,
     ) -> R | None:
         """Generate ops from the latest state, append them atomically, apply them; return ``reader(state)``.
 
@@ -428,6 +438,9 @@ class SharedStateManager(Generic[S, O]):
         :param retry: retry on a new epoch after fencing (default); False raises WriterFencedError.
         :param timeout: seconds to wait for the result (None: until the write completes; each
             step is bounded by ``acquire_timeout`` / ``operation_timeout``).
+        :param lease: the lease (any :class:`~airflow_provider_pulsarstate.engine.fencing.Fence`)
+            the write is made under: refused if the log has seen a newer token of that lease.
+        :raises LeaseFencedError: the log has seen a higher token of ``lease``; nothing was appended.
         :raises WriterFencedError: fenced and ``retry=False`` (or retries exhausted).
         :raises WriterBusyError: FAIL_FAST mode and another instance holds the writer.
         :raises OperationTimeoutError: the writer did not come free within ``acquire_timeout``, or
@@ -436,16 +449,38 @@ class SharedStateManager(Generic[S, O]):
             not be settled (``err.write_id``): call :meth:`outcome` before sending it again.
         :raises SerializationError: an op could not be serialized; nothing was appended.
         """
-        return self._await(self._enqueue(ops_generator, reader, retry=retry), timeout)
+        return self._await(self._enqueue(ops_generator, reader, retry=retry, lease=lease), timeout)
 
     def write_async(
-        self, ops_generator: Callable[[S], Iterable[O]], reader: Callable[[S], R] | None = None, *, retry: bool = True
+        self,
+        ops_generator: Callable[[S], Iterable[O]],
+        reader: Callable[[S], R] | None = None,
+        *,
+        retry: bool = True,
+        lease: Fence | None = None,
     ) -> Future:
         """:meth:`write` without waiting: returns a Future (its ``write_id`` attribute names the write).
 
         Writes queued together share one record.
         """
-        return self._enqueue(ops_generator, reader, retry=retry).future
+        return self._enqueue(ops_generator, reader, retry=retry, lease=lease).future
+
+    @property
+    def fences(self) -> dict[str, int]:
+        """The highest fencing token applied per lease name, as of the local state (a copy)."""
+        with self._lock:
+            return dict(self._fences)
+
+    def _fence_check(self, w: PendingWrite) -> bool | None:
+        """None: not under a lease; True: a token the log has not seen (append it); False: the
+        current token. Raises LeaseFencedError for an older token. Call with the state lock held."""
+        if w.fence is None:
+            return None
+        name, token = w.fence
+        seen = self._fences.get(name, 0)
+        if token < seen:
+            raise LeaseFencedError(topic=self.topic, lease=name, token=token, newer_token=seen)
+        return token > seen
 
     def outcome(self, write_id: WriteId | tuple[bytes, int], *, timeout: float | None = None) -> WriteOutcome:
         """What became of a write whose caller got UnknownOutcomeError (``err.write_id``).
@@ -477,8 +512,12 @@ class SharedStateManager(Generic[S, O]):
             log.info("%s: write %d not settled yet: %s", self.topic, seq, exc)
         return self._outcomes.known(seq)
 
-    def _enqueue(self, generator: Any, reader: Any, *, retry: bool, barrier: bool = False, probe: bool = False) -> PendingWrite:
-        w = PendingWrite(next(self._seq), generator, reader, retry, barrier, probe)
+    def _enqueue(
+        self, generator: Any, reader: Any, *, retry: bool, barrier: bool = False, probe: bool = False,
+        lease: Fence | None = None,
+    ) -> PendingWrite:
+        fence = check_fence(lease) if lease is not None else None
+        w = PendingWrite(next(self._seq), generator, reader, retry, barrier, probe, fence=fence)
         w.future.write_id = WriteId(self.writer_id, w.seq)  # type: ignore[attr-defined]
         with self._cv:
             if self._closed:
@@ -693,11 +732,12 @@ class SharedStateManager(Generic[S, O]):
             if w.needs_writer:
                 return batch[i:]
             try:
+                new_token = self._fence_check(w)
                 ops, payloads = self._generate(w)
-            except Exception as exc:  # the caller's generator or serializer: fail this write only
+            except Exception as exc:  # a stale lease, or the caller's generator or serializer: fail this write only
                 w.fail(exc)
                 continue
-            if ops:
+            if ops or new_token:
                 w.prepared = (self._applied_offset, ops, payloads)
                 return batch[i:]
             try:
@@ -710,7 +750,7 @@ class SharedStateManager(Generic[S, O]):
 
     def _stage_and_append(self, batch: list[PendingWrite]) -> None:
         """Generate, serialize and apply each write's ops, then append them as one record."""
-        staged: list[tuple[PendingWrite, list[O], list[bytes]]] = []
+        staged: list[tuple[PendingWrite, list[O], list[bytes], bool]] = []  # (write, ops, payloads, sent)
         writer = self._writer
         assert writer is not None
         dirty = False  # ops of this record were applied: prepared ops of later writes are stale
@@ -727,17 +767,20 @@ class SharedStateManager(Generic[S, O]):
                 continue  # cancelled by its caller's timeout, or done
             prepared, w.prepared = w.prepared, None
             try:
+                new_token = self._fence_check(w)
                 if prepared is not None and not dirty and prepared[0] == self._applied_offset:
                     ops, payloads = prepared[1], prepared[2]  # the state did not move since they were made
                 else:
                     ops, payloads = self._generate(w)
-            except Exception as exc:  # the caller's generator or serializer: fail this write only
+            except Exception as exc:  # a stale lease, or the caller's generator or serializer: fail this write only
                 w.fail(exc)
                 continue
-            if ops:
+            if ops or new_token:
                 dirty = True
                 self._broken = True  # until the append is acknowledged
                 self._applying_offset = self._applied_offset + 1
+                if w.fence is not None:
+                    self._fences[w.fence[0]] = w.fence[1]
                 try:
                     for op in ops:
                         self._apply_op(op)
@@ -751,14 +794,14 @@ class SharedStateManager(Generic[S, O]):
                 except Exception as exc:
                     w.fail(exc)
                     continue
-            staged.append((w, ops, payloads))
+            staged.append((w, ops, payloads, bool(ops or new_token)))
         if not staged:
             return
-        data = [(w.seq, payloads) for w, ops, payloads in staged if payloads]
+        data = [(w.seq, payloads, w.fence) for w, _, payloads, sent in staged if sent]
         if data:
             offset = self._applied_offset + 1
-            for w, _, payloads in staged:
-                if payloads:
+            for w, _, _, sent in staged:
+                if sent:
                     self._inflight[w.seq] = w
             body = encode_writes(data)
             try:
@@ -766,8 +809,8 @@ class SharedStateManager(Generic[S, O]):
             except (WriterFencedError, BackendUnavailableError):
                 raise  # the back end says none of it can land
             except BaseException as exc:
-                for w, _, payloads in staged:
-                    if payloads:
+                for w, _, _, sent in staged:
+                    if sent:
                         w.unknown, w.epoch = True, writer.epoch
                 if isinstance(exc, UnknownOutcomeError) or not isinstance(exc, Exception):
                     raise
@@ -776,10 +819,10 @@ class SharedStateManager(Generic[S, O]):
             self._broken = False
             self.stats["records_appended"] += 1
             now = time.time()
-            self._notify(offset, [op for _, ops, _ in staged for op in ops], now)
-        elif any(w.barrier for w, _, _ in staged):
+            self._notify(offset, [op for _, ops, _, _ in staged for op in ops], now)
+        elif any(w.barrier for w, _, _, _ in staged):
             writer.append(RecordKind.BARRIER, timeout=self.operation_timeout)
-        for w, _, _ in staged:
+        for w, _, _, _ in staged:
             self._inflight.pop(w.seq, None)
             w.succeed()
         self.stats["writes_committed"] += len(staged)
@@ -836,7 +879,7 @@ class SharedStateManager(Generic[S, O]):
                 self._check_not_recreated()
             if not self._load_checkpoint(limit):
                 self._reader = self._open_reader()
-                self._state = self._initializer()
+                self._state, self._fences = self._initializer(), {}
                 self._applied_offset = -1
                 self._applied_position, self._applied_epoch = EARLIEST, -1
             self._catch_up(bootstrap=True, deadline=deadline)
@@ -936,7 +979,7 @@ class SharedStateManager(Generic[S, O]):
             reader = self._open_reader(start=info.position, next_offset=info.offset + 1, max_epoch=info.epoch)
         except Exception as exc:  # noqa: BLE001 - a checkpoint never stops a bootstrap
             return self._replay_instead(exc)
-        self._reader, self._state = reader, state
+        self._reader, self._state, self._fences = reader, state, dict(info.fences)
         self._applied_offset, self._applied_position, self._applied_epoch = info.offset, info.position, info.epoch
         self._notified_offset = max(self._notified_offset, info.offset)
         self._last_checkpoint_size = info.size
@@ -971,8 +1014,8 @@ class SharedStateManager(Generic[S, O]):
             image = self._take_image()
         return None if image is None else self._store_image(image)
 
-    def _take_image(self) -> tuple[int, int, Any, bytes] | None:
-        """(offset, epoch, position, serialized state); call with the state lock held."""
+    def _take_image(self) -> tuple[int, int, Any, bytes, dict[str, int]] | None:
+        """(offset, epoch, position, serialized state, fences); call with the state lock held."""
         if self._applied_offset < 0:
             return None
         assert self._serialize_state is not None  # checked by checkpoint() and __init__
@@ -983,11 +1026,13 @@ class SharedStateManager(Generic[S, O]):
         if not isinstance(data, (bytes, bytearray)):
             raise CheckpointError(topic=self.topic, cause=f"state_serializer returned {type(data).__name__}, not bytes")
         self._bytes_since_checkpoint = 0
-        return self._applied_offset, self._applied_epoch, self._applied_position, bytes(data)
+        return self._applied_offset, self._applied_epoch, self._applied_position, bytes(data), dict(self._fences)
 
-    def _store_image(self, image: tuple[int, int, Any, bytes]) -> CheckpointInfo:
-        offset, epoch, position, data = image
-        info = self.checkpoints.save(offset=offset, epoch=epoch, position=position, data=data, log_id=self._log_id)
+    def _store_image(self, image: tuple[int, int, Any, bytes, dict[str, int]]) -> CheckpointInfo:
+        offset, epoch, position, data, fences = image
+        info = self.checkpoints.save(
+            offset=offset, epoch=epoch, position=position, data=data, log_id=self._log_id, fences=fences
+        )
         self._last_checkpoint_size = info.size
         self.stats["checkpoints_written"] += 1
         return info
@@ -1076,6 +1121,12 @@ class SharedStateManager(Generic[S, O]):
                     )
             record = reader.read_next(timeout=wait_s, drain=True)
             if record is None:
+                if deadline is not None and time.monotonic() >= deadline and reader.has_next():
+                    # the deadline cut the wait short, the tail was not reached: never serve the
+                    # prefix read so far as the whole log
+                    raise _ReplayPaused(
+                        f"{self.topic}: read up to offset {self._applied_offset}, not yet to the tail, within the timeout"
+                    )
                 break
             self._take_record(record)
             progress.tick(offset=self._applied_offset)
@@ -1103,7 +1154,9 @@ class SharedStateManager(Generic[S, O]):
         if record.kind is not RecordKind.DATA or record.offset <= self._applied_offset:
             return
         try:
-            writes = [(seq, [self._deserialize_op(p) for p in ops]) for seq, ops in decode_writes(record.body)]
+            writes = [
+                (seq, [self._deserialize_op(p) for p in ops], fence) for seq, ops, fence in decode_fenced_writes(record.body)
+            ]
         except Exception as exc:  # FrameError or the op deserializer rejecting the entry
             err = CorruptEntryError(topic=self.topic, position=f"offset {record.offset}", cause=_describe(exc))
             if self.on_corrupt == "raise":
@@ -1115,20 +1168,35 @@ class SharedStateManager(Generic[S, O]):
             return
         mine = record.writer_id == self.writer_id
         self._applying_offset = record.offset
-        for seq, ops in writes:
-            try:
-                for op in ops:
-                    self._apply_op(op)
-            except Exception as exc:
-                self._broken = True
-                raise CorruptEntryError(
-                    topic=self.topic, position=f"offset {record.offset}", cause=f"applier failed: {_describe(exc)}"
-                ) from exc
+        applied_ops: list[O] = []
+        for seq, ops, fence in writes:
+            refused: LeaseFencedError | None = None
+            if fence is not None:
+                seen = self._fences.get(fence[0], 0)
+                if fence[1] < seen:
+                    refused = LeaseFencedError(topic=self.topic, lease=fence[0], token=fence[1], newer_token=seen)
+                    self.stats["fenced_skipped"] += 1
+                    log.warning("%s: skipping write %d at offset %d: %s", self.topic, seq, record.offset, refused)
+                else:
+                    self._fences[fence[0]] = fence[1]
+            if refused is None:
+                try:
+                    for op in ops:
+                        self._apply_op(op)
+                except Exception as exc:
+                    self._broken = True
+                    raise CorruptEntryError(
+                        topic=self.topic, position=f"offset {record.offset}", cause=f"applier failed: {_describe(exc)}"
+                    ) from exc
+                applied_ops.extend(ops)
             if not mine:
                 continue
             w = self._inflight.pop(seq, None)
             if w is not None:  # our own write whose acknowledgement was lost: it did land
                 log.info("%s: write %d found in the log at offset %d; not sending it again", self.topic, seq, record.offset)
+                if refused is not None:
+                    w.fail(refused)
+                    continue
                 try:
                     w.result = w.reader(self._state) if w.reader is not None else None
                     w.succeed()
@@ -1138,7 +1206,7 @@ class SharedStateManager(Generic[S, O]):
                 log.info("%s: write %d, reported unknown, landed at offset %d", self.topic, seq, record.offset)
         self._record_applied(record)
         if self._listeners:
-            self._notify(record.offset, [op for _, ops in writes for op in ops], record.publish_time)
+            self._notify(record.offset, applied_ops, record.publish_time)
         else:
             self._notified_offset = max(self._notified_offset, record.offset)
 

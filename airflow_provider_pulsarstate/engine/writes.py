@@ -58,6 +58,8 @@ class PendingWrite:
     """That send's outcome is not known: it may land until a newer epoch begins without it."""
     abandoned: bool = False
     """Its caller's timeout ran out while it was being sent; its outcome goes to the book."""
+    fence: tuple[str, int] | None = None
+    """(lease name, fencing token) it was made under, checked against the log's fences."""
 
     @property
     def needs_writer(self) -> bool:

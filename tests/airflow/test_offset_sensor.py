@@ -348,7 +348,8 @@ def test_trigger_fires_when_a_publisher_reaches_the_target_without_blocking_the_
     progress = event.payload["progress"]
     assert progress["met"] and progress["value"] == 10 and set(progress["end_offsets"]) == {"0", "1"}
     # the loop kept ticking every 10 ms through ~20 polls: no poll blocked it
-    assert ticks >= 50 and worst < 0.25, (ticks, worst)
+    # (0.6 s: above what a loaded 2-vCPU CI machine adds; the control below blocks for 1 s)
+    assert ticks >= 50 and worst < 0.6, (ticks, worst)
 
 
 def test_the_ticker_detects_a_blocking_probe(airflow_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -362,7 +363,7 @@ def test_the_ticker_detects_a_blocking_probe(airflow_home: Path, monkeypatch: py
             self.inner = inner
 
         async def end_offsets(self, topic: str) -> dict[int, int]:
-            time.sleep(0.4)  # what a sync client call on the loop does
+            time.sleep(1.0)  # what a slow sync client call on the loop does
             return await self.inner.end_offsets(topic)
 
         async def aclose(self) -> None:
@@ -373,7 +374,7 @@ def test_the_ticker_detects_a_blocking_probe(airflow_home: Path, monkeypatch: py
     trigger = OffsetProgressTrigger(topic=topic, condition="end_offset", target=1, poll_interval=0.05)
     event, worst, _ = asyncio.run(_drive(trigger))
     assert event.payload["status"] == "success"
-    assert worst >= 0.3
+    assert worst >= 0.9
 
 
 def test_trigger_committed_and_lag_conditions(airflow_home: Path, state_backend: str) -> None:

@@ -188,3 +188,47 @@ def test_a_first_replay_cut_short_by_a_timeout_is_resumed_not_restarted(maps: An
     stats = fresh.manager.stats
     assert stats["records_replayed"] == len(records(backend, topic)) == 400  # each replayed once
     assert stats["rebuilds"] == 0
+
+
+def test_a_read_that_times_out_with_entries_waiting_is_not_taken_for_the_tail(maps: Any, backend: Backend) -> None:
+    """Deterministic form of the test above: the back end has entries (has_next) but delivers none
+    before the caller's deadline. The replay must pause (OperationTimeoutError), never serve the
+    prefix read so far as the whole log (a fresh replica once answered size() == 0 of 400)."""
+    from airflow_provider_pulsarstate.engine.backends.base import RawReader
+    from airflow_provider_pulsarstate.testing.harness import ForwardingBackend
+
+    w = maps(checkpoint_after_bytes=None)
+    for i in range(5):
+        w.put(f"k{i}", i)
+    stalls = [3]
+
+    class Slow(RawReader):
+        def __init__(self, inner: RawReader) -> None:
+            self.inner = inner
+
+        def read_next(self, *, timeout: float) -> Any:
+            if stalls[0] > 0:  # a broker that is slow to deliver what it has
+                stalls[0] -= 1
+                time.sleep(timeout)
+                return None
+            return self.inner.read_next(timeout=timeout)
+
+        def has_next(self) -> bool:
+            return self.inner.has_next()
+
+        def close(self) -> None:
+            self.inner.close()
+
+    class SlowBackend(ForwardingBackend):
+        def create_reader(self, topic: str, *, start: Any = None) -> RawReader:
+            return Slow(self.inner.create_reader(topic, **({} if start is None else {"start": start})))
+
+    fresh = maps(on=SlowBackend(backend), checkpoint_after_bytes=None)
+    answers = []
+    while True:
+        try:
+            answers.append(fresh.size(timeout=0.05))
+            break
+        except OperationTimeoutError:
+            answers.append("timeout")
+    assert answers[-1] == 5 and answers[:-1] == ["timeout"] * (len(answers) - 1) and len(answers) > 1

@@ -1,4 +1,4 @@
-"""The Pulsar admin REST API awaited on an event loop (triggers): one shared httpx client per loop and endpoint.
+"""The Pulsar admin REST API awaited on an event loop (triggers): httpx clients shared per loop and endpoint.
 
 The same auth token, CA bundle, per-request time-out and error messages as
 :class:`~airflow_provider_pulsarstate.engine.backends.admin.PulsarAdmin`, never blocking the loop.
@@ -31,43 +31,47 @@ def _ssl_context(cafile: str | None) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=cafile) if cafile else ssl.create_default_context()
 
 
+PROBES_PER_CLIENT = 8
+"""Probes on one loop share HTTP clients, up to this many each. One client per probe made 100
+triggers starting together stall the loop ~0.5 s; one client for all made every poll cost ~40% more
+CPU (a connection pool's bookkeeping grows with its connections and waiting requests)."""
+
 _ClientKey = tuple[str, "str | None", "str | None", float]
-# event loop -> admin endpoint and credentials -> [client, probes using it]
-_CLIENTS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[_ClientKey, list[Any]]]" = weakref.WeakKeyDictionary()
+# event loop -> admin endpoint and credentials -> [[client, probes using it], ...]
+_CLIENTS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[_ClientKey, list[list[Any]]]]" = (
+    weakref.WeakKeyDictionary()
+)
 
 
-def _acquire_client(config: ConnectionConfig) -> tuple[dict[_ClientKey, list[Any]], _ClientKey, httpx.AsyncClient]:
-    """The running loop's HTTP client for ``config``'s admin endpoint, shared by every probe on it.
-
-    A triggerer runs hundreds of probes on one loop: one client each cost a connection pool, an
-    environment scan and a keep-alive connection per trigger, and starting them together stalled
-    the loop. Synchronous, so two probes starting at once cannot both create one.
-    """
+def _acquire_client(config: ConnectionConfig) -> tuple[list[list[Any]], httpx.AsyncClient]:
+    """An HTTP client of the running loop for ``config``'s admin endpoint, shared with at most
+    :data:`PROBES_PER_CLIENT` - 1 other probes. Synchronous: probes starting at once cannot race."""
     key: _ClientKey = (config.resolved_admin_url, config.auth_token, config.tls_trust_certs_file_path,
                        float(config.operation_timeout))
-    per_loop = _CLIENTS.setdefault(asyncio.get_running_loop(), {})
-    entry = per_loop.get(key)
+    entries = _CLIENTS.setdefault(asyncio.get_running_loop(), {}).setdefault(key, [])
+    entry = next((e for e in entries if e[1] < PROBES_PER_CLIENT), None)
     if entry is None:
         headers = {"Authorization": f"Bearer {config.auth_token}"} if config.auth_token else {}
         client = httpx.AsyncClient(
             base_url=f"{config.resolved_admin_url}/admin/v2/", headers=headers,
             verify=_ssl_context(config.tls_trust_certs_file_path), timeout=config.operation_timeout,
         )
-        entry = per_loop[key] = [client, 0]
+        entry = [client, 0]
+        entries.append(entry)
     entry[1] += 1
-    return per_loop, key, entry[0]
+    return entries, entry[0]
 
 
-async def _release_client(per_loop: dict[_ClientKey, list[Any]], key: _ClientKey, client: httpx.AsyncClient) -> None:
+async def _release_client(entries: list[list[Any]], client: httpx.AsyncClient) -> None:
     """Drop one probe's use of a shared client; the last one out closes it."""
-    entry = per_loop.get(key)
-    if entry is None or entry[0] is not client:
-        await client.aclose()
-        return
-    entry[1] -= 1
-    if entry[1] <= 0:
-        del per_loop[key]
-        await client.aclose()
+    for i, entry in enumerate(entries):
+        if entry[0] is client:
+            entry[1] -= 1
+            if entry[1] > 0:
+                return
+            del entries[i]
+            break
+    await client.aclose()
 
 
 class AsyncPulsarAdmin:
@@ -86,15 +90,14 @@ class AsyncPulsarAdmin:
         self.shown_url = redact_url(self.url)
         self._what = what
         self._client: httpx.AsyncClient | None = None
-        self._shared: tuple[dict[_ClientKey, list[Any]], _ClientKey] | None = None
+        self._shared: list[list[Any]] | None = None
         self._closed = False
 
     def _http(self) -> httpx.AsyncClient:
         if self._closed:
             raise ClosedError(f"{self._what} of {self.shown_url} is closed")
         if self._client is None:
-            per_loop, key, self._client = _acquire_client(self._config)
-            self._shared = (per_loop, key)
+            self._shared, self._client = _acquire_client(self._config)
         return self._client
 
     async def request(
@@ -113,4 +116,4 @@ class AsyncPulsarAdmin:
         self._closed = True
         client, self._client = self._client, None
         if client is not None and self._shared is not None:
-            await _release_client(*self._shared, client)
+            await _release_client(self._shared, client)

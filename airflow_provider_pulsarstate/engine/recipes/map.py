@@ -12,6 +12,7 @@ from airflow_provider_pulsarstate.engine.backends.base import Backend
 from airflow_provider_pulsarstate.engine.envelope import KEY_DELETE, KEY_SET, decode_key_op, encode_key_op
 from airflow_provider_pulsarstate.engine.errors import SerializationError, ValueTooLargeError, WriteId
 from airflow_provider_pulsarstate.engine.checkpoint import CheckpointInfo
+from airflow_provider_pulsarstate.engine.fencing import Fence
 from airflow_provider_pulsarstate.engine.manager import Change, ListenerErrorHandler, SharedStateManager
 from airflow_provider_pulsarstate.engine.recipes.base import Recipe
 from airflow_provider_pulsarstate.engine.serde import JSON, STR, Serde
@@ -67,7 +68,9 @@ class PulsarMap(Recipe, Generic[K, V]):
     ``operation`` when it runs; either way a key or value that does not serialize or is too large
     fails before the writer is taken and appends nothing.
 
-    Every blocking method takes ``timeout`` (seconds for the whole call; see
+    Every write takes ``lease``: a :class:`~airflow_provider_pulsarstate.engine.recipes.lease.Lease`
+    the write is made under; the log refuses it (LeaseFencedError) once it has seen a newer token
+    of that lease. Every blocking method takes ``timeout`` (seconds for the whole call; see
     :meth:`SharedStateManager.write` and :meth:`SharedStateManager.read`). A write that times
     out while being sent raises UnknownOutcomeError: ask :meth:`outcome` with ``err.write_id``
     before sending it again.
@@ -231,18 +234,21 @@ class PulsarMap(Recipe, Generic[K, V]):
 
     # ------------------------------------------------------------------ writes
     def update(
-        self, key: K, operation: Callable[[K, V | None], V | None], *, retry: bool = True, timeout: float | None = None
+        self, key: K, operation: Callable[[K, V | None], V | None], *, retry: bool = True, timeout: float | None = None,
+        lease: Fence | None = None,
     ) -> V | None:
         """Atomically set ``key`` to ``operation(key, current)``; None deletes it. Returns the new value.
 
         ``operation`` may run more than once (after fencing, and once before the writer is
         taken); it must be free of side effects.
         """
-        return self.manager.write(*self._update(key, operation), retry=retry, timeout=timeout)
+        return self.manager.write(*self._update(key, operation), retry=retry, timeout=timeout, lease=lease)
 
-    def update_async(self, key: K, operation: Callable[[K, V | None], V | None], *, retry: bool = True) -> Future:
+    def update_async(
+        self, key: K, operation: Callable[[K, V | None], V | None], *, retry: bool = True, lease: Fence | None = None
+    ) -> Future:
         """:meth:`update` returning a Future; concurrent updates share one commit."""
-        return self.manager.write_async(*self._update(key, operation), retry=retry)
+        return self.manager.write_async(*self._update(key, operation), retry=retry, lease=lease)
 
     def _update(self, key: K, operation: Callable[[K, V | None], V | None]) -> tuple[Callable[..., Any], Callable[..., Any]]:
         self._key_bytes(key)  # a bad key fails now, not in the committer
@@ -277,6 +283,7 @@ class PulsarMap(Recipe, Generic[K, V]):
         *,
         retry: bool = True,
         timeout: float | None = None,
+        lease: Fence | None = None,
     ) -> int:
         """Apply ``operation`` to every key ``filter`` accepts, all in one atomic write.
 
@@ -297,33 +304,38 @@ class PulsarMap(Recipe, Generic[K, V]):
             changed[0] = len(out)
             return out
 
-        self.manager.write(ops, retry=retry, timeout=timeout)
+        self.manager.write(ops, retry=retry, timeout=timeout, lease=lease)
         return changed[0]
 
-    def put(self, key: K, value: V, *, retry: bool = True, timeout: float | None = None) -> V | None:
+    def put(
+        self, key: K, value: V, *, retry: bool = True, timeout: float | None = None, lease: Fence | None = None
+    ) -> V | None:
         """Set ``key`` to ``value``; returns the value after the write (``value``)."""
-        return self.manager.write(*self._set(key, value, _always), retry=retry, timeout=timeout)
+        return self.manager.write(*self._set(key, value, _always), retry=retry, timeout=timeout, lease=lease)
 
-    def put_async(self, key: K, value: V, *, retry: bool = True) -> Future:
+    def put_async(self, key: K, value: V, *, retry: bool = True, lease: Fence | None = None) -> Future:
         """:meth:`put` returning a Future."""
-        return self.manager.write_async(*self._set(key, value, _always), retry=retry)
+        return self.manager.write_async(*self._set(key, value, _always), retry=retry, lease=lease)
 
-    def put_if_absent(self, key: K, value: V, *, retry: bool = True, timeout: float | None = None) -> V | None:
+    def put_if_absent(
+        self, key: K, value: V, *, retry: bool = True, timeout: float | None = None, lease: Fence | None = None
+    ) -> V | None:
         """Set ``key`` only when it has no value; returns the value after (existing or ``value``)."""
-        return self.manager.write(*self._set(key, value, _is_none), retry=retry, timeout=timeout)
+        return self.manager.write(*self._set(key, value, _is_none), retry=retry, timeout=timeout, lease=lease)
 
     def replace(
-        self, key: K, expected: V | None, value: V, *, retry: bool = True, timeout: float | None = None
+        self, key: K, expected: V | None, value: V, *, retry: bool = True, timeout: float | None = None,
+        lease: Fence | None = None,
     ) -> V | None:
         """Compare-and-set: set ``key`` to ``value`` only when it currently equals ``expected``
         (None: absent). Returns the value after the write."""
-        return self.manager.write(*self._set(key, value, lambda v: v == expected), retry=retry, timeout=timeout)
+        return self.manager.write(*self._set(key, value, lambda v: v == expected), retry=retry, timeout=timeout, lease=lease)
 
-    def delete(self, key: K, *, retry: bool = True, timeout: float | None = None) -> None:
+    def delete(self, key: K, *, retry: bool = True, timeout: float | None = None, lease: Fence | None = None) -> None:
         """Remove ``key`` (PIP semantics: returns the value after, i.e. None)."""
-        self.manager.write(*self._set(key, None, _always), retry=retry, timeout=timeout)
+        self.manager.write(*self._set(key, None, _always), retry=retry, timeout=timeout, lease=lease)
 
-    def pop(self, key: K, *, retry: bool = True, timeout: float | None = None) -> V | None:
+    def pop(self, key: K, *, retry: bool = True, timeout: float | None = None, lease: Fence | None = None) -> V | None:
         """Remove ``key`` and return the value it had."""
         self._key_bytes(key)
         before: list[Any] = [None]
@@ -332,10 +344,10 @@ class PulsarMap(Recipe, Generic[K, V]):
             before[0] = self._decode(key, m.get(key))
             return [(_DELETE, key, None)] if key in m else []
 
-        self.manager.write(ops, retry=retry, timeout=timeout)
+        self.manager.write(ops, retry=retry, timeout=timeout, lease=lease)
         return before[0]
 
-    def clear(self, *, retry: bool = True, timeout: float | None = None) -> int:
+    def clear(self, *, retry: bool = True, timeout: float | None = None, lease: Fence | None = None) -> int:
         """Remove every key in one atomic write; returns how many there were."""
         count: list[int] = [0]
 
@@ -343,7 +355,7 @@ class PulsarMap(Recipe, Generic[K, V]):
             count[0] = len(m)
             return [(_CLEAR, None, None)] if m else []
 
-        self.manager.write(ops, retry=retry, timeout=timeout)
+        self.manager.write(ops, retry=retry, timeout=timeout, lease=lease)
         return count[0]
 
     def outcome(self, write_id: WriteId | tuple[bytes, int], *, timeout: float | None = None) -> WriteOutcome:

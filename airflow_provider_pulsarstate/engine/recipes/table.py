@@ -81,6 +81,7 @@ from airflow_provider_pulsarstate.engine.errors import (
     ViewSealMismatchError,
     ViewStagedRowError,
 )
+from airflow_provider_pulsarstate.engine.fencing import Fence
 from airflow_provider_pulsarstate.engine.manager import Change, SharedStateManager
 from airflow_provider_pulsarstate.engine.recipes.base import Recipe
 from airflow_provider_pulsarstate.engine.progress import Progress
@@ -381,19 +382,21 @@ class StateTable(Recipe):
             lambda s: (dict(s.rows), dict(s.sources.get(topic, {}))), latest=latest, timeout=timeout
         )
 
-    def put(self, key: str, record: Record, *, timeout: float | None = None) -> None:
+    def put(self, key: str, record: Record, *, timeout: float | None = None, lease: Fence | None = None) -> None:
         """Set one row directly (not through a view)."""
         _check_record(key, record)
-        self.manager.write(lambda s: [{"o": "set", "k": key, "v": record, "w": None}], timeout=timeout)
+        self.manager.write(lambda s: [{"o": "set", "k": key, "v": record, "w": None}], timeout=timeout, lease=lease)
 
-    def delete(self, key: str, *, timeout: float | None = None) -> None:
+    def delete(self, key: str, *, timeout: float | None = None, lease: Fence | None = None) -> None:
         """Delete one row directly (not through a view)."""
-        self.manager.write(lambda s: [{"o": "del", "k": key, "w": None}] if key in s.rows else [], timeout=timeout)
+        self.manager.write(
+            lambda s: [{"o": "del", "k": key, "w": None}] if key in s.rows else [], timeout=timeout, lease=lease
+        )
 
     # ------------------------------------------------------------------ views
     def create_view(
         self, *, view_id: str | None = None, scope_prefix: str | None = None, scope_predicate: str | None = None,
-        ttl: float = 86400.0,
+        ttl: float = 86400.0, lease: Fence | None = None,
     ) -> ViewInfo:
         """Open a view; its baseline is the table's commit offset at creation.
 
@@ -424,7 +427,7 @@ class StateTable(Recipe):
                 out.append({"o": "view", "id": vid, "meta": meta})
             return out
 
-        info = self.manager.write(ops, lambda s: self._info(s, vid))
+        info = self.manager.write(ops, lambda s: self._info(s, vid), lease=lease)
         self._delete_staging(expired)
         log.info("view %s on %s open at baseline offset %d (scope: %s)", vid, self.topic, info.baseline, info.describe_scope())
         return info
@@ -441,7 +444,7 @@ class StateTable(Recipe):
 
     def seal(
         self, view_id: str, *, stagers: "Iterable[ViewStager] | Mapping[str, int]",
-        source_offsets: Iterable[SourceRange] = (),
+        source_offsets: Iterable[SourceRange] = (), lease: Fence | None = None,
     ) -> ViewInfo:
         """Record that staging is complete: which stagers staged how many rows, and from which source offsets.
 
@@ -491,7 +494,7 @@ class StateTable(Recipe):
                 op["sources"] = [[r.topic, r.partition, r.start, r.next] for r in sources]
             return [op]
 
-        info = self.manager.write(ops, lambda s: self._info(s, check_view_id(view_id)))
+        info = self.manager.write(ops, lambda s: self._info(s, check_view_id(view_id)), lease=lease)
         log.info("view %s on %s sealed: %d row(s) from %d stager(s)", view_id, self.topic, sum(counts.values()), len(counts))
         return info
 
@@ -516,7 +519,7 @@ class StateTable(Recipe):
     def apply(
         self, view_id: str, *, overwrite: bool = False, max_deletes: int | None = None,
         max_delete_fraction: float | None = DEFAULT_MAX_DELETE_FRACTION, sample: int = 10,
-        timeout: float | None = None,
+        timeout: float | None = None, lease: Fence | None = None,
     ) -> ViewResult:
         """Publish the minimal diff between the committed table and the view, atomically.
 
@@ -536,6 +539,8 @@ class StateTable(Recipe):
         :raises SourceOffsetsConflictError: a source range of the view does not start at the
             table's recorded offset (someone else consumed it: applying would double-count);
             nothing published, ``overwrite`` does not lift it.
+        :param lease: the lease the apply is made under (a guarded job): refused with
+            LeaseFencedError, nothing published, once the table has seen a newer token of it.
         :param timeout: seconds to wait for the switch's write (see ``SharedStateManager.write``);
             an :class:`UnknownOutcomeError` then means: ask ``manager.outcome`` or apply again
             (apply is idempotent: a view already applied returns its first result).
@@ -596,7 +601,7 @@ class StateTable(Recipe):
             return out
 
         start = time.monotonic()
-        info = self.manager.write(ops, lambda s: self._info(s, view_id), timeout=timeout)
+        info = self.manager.write(ops, lambda s: self._info(s, view_id), timeout=timeout, lease=lease)
         result = self._result(info, already=already[0])
         if not result.already_applied:
             log.info(
@@ -606,7 +611,7 @@ class StateTable(Recipe):
         self._delete_staging([view_id])
         return result
 
-    def drop(self, view_id: str, *, timeout: float | None = None) -> bool:
+    def drop(self, view_id: str, *, timeout: float | None = None, lease: Fence | None = None) -> bool:
         """Abort an open view and delete its staged rows. Returns False if it was not open."""
         dropped = [False]
 
@@ -615,7 +620,7 @@ class StateTable(Recipe):
             dropped[0] = meta is not None and meta["status"] == "open"
             return [{"o": "view_end", "id": view_id, "status": "dropped"}] if dropped[0] else []
 
-        self.manager.write(ops, timeout=timeout)
+        self.manager.write(ops, timeout=timeout, lease=lease)
         if dropped[0]:
             self._delete_staging([view_id])
             log.info("view %s on %s dropped", view_id, self.topic)
