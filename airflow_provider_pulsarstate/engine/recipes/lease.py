@@ -39,17 +39,30 @@ process calls :meth:`Leases.renew` first, which re-validates it against the leas
 from __future__ import annotations
 
 import json
+import logging
 import math
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from airflow_provider_pulsarstate.engine.backends.base import Backend
-from airflow_provider_pulsarstate.engine.errors import ConfigurationError
-from airflow_provider_pulsarstate.engine.fencing import check_fence
+from airflow_provider_pulsarstate.engine.backends.base import AcquireMode, Backend
+from airflow_provider_pulsarstate.engine.errors import ConfigurationError, LeaseLostError, LeaseTimeoutError
+from airflow_provider_pulsarstate.engine.fencing import MAX_LEASE_NAME_BYTES, check_fence
+from airflow_provider_pulsarstate.engine.manager import Change, SharedStateManager, json_op_serializer
 from airflow_provider_pulsarstate.engine.recipes.base import Recipe
+
+log = logging.getLogger(__name__)
 
 DEFAULT_LEASE_TOPIC = "pulsarstate-leases"
 """The lease log's short name (resolved with the connection's tenant and namespace)."""
+
+DEFAULT_CHECKPOINT_AFTER_BYTES = 1 << 20
+"""Lease logs live forever and grow with every renew; their state is tiny, so image it often."""
+
+MAX_HOLDER_BYTES = 1024
+_ACQUIRE, _RENEW, _RELEASE = "acquire", "renew", "release"
+_IMAGE_VERSION = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,8 +164,41 @@ class LeaseInfo:
         }
 
 
+
+@dataclass(slots=True)
+class _Record:
+    """One name's entry in the replicated state (mutated in place by the applier)."""
+
+    holder: str | None
+    token: int
+    ttl: float
+    acquired_at: float
+    renewed_at: float
+    transitions: int
+    offset: int  # of the last acquire or renew
+
+    def fingerprint(self) -> tuple[int, int, float]:
+        """Identifies the acquire/renew this record last took in (stable across replays)."""
+        return (self.offset, self.token, self.renewed_at)
+
+
 class Leases(Recipe):
     """Durable leases with fencing tokens, kept in one lease log (a SharedStateManager underneath).
+
+    Every operation is a read-modify-write on the latest state under the lease log's exclusive
+    writer, so a token is always the previous token of the name + 1 and two acquirers can never
+    both win. The lease log's writer is taken with fencing (``acquire_mode="fence"``): a holder
+    paused while holding it (a frozen VM, SIGSTOP) cannot block everybody else.
+
+    Example::
+
+        with Leases(backend, "persistent://public/default/pulsarstate-leases") as leases:
+            lease = leases.acquire("nightly-load", holder="deployment-a", ttl=30.0, timeout=60.0)
+            try:
+                ...  # guarded writes pass lease=lease; renew before leases.remaining(lease) runs out
+                lease = leases.renew(lease)
+            finally:
+                leases.release(lease)
 
     Construction does no I/O.
 
@@ -160,9 +206,12 @@ class Leases(Recipe):
     :param topic: the lease log (a full topic name).
     :param operation_timeout: seconds one append or catch-up may take.
     :param poll_interval: how often a waiting :meth:`acquire` re-reads the log when it has not
-        been woken by a change (seconds).
+        been woken by a change (seconds); also the follow interval of :meth:`watch`.
     :param clock: the monotonic clock (injectable for tests; never wall time).
-    :param options: further SharedStateManager options.
+    :param options: further SharedStateManager options (``acquire_mode`` defaults to ``"fence"``,
+        ``max_retries`` to 10, ``writer_idle_timeout`` to 1 s, ``checkpoint_after_bytes`` to 1 MiB).
+    :raises CorruptEntryError: (from any call) the lease log holds an entry that is not a valid
+        lease op; the message names the offset and the bad field.
     """
 
     def __init__(
@@ -175,8 +224,44 @@ class Leases(Recipe):
         clock: Callable[[], float] | None = None,
         **options: Any,
     ) -> None:
-        raise NotImplementedError  # issue 9, in progress
+        if not isinstance(topic, str) or not topic:
+            raise ConfigurationError(f"lease log topic must be a non-empty string, got {topic!r}")
+        if not _positive(poll_interval):
+            raise ConfigurationError(f"poll_interval must be a positive number of seconds, got {poll_interval!r}")
+        self.topic = topic
+        self.poll_interval = float(poll_interval)
+        self._clock = clock or time.monotonic
+        # Local, never replicated or checkpointed: when this process observed each name's last
+        # acquire/renew ((fingerprint, monotonic time)), and when it sent its own ((name, token) -> (time, ttl)).
+        self._observed: dict[str, tuple[tuple[int, int, float], float]] = {}
+        self._sent: dict[tuple[str, int], tuple[float, float]] = {}
+        self._sent_lock = threading.Lock()
+        self._changed = threading.Condition()
+        options.setdefault("acquire_mode", AcquireMode.FENCE)
+        options.setdefault("max_retries", 10)
+        options.setdefault("writer_idle_timeout", 1.0)
+        options.setdefault("checkpoint_after_bytes", DEFAULT_CHECKPOINT_AFTER_BYTES)
+        self.manager: SharedStateManager[dict[str, _Record], dict[str, Any]] = SharedStateManager(
+            backend,
+            topic,
+            initializer=dict,
+            applier=self._apply,
+            op_serializer=json_op_serializer,
+            op_deserializer=parse_lease_op,
+            state_serializer=_serialize_image,
+            state_deserializer=self._deserialize_image,
+            operation_timeout=operation_timeout,
+            follow_interval=self.poll_interval,
+            **options,
+        )
+        self.manager.add_listener(self._wake)
 
+    def start(self) -> "Leases":
+        """Replay the lease log now instead of on first use (no background following: :meth:`watch` starts that)."""
+        self.manager.read(lambda s: None)
+        return self
+
+    # ------------------------------------------------------------------ operations
     def acquire(
         self, name: str, holder: str, *, ttl: float, timeout: float | None = None, steal: bool = False
     ) -> Lease:
@@ -187,12 +272,69 @@ class Leases(Recipe):
 
         :param holder: non-empty text naming the holder.
         :param ttl: seconds the lease stays valid after this acquire (and after each renew).
-        :param timeout: seconds to wait (0: one attempt; None: as long as it takes).
+        :param timeout: seconds to wait (0: one attempt; None: as long as it takes). The attempt
+            running when it ends is completed (bounded by the manager's own time-outs).
         :param steal: take it over even though its holder's lease is still valid (explicit takeover).
         :raises LeaseTimeoutError: still held and valid when ``timeout`` ran out (``err.current``).
-        :raises ConfigurationError: bad name, holder or ttl.
+        :raises ConfigurationError: bad name, holder, ttl or timeout.
         """
-        raise NotImplementedError
+        _check_name(name)
+        _check_holder(holder)
+        if not _positive(ttl):
+            raise ConfigurationError(f"lease {name!r}: ttl must be a positive number of seconds, got {ttl!r}")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not math.isfinite(timeout) or timeout < 0):
+            raise ConfigurationError(f"lease {name!r}: timeout must be None or a number of seconds >= 0, got {timeout!r}")
+        ttl = float(ttl)
+        deadline = None if timeout is None else self._clock() + timeout
+        while True:
+            outcome: dict[str, Any] = {}
+            sent = self._clock()
+            info = self._write(self._acquire_ops(name, holder, ttl, steal, outcome), lambda s: self._info(s, name))
+            token = outcome.get("token")
+            if token is not None and info is not None and info.token == token and info.holder == holder:
+                with self._sent_lock:
+                    self._sent[(name, token)] = (sent, ttl)
+                previous = outcome.get("previous")
+                how = ("stolen from a valid holder" if outcome.get("stolen") else
+                       "after expiry" if outcome.get("expired") else "re-acquired" if previous == holder else "free")
+                log.info("%s: lease %r acquired by %r with token %d (previous holder %r, %s)",
+                         self.topic, name, holder, token, previous, how)
+                return Lease(name=name, holder=holder, token=token, ttl=ttl, topic=self.topic)
+            now = self._clock()
+            if deadline is not None and now >= deadline:
+                held = f"held by {info.holder!r} with token {info.token}" if info is not None and info.held else "not won"
+                raise LeaseTimeoutError(
+                    f"{self.topic}: lease {name!r} is still {held} (observed {info.observed_age:.1f}s ago, ttl "
+                    f"{info.ttl:g}s) after {timeout:g}s" if info is not None and info.held else
+                    f"{self.topic}: lease {name!r} was not won within {timeout:g}s",
+                    lease=name, current=info,
+                )
+            wait = min(self.poll_interval, outcome.get("expires_in", self.poll_interval))
+            if deadline is not None:
+                wait = min(wait, deadline - now)
+            with self._changed:
+                self._changed.wait(timeout=max(0.001, wait))
+
+    def _acquire_ops(
+        self, name: str, holder: str, ttl: float, steal: bool, outcome: dict[str, Any]
+    ) -> Callable[[dict[str, _Record]], list[dict[str, Any]]]:
+        def ops(state: dict[str, _Record]) -> list[dict[str, Any]]:
+            outcome.clear()  # runs again on the latest state under the writer: the last run counts
+            rec = state.get(name)
+            expired = False
+            if rec is not None and rec.holder is not None and rec.holder != holder:
+                left = rec.ttl - (self._clock() - self._observed_at(name, rec))
+                expired = left < 0
+                if not expired and not steal:
+                    outcome["expires_in"] = left
+                    return []
+            token = (rec.token if rec is not None else 0) + 1
+            outcome.update(token=token, previous=rec.holder if rec is not None else None, expired=expired,
+                           stolen=steal and rec is not None and rec.holder not in (None, holder) and not expired)
+            return [{"op": _ACQUIRE, "name": name, "holder": holder, "token": token, "ttl": ttl, "at": time.time()}]
+
+        return ops
 
     def renew(self, lease: Lease, *, ttl: float | None = None) -> Lease:
         """Extend ``lease`` by its ttl (or a new ``ttl``) from now; also re-validates a handle that
@@ -200,30 +342,282 @@ class Leases(Recipe):
 
         :returns: the lease (same token) with the ttl in force.
         :raises LeaseLostError: the lease log holds another token or holder for the name, or the
-            lease was released.
+            lease was released (``err.current`` is what the log says).
+        :raises ConfigurationError: a bad handle or ttl, or a handle of another lease log.
         """
-        raise NotImplementedError
+        self._check_handle(lease)
+        new_ttl = lease.ttl if ttl is None else ttl
+        if not _positive(new_ttl):
+            raise ConfigurationError(f"lease {lease.name!r}: ttl must be a positive number of seconds, got {ttl!r}")
+        new_ttl = float(new_ttl)
+
+        def ops(state: dict[str, _Record]) -> list[dict[str, Any]]:
+            rec = state.get(lease.name)
+            if rec is None or rec.holder != lease.holder or rec.token != lease.token:
+                raise self._lost(lease, state, "renew")
+            return [{"op": _RENEW, "name": lease.name, "holder": lease.holder, "token": lease.token,
+                     "ttl": new_ttl, "at": time.time()}]
+
+        sent = self._clock()
+        try:
+            self._write(ops)
+        except LeaseLostError:
+            self._forget(lease)
+            raise
+        with self._sent_lock:
+            key = (lease.name, lease.token)
+            if key not in self._sent or self._sent[key][0] <= sent:
+                self._sent[key] = (sent, new_ttl)
+        return Lease(name=lease.name, holder=lease.holder, token=lease.token, ttl=new_ttl, topic=self.topic)
 
     def release(self, lease: Lease) -> bool:
         """Give the lease up if ``lease`` still holds it; idempotent.
 
         :returns: True when this call released it; False when it was already released or is held
-            under another token (nothing is changed then).
+            under another token or by another holder (nothing is changed then).
         """
-        raise NotImplementedError
+        self._check_handle(lease)
+        done: list[bool] = [False]
+
+        def ops(state: dict[str, _Record]) -> list[dict[str, Any]]:
+            rec = state.get(lease.name)
+            done[0] = rec is not None and rec.holder == lease.holder and rec.token == lease.token
+            if not done[0]:
+                return []
+            return [{"op": _RELEASE, "name": lease.name, "holder": lease.holder, "token": lease.token, "at": time.time()}]
+
+        try:
+            self._write(ops)
+        finally:
+            self._forget(lease)
+        if done[0]:
+            log.info("%s: lease %r released by %r (token %d)", self.topic, lease.name, lease.holder, lease.token)
+        return done[0]
 
     def describe(self, name: str, *, latest: bool = True) -> LeaseInfo | None:
-        """The lease as the log says now, without acquiring (None: never acquired in this log)."""
-        raise NotImplementedError
+        """The lease as the log says now, without acquiring (None: never acquired in this log).
+
+        :param latest: first read up to the tail (False: this process's replica as it is).
+        """
+        _check_name(name)
+        return self.manager.read(lambda s: self._info(s, name), latest=latest)
 
     def watch(self, name: str, callback: Callable[[LeaseInfo], None]) -> Callable[[], None]:
         """Call ``callback`` with the new :class:`LeaseInfo` after every change of ``name``
         (acquire, renew, release, takeover) that this process observes; returns a function that
-        stops the watch. Starts following the log in the background."""
-        raise NotImplementedError
+        stops the watch. Starts following the log in the background (every ``poll_interval``).
+
+        The callback runs on the thread that applied the change, with the replica's lock held:
+        keep it short. Its exceptions are logged and counted (``manager.stats["listener_errors"]``).
+        """
+        _check_name(name)
+        if not callable(callback):
+            raise ConfigurationError(f"lease {name!r}: watch callback must be callable, got {callback!r}")
+        last = [-1]
+
+        def on_change(change: Change[dict[str, Any]]) -> None:
+            if change.op["name"] != name or change.offset == last[0]:
+                return  # one call per record, however many ops of it touch the name
+            last[0] = change.offset
+            info = self.manager.read(lambda s: self._info(s, name))
+            if info is not None:
+                callback(info)
+
+        self.manager.add_listener(on_change)
+        self.manager.start()  # replays if needed and follows from now on
+
+        def unsubscribe() -> None:
+            self.manager.remove_listener(on_change)
+
+        return unsubscribe
 
     def remaining(self, lease: Lease) -> float:
         """Seconds this process may still treat ``lease`` as held: its ttl minus the monotonic time
         since this process sent the acquire or renew that granted it (0.0 when it never did here,
         e.g. a handle from another process not renewed yet)."""
-        raise NotImplementedError
+        with self._sent_lock:
+            entry = self._sent.get((lease.name, lease.token))
+        if entry is None:
+            return 0.0
+        sent, ttl = entry
+        return max(0.0, ttl - (self._clock() - sent))
+
+    # ------------------------------------------------------------------ internals
+    def _write(self, ops: Callable[[dict[str, _Record]], list[dict[str, Any]]], reader: Any = None) -> Any:
+        """A write whose ops see the tail. A writer held here skips the catch-up (the manager
+        assumes nobody else appends meanwhile), but lease writers fence each other: without this
+        read a "held" or "lost" answer that appends nothing could come from a stale replica."""
+        self.manager.read(lambda s: None, latest=True)
+        return self.manager.write(ops, reader)
+
+    def _check_handle(self, lease: Lease) -> None:
+        if not isinstance(lease, Lease):
+            raise ConfigurationError(f"expected a Lease handle (Lease.from_json reads one), got {type(lease).__name__}")
+        if lease.topic != self.topic:
+            raise ConfigurationError(
+                f"lease {lease.name!r} (token {lease.token}) belongs to lease log {lease.topic!r}, not {self.topic!r}"
+            )
+
+    def _forget(self, lease: Lease) -> None:
+        with self._sent_lock:
+            self._sent.pop((lease.name, lease.token), None)
+
+    def _lost(self, lease: Lease, state: dict[str, _Record], what: str) -> LeaseLostError:
+        info = self._info(state, lease.name)
+        if info is None:
+            now = "the lease log has no such lease"
+        elif info.holder is None:
+            now = f"it was released (the last token granted is {info.token})"
+        else:
+            now = f"it is held by {info.holder!r} with token {info.token}"
+        return LeaseLostError(
+            f"{self.topic}: cannot {what} lease {lease.name!r} of {lease.holder!r} with token {lease.token}: {now}",
+            lease=lease.name, token=lease.token, current=info,
+        )
+
+    def _info(self, state: dict[str, _Record], name: str) -> LeaseInfo | None:
+        rec = state.get(name)
+        if rec is None:
+            return None
+        return LeaseInfo(
+            name=name, holder=rec.holder, token=rec.token, ttl=rec.ttl, acquired_at=rec.acquired_at,
+            renewed_at=rec.renewed_at, transitions=rec.transitions,
+            observed_age=max(0.0, self._clock() - self._observed_at(name, rec)), offset=rec.offset,
+        )
+
+    def _observed_at(self, name: str, rec: _Record) -> float:
+        """When this process observed ``rec``'s last acquire/renew (first look, if never recorded)."""
+        entry = self._observed.get(name)
+        if entry is not None and entry[0] == rec.fingerprint():
+            return entry[1]
+        now = self._clock()
+        self._observed[name] = (rec.fingerprint(), now)
+        return now
+
+    def _observe(self, name: str, rec: _Record) -> None:
+        # A rebuild replays what was already observed: keep the earlier time for the same op.
+        entry = self._observed.get(name)
+        if entry is None or entry[0] != rec.fingerprint():
+            self._observed[name] = (rec.fingerprint(), self._clock())
+
+    def _apply(self, state: dict[str, _Record], op: dict[str, Any]) -> None:
+        """Apply one validated op. An op that does not fit the state (a token that is not the
+        next one, a renew or release of another token) is logged and ignored by every replica alike."""
+        name, kind, token, holder = op["name"], op["op"], op["token"], op["holder"]
+        rec = state.get(name)
+        offset = self.manager.applying_offset
+        if kind == _ACQUIRE:
+            expected = (rec.token if rec is not None else 0) + 1
+            if token != expected:
+                log.warning("%s: ignoring the acquire of lease %r at offset %d: token %d, expected %d",
+                            self.topic, name, offset, token, expected)
+                return
+            transitions = 0 if rec is None else rec.transitions + (rec.holder != holder)
+            state[name] = rec = _Record(holder, token, op["ttl"], op["at"], op["at"], transitions, offset)
+            self._observe(name, rec)
+            return
+        if rec is None or rec.holder != holder or rec.token != token:
+            log.warning("%s: ignoring the %s of lease %r at offset %d: token %d of %r is not the current one",
+                        self.topic, kind, name, offset, token, holder)
+            return
+        if kind == _RENEW:
+            rec.ttl, rec.renewed_at, rec.offset = op["ttl"], op["at"], offset
+            self._observe(name, rec)
+        else:
+            rec.holder = None
+
+    def _wake(self, change: Change[dict[str, Any]]) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
+    def _deserialize_image(self, data: bytes) -> dict[str, _Record]:
+        image = json.loads(data)
+        if not isinstance(image, dict) or image.get("v") != _IMAGE_VERSION or not isinstance(image.get("leases"), dict):
+            raise ValueError(f"not a version {_IMAGE_VERSION} lease image")
+        state: dict[str, _Record] = {}
+        for name, fields in image["leases"].items():
+            if not isinstance(fields, list) or len(fields) != 7:
+                raise ValueError(f"lease {name!r}: image entry must be a list of 7 fields")
+            holder, token, ttl, acquired_at, renewed_at, transitions, offset = fields
+            op = {"op": _ACQUIRE, "name": name, "holder": holder or "-", "token": token, "ttl": ttl, "at": acquired_at}
+            _validate(op)
+            _number({"renewed_at": renewed_at}, "renewed_at", name)
+            for field, value in (("transitions", transitions), ("offset", offset)):
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise ValueError(f"lease {name!r}: image field {field!r} must be an integer >= 0, got {value!r}")
+            if holder is not None and (not isinstance(holder, str) or not holder):
+                raise ValueError(f"lease {name!r}: image field 'holder' must be null or a non-empty string")
+            state[name] = rec = _Record(holder, token, float(ttl), float(acquired_at), float(renewed_at), transitions, offset)
+            self._observe(name, rec)  # observed at load time
+        return state
+
+
+# ---------------------------------------------------------------------- op codec
+def parse_lease_op(data: bytes) -> dict[str, Any]:
+    """A lease op read from the log, checked field by field (nothing read back is trusted).
+
+    :raises ValueError: not a lease op; the message names the bad field (the manager reports the
+        entry as corrupt, with its topic and offset).
+    """
+    try:
+        op = json.loads(data)
+    except ValueError as exc:
+        raise ValueError(f"lease op is not JSON: {exc}") from None
+    if not isinstance(op, dict):
+        raise ValueError(f"lease op must be a JSON object, got {type(op).__name__}")
+    return _validate(op)
+
+
+def _validate(op: dict[str, Any]) -> dict[str, Any]:
+    kind = op.get("op")
+    if kind not in (_ACQUIRE, _RENEW, _RELEASE):
+        raise ValueError(f"lease op field 'op' must be one of acquire, renew, release, got {kind!r}")
+    name = op.get("name")
+    if not isinstance(name, str) or not name or len(name.encode()) > MAX_LEASE_NAME_BYTES:
+        raise ValueError(f"lease op field 'name' must be a non-empty string of at most {MAX_LEASE_NAME_BYTES} bytes, got {name!r:.80}")
+    holder = op.get("holder")
+    if not isinstance(holder, str) or not holder or len(holder.encode()) > MAX_HOLDER_BYTES:
+        raise ValueError(f"lease {name!r}: op field 'holder' must be a non-empty string of at most {MAX_HOLDER_BYTES} bytes, got {holder!r:.80}")
+    token = op.get("token")
+    if isinstance(token, bool) or not isinstance(token, int) or token < 1:
+        raise ValueError(f"lease {name!r}: op field 'token' must be a positive integer, got {token!r}")
+    out = {"op": kind, "name": name, "holder": holder, "token": token, "at": _number(op, "at", name)}
+    if kind != _RELEASE:
+        ttl = op.get("ttl")
+        if not _positive(ttl):
+            raise ValueError(f"lease {name!r}: op field 'ttl' must be a positive number of seconds, got {ttl!r}")
+        out["ttl"] = float(ttl)
+    return out
+
+
+def _number(op: Mapping[str, Any], field: str, name: str) -> float:
+    value = op.get(field)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"lease {name!r}: field {field!r} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _positive(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def _serialize_image(state: dict[str, _Record]) -> bytes:
+    leases = {
+        name: [r.holder, r.token, r.ttl, r.acquired_at, r.renewed_at, r.transitions, r.offset]
+        for name, r in state.items()
+    }
+    return json.dumps({"v": _IMAGE_VERSION, "leases": leases}, separators=(",", ":")).encode()
+
+
+def _check_name(name: object) -> None:
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigurationError(f"lease name must be a non-empty string, got {name!r}")
+    if len(name.encode()) > MAX_LEASE_NAME_BYTES:
+        raise ConfigurationError(f"lease name {name[:40]!r}... is longer than {MAX_LEASE_NAME_BYTES} bytes")
+
+
+def _check_holder(holder: object) -> None:
+    if not isinstance(holder, str) or not holder.strip():
+        raise ConfigurationError(f"lease holder must be a non-empty string, got {holder!r}")
+    if len(holder.encode()) > MAX_HOLDER_BYTES:
+        raise ConfigurationError(f"lease holder {holder[:40]!r}... is longer than {MAX_HOLDER_BYTES} bytes")
