@@ -526,11 +526,16 @@ def _release_flock(fd: int, path: Path) -> None:
 
 
 def _lock_is_held(path: Path) -> bool:
-    if not path.exists():
+    """Whether a writer holds the lock file. Probed with a SHARED lock: probes (observers polling
+    leadership, acquirers checking the current epoch) never look like a holder to each other."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
         return False
-    fd = _try_flock(path)
-    if fd is None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
         return True
-    fcntl.flock(fd, fcntl.LOCK_UN)
-    os.close(fd)
+    finally:
+        os.close(fd)  # also drops the shared lock
     return False

@@ -175,7 +175,13 @@ class PulsarBackend(Backend):
         try:
             epoch = int(self.admin.topic_stats(topic)["topicEpoch"])
         except Exception:
-            producer.close()
+            # The broker may be unreachable right now (that is why the read failed): a close that
+            # fails must neither replace the error with a driver's one nor leave our producer behind.
+            try:
+                producer.close()
+            except Exception as exc:
+                log.warning("closing the exclusive producer %r of %s failed: %s", name, self.topic_url(topic), exc)
+                self._drop_orphan(topic, name, wait=0.0)
             raise
         log.debug("acquired writer %r of %s at epoch %d", name, topic, epoch)
         return self._track(PulsarWriter(self, topic, epoch, producer))
@@ -198,8 +204,9 @@ class PulsarBackend(Backend):
         return held + (f", {waiting} waiting for exclusive access" if waiting else "")
 
     def _drop_orphan(self, topic: str, name: str, *, wait: float) -> None:
-        """After a timed-out creation: if the broker lists an exclusive producer named ``name`` (ours,
-        but unknown to the client), unload the topic so the broker drops it. Nothing else is touched."""
+        """After a timed-out creation: if the broker lists a producer named ``name`` (ours, but
+        unknown to the client), unload the topic so the broker drops it (the topic's other clients
+        are disconnected too and reconnect at once). Best effort: an unreachable broker is logged."""
         try:
             deadline = time.monotonic() + wait
             # the broker may act on the request a little after the client gave up
