@@ -7,6 +7,8 @@ epoch (the name its writer recorded with the epoch). A partitioned topic answers
 
 * :func:`read_leadership` (blocking) and :func:`open_async_leadership_probe` (for triggers: never
   blocks the event loop) return one :class:`Leadership` per partition.
+* :class:`AsyncLeaseObserver` describes durable leases (:mod:`~airflow_provider_pulsarstate.engine.recipes.lease`)
+  the same way, for triggers waiting until a lease is free.
 * Observing is read-only: nothing is created, taken or changed.
 
 An exclusive producer lives only as long as its connection: this is leadership of one process,
@@ -242,6 +244,64 @@ class EmbeddedAsyncLeadershipProbe(AsyncLeadershipProbe):
             pool.shutdown(wait=False)
 
 
+class AsyncLeaseObserver:
+    """:meth:`Leases.describe <airflow_provider_pulsarstate.engine.recipes.lease.Leases.describe>`
+    awaited without blocking the event loop: the lease log is read on this observer's own worker
+    thread (never asgiref's shared one), through one Leases kept for the observer's life.
+
+    Expiry is measured from when THIS observer first saw the last acquire or renew (the lease
+    recipe's challenger rule): a lease found held is reported expired only after a full ttl of
+    silence observed here. No I/O before the first :meth:`describe`.
+
+    :param config: the connection.
+    :param topic: the lease log (a full topic name).
+    """
+
+    def __init__(self, config: ConnectionConfig, topic: str) -> None:
+        self._config = config
+        self.topic = topic
+        self._backend: Any = None
+        self._leases: Any = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._closed = False
+
+    def _describe(self, name: str) -> Any:  # on the observer's thread
+        if self._leases is None:
+            from airflow_provider_pulsarstate.engine.backends import open_backend
+            from airflow_provider_pulsarstate.engine.recipes.lease import Leases
+
+            self._backend = open_backend(self._config)
+            self._leases = Leases(self._backend, self.topic, operation_timeout=self._config.operation_timeout)
+        return self._leases.describe(name)
+
+    async def describe(self, name: str) -> Any:
+        """The lease's :class:`~airflow_provider_pulsarstate.engine.recipes.lease.LeaseInfo` as the
+        lease log says now (None: never acquired there)."""
+        if self._closed:
+            raise ClosedError("this lease observer is closed")
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pulsarstate-lease-observer")
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._describe, name)
+
+    def _close(self) -> None:
+        for closable in (self._leases, self._backend):
+            if closable is not None:
+                try:
+                    closable.close()
+                except Exception:  # closing is best effort; nothing was written
+                    pass
+
+    async def aclose(self) -> None:
+        """Close the lease log reader (idempotent; never waits on a read still running)."""
+        if self._closed:
+            return
+        self._closed = True
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.submit(self._close)
+            pool.shutdown(wait=False)
+
+
 def open_async_leadership_probe(config: ConnectionConfig) -> AsyncLeadershipProbe:
     """An :class:`AsyncLeadershipProbe` for the back end ``config`` selects (no I/O until first use)."""
     if config.kind == "pulsar":
@@ -252,6 +312,7 @@ def open_async_leadership_probe(config: ConnectionConfig) -> AsyncLeadershipProb
 __all__ = [
     "EXCLUSIVE_MODES",
     "AsyncLeadershipProbe",
+    "AsyncLeaseObserver",
     "Leadership",
     "leadership_from_stats",
     "open_async_leadership_probe",
