@@ -229,7 +229,9 @@ class LeadershipSensor(BaseSensorOperator):
             raise AirflowSensorTimeout(f"Sensor has timed out: {event.get('message')}; last seen: {seen}")
         if event["status"] == "error":
             raise PulsarStateError(f"{event.get('error_type', 'error')}: {event.get('message')}")
-        if deadline is None:  # started from the trigger: the task's own start counts
+        if isinstance(event.get("deadline"), (int, float)) and not isinstance(event.get("deadline"), bool):
+            deadline = float(event["deadline"])  # the trigger's: also when started from the trigger
+        if deadline is None:
             started = getattr(context.get("ti"), "start_date", None)
             deadline = (started.timestamp() if started is not None else time.time()) + self.timeout
         try:

@@ -41,10 +41,11 @@ class LeadershipTrigger(BaseTrigger):
     * ``{"status": "success", "leadership": {...}}``: the observation that met the mode (the
       sensor's XCom); with ``end_from_trigger`` a ``TaskSuccessEvent`` carrying it as the task's
       ``return_value`` instead, so no worker runs the sensor;
-    * mode ``acquire``: ``{"status": "free", "lease": {...} | None}`` once the lease ``lease_name``
+    * mode ``acquire``: ``{"status": "free", "lease": {...} | None, "deadline"}`` once the lease ``lease_name``
       is released, never acquired, or held but silent for longer than its ttl as observed by this
       trigger (``lease`` is the ``LeaseInfo`` seen, ``None``: never acquired). The trigger only
-      reads; the sensor acquires on the worker;
+      reads; the sensor acquires on the worker (and defers again until ``deadline``, seconds since
+      the epoch or None, if it lost the race);
     * ``{"status": "timeout", "message", "leadership"}``: ``deadline`` (or the deferral's
       ``timeout_after``) passed first; ``leadership`` is the last observation (acquire: ``lease``);
     * ``{"status": "error", "error_type", "message"}``: the problem, named (unknown topic, bad
@@ -187,7 +188,9 @@ class LeadershipTrigger(BaseTrigger):
                     self.log.info("%s", table(last) if self.mode != "acquire" else f"{where}: {last}")
                 if met:
                     if self.mode == "acquire":
-                        yield TriggerEvent({"status": "free", "lease": last})
+                        # the deadline travels with the event: a resumed sensor may not get its own
+                        # defer kwargs back (dag.test() replaces them with the event)
+                        yield TriggerEvent({"status": "free", "lease": last, "deadline": deadline})
                     elif self.end_from_trigger:
                         yield TaskSuccessEvent(xcoms={"return_value": last})
                     else:

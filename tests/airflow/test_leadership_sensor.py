@@ -59,6 +59,7 @@ class Actor:
         self.events: list[Any] = []
         self.hook = PulsarStateHook()
         self.writers: dict[str, Any] = {}
+        self.on_event: Callable[["Actor", Any], None] | None = None  # runs before the event reaches the sensor
         self._waiting: set[tuple[str, str]] = set()
         actor = self
         original_observe, original_acquire = LeadershipSensor._observe, LeadershipSensor._try_acquire
@@ -85,6 +86,8 @@ class Actor:
         async def run(trigger: LeadershipTrigger) -> Any:
             async for event in original_run(trigger):
                 actor.events.append(event.payload)
+                if actor.on_event is not None:
+                    await asyncio.to_thread(actor.on_event, actor, event.payload)
                 yield event
 
         monkeypatch.setattr(LeadershipSensor, "_observe", observe)
@@ -187,7 +190,8 @@ def test_acquire_mode_wins_a_lease_in_poke_deferred_and_after_expiry(
         actor.stop()
 
     assert outcome.state == "success", outcome.states
-    assert actor.done == ["acquire_poke", "acquire_deferred", "acquire_expired"]
+    assert actor.done[:3] == ["acquire_poke", "acquire_deferred", "acquire_expired"]
+    assert sorted(actor.done[3:]) == ["acquire_soft_deferred", "acquire_soft_poke"]  # parallel: either order
     x = outcome.xcoms
     full = x["occupy_1"]["topic"]
     assert full.endswith(lease_topic)
@@ -199,16 +203,48 @@ def test_acquire_mode_wins_a_lease_in_poke_deferred_and_after_expiry(
         assert (lease.name, lease.ttl, lease.topic) == (name, 30.0, full)
         assert lease.holder == f"leadership_sensor_acquire/{run_id}/{task_id}/-1"
     assert x["release_poke"] is True and x["release_deferred"] is True
-    # deferred: the trigger reported the lease free (released), then expired (held, silent > ttl)
-    assert [e["status"] for e in actor.events] == ["free", "free"]
-    released, expired = (e["lease"] for e in actor.events)
+    # deferred: the trigger reported the lease free (released), then expired (held, silent > ttl),
+    # then gave up (acquire_soft_deferred)
+    assert [e["status"] for e in actor.events] == ["free", "free", "timeout"]
+    released, expired = (e["lease"] for e in actor.events[:2])
     assert released["held"] is False and released["token"] == 3
     assert expired["held"] is True and expired["expired"] is True and expired["holder"] == "deployment-dead"
     # the dead holder's 2 s lease passed on after the trigger's and the worker's own observations
     assert 2.0 <= outcome.durations["acquire_expired"] < 30, outcome.durations
+    # held by a live holder: both modes give up at their timeout and, with soft_fail, are skipped
+    assert outcome.states["acquire_soft_poke"] == outcome.states["acquire_soft_deferred"] == "skipped"
+    assert 2.0 <= outcome.durations["acquire_soft_poke"] < 30 and 2.0 <= outcome.durations["acquire_soft_deferred"] < 30
     with PulsarStateHook() as hook:
         info = hook.get_leases(lease_topic).describe(name)
     assert info is not None and info.holder == x["acquire_expired"]["holder"] and info.token == 6
+
+
+def test_acquire_mode_that_loses_the_race_defers_again_until_it_wins(
+    dag_bundles: None, state_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dag = load_dag(SENSOR_DAGS, "leadership_sensor_acquire_race")
+    name, lease_topic = _name("lease"), _name("leases")
+    actor = Actor(monkeypatch, {"acquire_race": lambda a: a.release_lease(lease_topic, name)})
+    retaken: list[int] = []
+
+    def retake_once(a: Actor, payload: Any) -> None:
+        if payload.get("status") == "free" and not retaken:
+            leases = a.hook.get_leases(lease_topic)
+            retaken.append(leases.acquire(name, "deployment-c", ttl=1.5, timeout=10).token)
+
+    actor.on_event = retake_once
+    try:
+        outcome = run_dag(dag, {"lease_name": name, "lease_topic": lease_topic})
+    finally:
+        actor.stop()
+    assert outcome.state == "success", outcome.states
+    assert retaken == [2]
+    # free (released) -> lost to deployment-c -> deferred again -> free (deployment-c expired) -> won
+    assert [e["status"] for e in actor.events] == ["free", "free"]
+    assert actor.events[0]["deadline"] == actor.events[1]["deadline"]  # the same deadline across deferrals
+    assert actor.events[1]["lease"]["holder"] == "deployment-c" and actor.events[1]["lease"]["expired"] is True
+    won = outcome.xcoms["acquire_race"]
+    assert won["token"] == 3 and won["holder"].endswith("/acquire_race/-1")
 
 
 # ---------------------------------------------------------------------------------- conditions and arguments

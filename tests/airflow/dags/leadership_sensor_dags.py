@@ -89,3 +89,19 @@ with DAG(
     first >> acquire_poke >> release.override(task_id="release_poke")(acquire_poke.output) >> second
     second >> acquire_deferred >> release.override(task_id="release_deferred")(acquire_deferred.output) >> third
     third >> acquire_expired
+    # the lease is now held (ttl 30) by acquire_expired: these give up after 2 s, skipped
+    for name, deferrable in (("acquire_soft_poke", False), ("acquire_soft_deferred", True)):
+        acquire_expired >> LeadershipSensor(
+            task_id=name, deferrable=deferrable, soft_fail=True, **{**lease_args, "timeout": 2},
+        )
+
+with DAG(
+    "leadership_sensor_acquire_race", schedule=None, start_date=START,
+    params={"lease_name": Param("l", type="string"), "lease_topic": Param("leases", type="string")},
+) as race_dag:
+    # the test releases deployment-b's lease, then takes it again (ttl 1.5 s, never renewed) just
+    # as the trigger reports it free: the sensor loses the race, defers again and wins after expiry
+    occupy.override(task_id="occupy")("deployment-b", 30) >> LeadershipSensor(
+        task_id="acquire_race", deferrable=True, mode="acquire", lease_name="{{ params.lease_name }}",
+        lease_topic="{{ params.lease_topic }}", ttl=30, timeout=60, **FAST,
+    )
