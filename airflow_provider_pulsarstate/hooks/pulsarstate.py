@@ -315,10 +315,6 @@ class PulsarStateHook(BaseHook):
         config = config if config is not None else self.get_config()
         return AsyncLeaseObserver(config, config.topic_name(topic or DEFAULT_LEASE_TOPIC))
 
-    def lease_topic(self, topic: str | None = None) -> str:
-        """The full name of the lease log ``topic`` (default: ``pulsarstate-leases`` in the connection's namespace)."""
-        return self.topic_name(topic or DEFAULT_LEASE_TOPIC)
-
     def _own(self, obj: Any) -> Any:
         with self._lock:
             self._owned.append(obj)

@@ -144,6 +144,10 @@ class LeadershipSensor(BaseSensorOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(mode=sensor_mode, **kwargs)
+        if mode in ("poke", "reschedule"):
+            raise LeadershipConditionError(
+                f"mode is the leadership mode (leader, no_leader, changed, acquire); Airflow's {mode!r} is sensor_mode={mode!r}"
+            )
         check_mode(mode, leader_name=leader_name, since_epoch=since_epoch, lease_name=lease_name)
         if mode != "acquire" and not topic:
             raise LeadershipConditionError(f"mode {mode!r} needs a topic")

@@ -269,6 +269,7 @@ def test_conditions_hold_on_every_partition() -> None:
 def test_sensor_arguments_are_checked_at_parse_time() -> None:
     for kwargs, match in (
         ({"topic": "t", "mode": "elected"}, "mode must be one of"),
+        ({"topic": "t", "mode": "reschedule"}, "sensor_mode='reschedule'"),
         ({"topic": "t", "mode": "changed"}, "needs since_epoch"),
         ({"topic": "t", "mode": "changed", "since_epoch": "x"}, "since_epoch must be an integer"),
         ({"topic": "t", "mode": "no_leader", "leader_name": "a"}, "leader_name applies to mode 'leader' only"),
