@@ -389,7 +389,8 @@ def test_trigger_reports_a_lease_free_when_released_or_expired(airflow_home: Pat
 
         trigger = LeadershipTrigger(mode="acquire", lease_name=name, lease_topic=lease_topic, poll_interval=0.1)
         event, worst, _ = asyncio.run(drive(trigger, during=release_soon))
-        assert event.payload == {"status": "free", "lease": {**event.payload["lease"], "holder": None, "held": False}}
+        assert event.payload == {"status": "free", "lease": {**event.payload["lease"], "holder": None, "held": False},
+                                 "deadline": None}
         assert event.payload["lease"]["token"] == 1 and worst < LOOP_LAG_LIMIT
 
         leases.acquire(name, "holder-dead", ttl=1.5, timeout=10)  # never renewed
@@ -402,7 +403,7 @@ def test_trigger_reports_a_lease_free_when_released_or_expired(airflow_home: Pat
 
     never = LeadershipTrigger(mode="acquire", lease_name="never-taken", lease_topic=lease_topic)
     event, _, _ = asyncio.run(drive(never))
-    assert event.payload == {"status": "free", "lease": None}
+    assert event.payload == {"status": "free", "lease": None, "deadline": None}
 
 
 def test_trigger_times_out_reports_errors_and_always_closes_its_probe(
