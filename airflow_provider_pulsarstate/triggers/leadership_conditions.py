@@ -43,7 +43,10 @@ def check_mode(mode: str, *, leader_name: Any = None, since_epoch: Any = None, l
 
 
 def parse_since_epoch(value: Any) -> int:
-    """``since_epoch`` as given or rendered: an int >= -1 or its text (-1: no leader ever seen)."""
+    """``since_epoch`` as given or rendered: an int >= -1 or its text; -1, or the text ``None`` /
+    ``null`` (a rendered epoch of a topic nobody ever held), means no leader was ever seen."""
+    if isinstance(value, str) and value.strip() in ("None", "null"):
+        return -1
     if isinstance(value, str) and value.strip().lstrip("-").isdigit():
         value = int(value.strip())
     if isinstance(value, bool) or not isinstance(value, int) or value < -1:

@@ -255,7 +255,8 @@ def test_conditions_hold_on_every_partition() -> None:
     assert evaluate("t", "leader", [held], leader_name="a")["met"] and not evaluate("t", "leader", [held], leader_name="b")["met"]
     assert evaluate("t", "no_leader", [free])["met"] and not evaluate("t", "no_leader", [held, free])["met"]
     assert evaluate("t", "changed", [held], since_epoch="3")["met"] and not evaluate("t", "changed", [held], since_epoch=4)["met"]
-    assert evaluate("t", "changed", [free], since_epoch=-2 + 1)["met"] is False  # never held: epoch counts as -1
+    assert evaluate("t", "changed", [free], since_epoch=-1)["met"] is False  # never held: epoch counts as -1
+    assert evaluate("t", "changed", [held], since_epoch="None")["since_epoch"] == -1  # a rendered epoch of None
     result = evaluate("t", "leader", [held])
     assert check_result(json.loads(json.dumps(result))) == result
     with pytest.raises(LeadershipConditionError, match="since_epoch must be an integer"):
