@@ -1,9 +1,9 @@
 """Fencing tokens strictly increase across broker restarts (issue 9), on a broker of this module's own.
 
 Restarting the session broker would break the other tests using it, so this module starts a
-dedicated one. Each restart takes ~10-20 s on an idle 2-core machine (stop, then the standalone's
-bookie, metadata store and broker come back on the same ports and data); the module runs in about
-a minute, most of it the broker's start and two restarts.
+dedicated one. Over 60 s, and why: each restart takes ~10-20 s (stop, then the standalone's bookie,
+metadata store and broker come back on the same ports and data). Measured on 2 shared cores (load
+~3): broker start 21 s, the test 42 s (two restarts ~30 s, two ttl waits of 2 s, one worker).
 """
 
 from __future__ import annotations
