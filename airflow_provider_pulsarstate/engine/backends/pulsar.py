@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 
 _BUSY = (pulsar.ProducerFenced, pulsar.ProducerBusy)
 _UNREACHABLE = (pulsar.ConnectError, pulsar.Timeout, pulsar.LookupError, pulsar.ServiceUnitNotReady)
+_RECONNECTING = (pulsar.BrokerMetadataError, pulsar.NotConnected, pulsar.ConnectError, pulsar.ServiceUnitNotReady)
+"""A reader's tail check while its consumer re-subscribes (after a broker restart): transient."""
 
 
 class PulsarBackend(Backend):
@@ -454,10 +456,19 @@ class PulsarReader(RawReader):
             self._peeked = self._read(0)  # 0 ms: only what the client already received
         if self._peeked is not None:
             return True
-        try:
-            return self._get().has_message_available()
-        except pulsar.PulsarException as exc:
-            raise self.backend._unreachable("checking the tail of", self.topic, exc) from exc
+        # Right after a broker restart the client re-subscribes in the background; until it has,
+        # the broker answers "Consumer not found" (BrokerMetadataError): retried, not fatal.
+        deadline = time.monotonic() + self.backend.config.operation_timeout
+        backoff = Backoff(initial=0.05, maximum=1.0)
+        while True:
+            try:
+                return self._get().has_message_available()
+            except _RECONNECTING as exc:
+                if time.monotonic() >= deadline:
+                    raise self.backend._unreachable("checking the tail of", self.topic, exc) from exc
+                backoff.sleep(deadline=deadline)
+            except pulsar.PulsarException as exc:
+                raise self.backend._unreachable("checking the tail of", self.topic, exc) from exc
 
     def close(self) -> None:
         reader, self._reader = self._reader, None
