@@ -5,8 +5,9 @@ How the contract is kept:
 * **Exclusive writer.** Every writer is a ``ProducerAccessMode.Exclusive`` producer. WAIT polls
   Exclusive with back-off until the deadline instead of using ``WaitForExclusive``, which can block
   forever (apache/pulsar#24516) and, when abandoned, leaves an orphaned producer behind. FENCE
-  takes the topic over with a short-lived ``ExclusiveWithFencing`` producer that is closed at once,
-  then takes Exclusive like the others: ``ExclusiveWithFencing`` producers created concurrently can
+  waits up to :data:`FENCE_GRACE` for the holder to let go, then takes the topic over with a
+  short-lived ``ExclusiveWithFencing`` producer that is closed at once, and takes Exclusive like
+  the others: ``ExclusiveWithFencing`` producers created concurrently can
   all be admitted and all send (seen on Pulsar 4.2.4: three listed as publishers at once, the topic
   epoch reported lower than one already granted), so no fencing producer ever writes.
 * **Time-outs.** A producer creation that timed out may still complete on the broker and leave
@@ -55,6 +56,10 @@ from airflow_provider_pulsarstate.engine.retry import Backoff
 log = logging.getLogger(__name__)
 
 _BUSY = (pulsar.ProducerFenced, pulsar.ProducerBusy)
+FENCE_GRACE = 2.0
+"""Seconds a FENCE acquisition waits for a live holder to let go before fencing it: a fencing
+producer racing a holder's own close was seen to hang its creation for ~60 s (Pulsar 4.2.4), so
+fencing is kept for holders that do not let go (a paused or partitioned process)."""
 _UNREACHABLE = (pulsar.ConnectError, pulsar.Timeout, pulsar.LookupError, pulsar.ServiceUnitNotReady)
 _RECONNECTING = (pulsar.BrokerMetadataError, pulsar.NotConnected, pulsar.ConnectError, pulsar.ServiceUnitNotReady)
 """A reader's tail check while its consumer re-subscribes (after a broker restart): transient."""
@@ -139,6 +144,7 @@ class PulsarBackend(Backend):
         name = name or default_writer_name()
         deadline = time.monotonic() + timeout
         backoff = Backoff(initial=0.05, maximum=0.5)
+        busy_since: float | None = None
         while True:
             try:
                 producer = self.client.create_producer(
@@ -158,7 +164,10 @@ class PulsarBackend(Backend):
                         f"another writer holds {self.topic_url(topic)} ({type(exc).__name__}; {self._blockers(topic, name)})"
                     ) from exc
                 if mode is AcquireMode.FENCE:
-                    self._fence(topic, name)
+                    busy_since = busy_since if busy_since is not None else time.monotonic()
+                    if time.monotonic() - busy_since >= FENCE_GRACE:
+                        self._fence(topic, name)
+                        busy_since = None
                 if time.monotonic() >= deadline:
                     raise OperationTimeoutError(
                         f"waited {timeout:.1f}s for the writer of {self.topic_url(topic)}; it is still held "
