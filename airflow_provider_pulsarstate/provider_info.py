@@ -50,13 +50,19 @@ def provider_info() -> dict[str, Any]:
         "sensors": [
             {
                 "integration-name": "Pulsar State",
-                "python-modules": ["airflow_provider_pulsarstate.sensors.offsets"],
+                "python-modules": [
+                    "airflow_provider_pulsarstate.sensors.offsets",
+                    "airflow_provider_pulsarstate.sensors.leadership",
+                ],
             }
         ],
         "triggers": [
             {
                 "integration-name": "Pulsar State",
-                "python-modules": ["airflow_provider_pulsarstate.triggers.offsets"],
+                "python-modules": [
+                    "airflow_provider_pulsarstate.triggers.offsets",
+                    "airflow_provider_pulsarstate.triggers.leadership",
+                ],
             }
         ],
         "connection-types": [

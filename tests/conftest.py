@@ -1,7 +1,8 @@
 """Session fixtures: one real Pulsar broker for the whole run, and per-test back ends.
 
 The broker is started by the test session itself (no Docker). Set PULSARSTATE_TEST_SERVICE_URL
-and PULSARSTATE_TEST_ADMIN_URL to use a broker you started yourself instead. A broker that does
+and PULSARSTATE_TEST_ADMIN_URL to use a broker you started yourself instead (and
+PULSARSTATE_TEST_BROKER_PID for the tests that freeze it with SIGSTOP). A broker that does
 not come up is an error, never a skip: deselect Pulsar tests explicitly with ``-m "not pulsar"``.
 """
 
@@ -44,7 +45,10 @@ def pulsar_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """The session's real Pulsar broker (``service_url``, ``admin_url``)."""
     url = os.environ.get("PULSARSTATE_TEST_SERVICE_URL")
     if url:
-        yield SimpleNamespace(service_url=url, admin_url=os.environ.get("PULSARSTATE_TEST_ADMIN_URL", ""))
+        pid = os.environ.get("PULSARSTATE_TEST_BROKER_PID")  # for the tests that freeze the broker
+        yield SimpleNamespace(
+            service_url=url, admin_url=os.environ.get("PULSARSTATE_TEST_ADMIN_URL", ""), pid=int(pid) if pid else None
+        )
         return
     yield from _standalone(tmp_path_factory, "pulsar")
 

@@ -34,6 +34,8 @@ def test_layering_contracts_hold() -> None:
         ("operators/views.py", "from airflow_provider_pulsarstate.engine.recipes.table import StateTable\n", "only through the hook"),
         ("triggers/offsets.py", "from airflow_provider_pulsarstate.engine.offsets import open_async_probe\n", "only through the hook"),
         ("sensors/offsets.py", "from airflow_provider_pulsarstate.engine.offsets.consumer import PullConsumer\n", "only through the hook"),
+        ("triggers/leadership.py", "from airflow_provider_pulsarstate.engine.leadership import read_leadership\n", "only through the hook"),
+        ("sensors/leadership.py", "from airflow_provider_pulsarstate.engine.recipes.lease import Leases\n", "only through the hook"),
     ],
 )
 def test_a_violation_breaks_the_build(tmp_path: Path, module: str, line: str, contract: str) -> None:

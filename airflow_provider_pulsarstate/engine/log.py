@@ -76,14 +76,16 @@ class LogWriter:
 
 def open_writer(
     backend: Backend, topic: str, *, writer_id: bytes, mode: AcquireMode, timeout: float,
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, name: str | None = None,
 ) -> LogWriter:
     """Take the exclusive writer of ``topic`` and announce the new epoch with an EPOCH record.
+
+    ``name`` names the writer where leadership is observed (see :meth:`Backend.acquire_writer`).
 
     The caller must then read up to that EPOCH record (see :meth:`LogReader.read_next`) before
     generating anything from the state: everything in the log before it is then known.
     """
-    raw = backend.acquire_writer(topic, mode=mode, timeout=timeout)
+    raw = backend.acquire_writer(topic, mode=mode, timeout=timeout, name=name)
     writer = LogWriter(raw, writer_id=writer_id, max_frame_bytes=max_frame_bytes)
     try:
         writer.append(RecordKind.EPOCH, timeout=timeout)

@@ -182,6 +182,9 @@ class SharedStateManager(Generic[S, O]):
         is taken under the state lock (a consistent state at one offset) and stored on a
         background thread. None: only :meth:`checkpoint` writes them.
     :param use_checkpoints: load the newest checkpoint at bootstrap (False: replay everything).
+    :param writer_name: the name this instance's writer shows as leader of the topic
+        (:func:`~airflow_provider_pulsarstate.engine.leadership.read_leadership`; on Pulsar the
+        exclusive producer's name, which must be unique on the broker). None: a unique generated one.
 
     A frame that claims an epoch the back end never granted (a foreign producer's) is logged as
     corrupt, counted in ``stats["corrupt_skipped"]`` and skipped whatever ``on_corrupt`` says: it
@@ -212,6 +215,7 @@ class SharedStateManager(Generic[S, O]):
         state_deserializer: Callable[[bytes], S] | None = None,
         checkpoint_after_bytes: int | None = None,
         use_checkpoints: bool = True,
+        writer_name: str | None = None,
     ) -> None:
         if checkpoint_after_bytes is not None and (state_serializer is None or checkpoint_after_bytes <= 0):
             raise ConfigurationError(
@@ -234,6 +238,7 @@ class SharedStateManager(Generic[S, O]):
         self.max_frame_bytes = max_frame_bytes
         self.on_corrupt = on_corrupt
         self.progress_interval = progress_interval
+        self.writer_name = writer_name
 
         self._lock = threading.RLock()  # state, reader, writer, offsets
         self._state: Any = None
@@ -695,7 +700,7 @@ class SharedStateManager(Generic[S, O]):
             # Without the state lock: local reads go on while another instance holds the writer.
             writer = open_writer(
                 self.backend, self.topic, writer_id=self.writer_id, mode=self.acquire_mode,
-                timeout=self.acquire_timeout, max_frame_bytes=self.max_frame_bytes,
+                timeout=self.acquire_timeout, max_frame_bytes=self.max_frame_bytes, name=self.writer_name,
             )
         with self._lock:
             try:

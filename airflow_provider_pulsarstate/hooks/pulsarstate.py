@@ -26,6 +26,13 @@ from airflow_provider_pulsarstate.hooks.connection_form import (
     HOOK_NAME,
     LEGACY_EXTRA_PREFIX,
 )
+from airflow_provider_pulsarstate.engine.leadership import (
+    AsyncLeadershipProbe,
+    AsyncLeaseObserver,
+    Leadership,
+    open_async_leadership_probe,
+    read_leadership,
+)
 from airflow_provider_pulsarstate.engine.manager import SharedStateManager
 from airflow_provider_pulsarstate.engine.offsets import (
     AsyncOffsetProbe,
@@ -287,6 +294,36 @@ class PulsarStateHook(BaseHook):
         are full names (``config.topic_name(short)``).
         """
         return open_async_probe(config if config is not None else self.get_config())
+
+    def get_leadership(self, topic: str) -> list[Leadership]:
+        """Who holds ``topic``'s exclusive writer now, per partition (read-only; see
+        :mod:`~airflow_provider_pulsarstate.engine.leadership`).
+
+        :param topic: a short name or a full ``persistent://...``.
+        :return: one :class:`~airflow_provider_pulsarstate.engine.leadership.Leadership` per
+            partition (one, partition None, for a non-partitioned topic).
+        :raises LeadershipError: the topic does not exist (named).
+        :raises BackendUnavailableError: the broker's admin API or the embedded file cannot be reached.
+        """
+        config, backend = self._open()
+        return read_leadership(backend, config.topic_name(topic))
+
+    def get_async_leadership_probe(self, *, config: ConnectionConfig | None = None) -> AsyncLeadershipProbe:
+        """An :class:`~airflow_provider_pulsarstate.engine.leadership.AsyncLeadershipProbe`:
+        :meth:`get_leadership` without blocking an event loop (no I/O here). As
+        :meth:`get_async_offset_probe`: pass the config read by ``await hook.aget_config()``
+        inside a loop; the caller closes the probe (``await probe.aclose()``); topics are full names."""
+        return open_async_leadership_probe(config if config is not None else self.get_config())
+
+    def get_async_lease_observer(
+        self, topic: str | None = None, *, config: ConnectionConfig | None = None
+    ) -> AsyncLeaseObserver:
+        """An :class:`~airflow_provider_pulsarstate.engine.leadership.AsyncLeaseObserver` on the
+        lease log ``topic`` (default: :meth:`get_leases`'s): ``await observer.describe(name)``
+        without acquiring and without blocking an event loop. No I/O here; the caller closes it
+        (``await observer.aclose()``)."""
+        config = config if config is not None else self.get_config()
+        return AsyncLeaseObserver(config, config.topic_name(topic or DEFAULT_LEASE_TOPIC))
 
     def _own(self, obj: Any) -> Any:
         with self._lock:

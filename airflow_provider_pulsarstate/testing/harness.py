@@ -38,9 +38,9 @@ class ForwardingBackend(Backend):
     def underlying(self) -> Backend:
         return self.inner.underlying()
 
-    def acquire_writer(self, topic: str, *, mode: AcquireMode, timeout: float) -> RawWriter:
+    def acquire_writer(self, topic: str, *, mode: AcquireMode, timeout: float, name: str | None = None) -> RawWriter:
         self.check("acquire_writer", topic)
-        return self.inner.acquire_writer(topic, mode=mode, timeout=timeout)
+        return self.inner.acquire_writer(topic, mode=mode, timeout=timeout, name=name)
 
     def current_epoch(self, topic: str) -> int:
         self.check("current_epoch", topic)
@@ -184,8 +184,8 @@ class FaultInjectingBackend(ForwardingBackend):
         if operation in self._OUTAGE_CHECKED:
             self._check_outage(f"{self._OUTAGE_CHECKED[operation]} {topic}")
 
-    def acquire_writer(self, topic: str, *, mode: AcquireMode, timeout: float) -> RawWriter:
-        return _FaultyWriter(self, super().acquire_writer(topic, mode=mode, timeout=timeout))
+    def acquire_writer(self, topic: str, *, mode: AcquireMode, timeout: float, name: str | None = None) -> RawWriter:
+        return _FaultyWriter(self, super().acquire_writer(topic, mode=mode, timeout=timeout, name=name))
 
     def create_reader(self, topic: str, *, start: Any = EARLIEST) -> RawReader:
         return _FaultyReader(self, super().create_reader(topic, start=start))

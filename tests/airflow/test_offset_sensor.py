@@ -30,6 +30,8 @@ from airflow_provider_pulsarstate.triggers.offsets import OffsetProgressTrigger
 from airflow_provider_pulsarstate.triggers.progress import ProgressError, evaluate, parse_target
 
 from tests.airflow.dagruns import TEST_DAGS, load_dag, run_dag
+from tests.airflow.trigger_driver import LOOP_LAG_LIMIT, cancel_midway
+from tests.airflow.trigger_driver import drive as _drive
 
 SENSOR_DAGS = TEST_DAGS / "offset_sensor_dags.py"
 
@@ -278,8 +280,8 @@ def test_provider_info_lists_sensor_and_trigger() -> None:
     from airflow_provider_pulsarstate.provider_info import provider_info
 
     info = provider_info()
-    assert info["sensors"][0]["python-modules"] == ["airflow_provider_pulsarstate.sensors.offsets"]
-    assert info["triggers"][0]["python-modules"] == ["airflow_provider_pulsarstate.triggers.offsets"]
+    assert "airflow_provider_pulsarstate.sensors.offsets" in info["sensors"][0]["python-modules"]
+    assert "airflow_provider_pulsarstate.triggers.offsets" in info["triggers"][0]["python-modules"]
 
 
 # ---------------------------------------------------------------------------------- the trigger, driven directly
@@ -297,34 +299,6 @@ def test_trigger_serialize_round_trips_exactly() -> None:
     _, canon = OffsetProgressTrigger(**{**kwargs, "target": {2: 0, 0: 3}, "watermark": {1: 4}}).serialize()
     assert canon["target"] == {"0": 3, "2": 0} and canon["watermark"] == {"1": 4}
     assert OffsetProgressTrigger(**canon).serialize()[1] == canon
-
-
-async def _drive(trigger: OffsetProgressTrigger, *, during: Any = None, tick: float = 0.01) -> tuple[Any, float, int]:
-    """Run the trigger to its first event while ``during`` runs and a coroutine ticks every ``tick``
-    seconds; return the event, the ticker's worst lateness and its tick count."""
-    worst, ticks, stop = 0.0, 0, asyncio.Event()
-
-    async def ticker() -> None:
-        nonlocal worst, ticks
-        loop = asyncio.get_running_loop()
-        while not stop.is_set():
-            before = loop.time()
-            await asyncio.sleep(tick)
-            worst = max(worst, loop.time() - before - tick)
-            ticks += 1
-
-    ticking = asyncio.create_task(ticker())
-    side = asyncio.create_task(during()) if during else None
-    try:
-        runner = trigger.run()
-        event = await asyncio.wait_for(runner.__anext__(), 120)
-        await runner.aclose()
-        if side:
-            await side
-    finally:
-        stop.set()
-        await ticking
-    return event, worst, ticks
 
 
 def _create(topic: str, partitions: int = 0) -> str:
@@ -349,7 +323,7 @@ def test_trigger_fires_when_a_publisher_reaches_the_target_without_blocking_the_
     assert progress["met"] and progress["value"] == 10 and set(progress["end_offsets"]) == {"0", "1"}
     # the loop kept ticking every 10 ms through ~20 polls: no poll blocked it
     # (0.6 s: above what a loaded 2-vCPU CI machine adds; the control below blocks for 1 s)
-    assert ticks >= 50 and worst < 0.6, (ticks, worst)
+    assert ticks >= 50 and worst < LOOP_LAG_LIMIT, (ticks, worst)
 
 
 def test_the_ticker_detects_a_blocking_probe(airflow_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -440,16 +414,7 @@ def test_trigger_times_out_and_reports_errors_and_always_closes_its_probe(
     assert len(closed) == 3  # every probe opened was closed (the bad target failed before opening one)
 
     # cancelled while polling (a triggerer shutting down): the probe is still closed
-    async def cancel_midway() -> None:
-        runner = OffsetProgressTrigger(topic=topic, condition="end_offset", target=99, poll_interval=0.05).run()
-        task = asyncio.ensure_future(runner.__anext__())
-        await asyncio.sleep(0.5)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        await runner.aclose()
-
-    asyncio.run(cancel_midway())
+    asyncio.run(cancel_midway(OffsetProgressTrigger(topic=topic, condition="end_offset", target=99, poll_interval=0.05)))
     assert len(closed) == 4
 
 

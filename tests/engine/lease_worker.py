@@ -1,5 +1,6 @@
 """A lease candidate in its own process, driven line by line over stdin (one JSON command per
-line, one JSON reply per line on stdout). Used by tests/engine/test_leases.py."""
+line, one JSON reply per line on stdout). Used by tests/engine/test_leases.py and
+tests/engine/test_lease_restarts.py."""
 
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ def main() -> None:
                 lease = leases.renew(Lease.from_json(cmd["lease"]) if "lease" in cmd else lease)
             elif what == "release":
                 reply["released"] = leases.release(lease)
+            elif what == "describe":
+                info = leases.describe(cmd["name"])
+                reply["info"] = info.as_dict() if info is not None else None
             elif what == "put":
                 table.put(cmd["key"], cmd["value"], lease=lease)
             elif what == "exit":

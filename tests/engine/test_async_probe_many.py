@@ -10,7 +10,7 @@ import pytest
 
 from airflow_provider_pulsarstate import ConnectionConfig, open_backend
 from airflow_provider_pulsarstate.engine.offsets import create_topic, open_async_probe, open_publisher
-from airflow_provider_pulsarstate.engine.offsets import pulsar_async
+from airflow_provider_pulsarstate.engine.backends import admin_async
 from airflow_provider_pulsarstate.engine.retry import within
 from tests.conftest import pulsar_config
 
@@ -61,7 +61,7 @@ def test_starting_a_hundred_probes_at_once_never_stalls_the_loop(backend_config:
 @pytest.mark.pulsar
 def test_probes_on_one_loop_share_http_clients_and_the_last_one_out_closes_each(pulsar_broker: object, topic: str) -> None:
     config = pulsar_config(pulsar_broker)
-    per_client = pulsar_async.PROBES_PER_CLIENT
+    per_client = admin_async.PROBES_PER_CLIENT
     with open_backend(config) as backend:
         create_topic(backend, topic)
 
@@ -69,7 +69,7 @@ def test_probes_on_one_loop_share_http_clients_and_the_last_one_out_closes_each(
         loop = asyncio.get_running_loop()
 
         def clients() -> list[tuple[Any, int]]:
-            return [(c, n) for entries in pulsar_async._CLIENTS.get(loop, {}).values() for c, n in entries]
+            return [(c, n) for entries in admin_async._CLIENTS.get(loop, {}).values() for c, n in entries]
 
         probes = [open_async_probe(config) for _ in range(per_client + 1)]
         assert clients() == []  # no I/O, no client before first use

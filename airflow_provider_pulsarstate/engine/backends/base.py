@@ -24,6 +24,7 @@ Guarantees every back end gives:
 from __future__ import annotations
 
 import enum
+import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -48,6 +49,11 @@ def partition_topic_name(topic: str, partition: int) -> str:
     """The topic that stores partition ``partition`` of a partitioned ``topic`` (Pulsar's naming,
     which the embedded log follows)."""
     return f"{topic}-partition-{partition}"
+
+
+def default_writer_name() -> str:
+    """A unique writer name, for writers not given one (``pulsarstate-`` and 12 hex digits)."""
+    return f"pulsarstate-{uuid.uuid4().hex[:12]}"
 
 
 def is_earliest(start: Any) -> bool:
@@ -107,8 +113,12 @@ class Backend(ABC):
     """A connection to one store of topics."""
 
     @abstractmethod
-    def acquire_writer(self, topic: str, *, mode: AcquireMode, timeout: float) -> RawWriter:
+    def acquire_writer(self, topic: str, *, mode: AcquireMode, timeout: float, name: str | None = None) -> RawWriter:
         """Get the exclusive writer of ``topic`` with a new, higher epoch.
+
+        ``name`` names the writer where leadership is observed (Pulsar: the exclusive producer's
+        ``producer_name``, which must be unique on the broker; embedded: recorded with the epoch).
+        None: a unique ``pulsarstate-<hex>`` name (:func:`default_writer_name`).
 
         :raises WriterBusyError: FAIL_FAST and another writer holds it.
         :raises OperationTimeoutError: WAIT and it did not come free within ``timeout``.

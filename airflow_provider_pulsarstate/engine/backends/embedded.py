@@ -9,7 +9,8 @@ How the contract is kept:
 * **Liveness.** The holder of epoch ``E`` keeps an ``flock`` on ``<db>.locks/<topic>.<E>``. The
   kernel drops it when the process dies (SIGKILL included), which is how others learn the writer
   is free, just as Pulsar frees an exclusive producer when its connection drops. A FENCE takeover
-  bumps the epoch without waiting for the old holder.
+  bumps the epoch without waiting for the old holder. ``writer_holders`` records the name and
+  access mode of each epoch's writer in the same transaction as the epoch (:meth:`writer_lock`).
 * **Durability.** A committed append survives the crash of any process (WAL, ``synchronous=NORMAL``);
   pass ``synchronous="FULL"`` to also survive power loss.
 * **Readers** poll the file; they see committed entries only, in append order.
@@ -33,6 +34,7 @@ from typing import Any, Sequence
 
 from airflow_provider_pulsarstate.engine.backends.base import (
     EARLIEST,
+    default_writer_name,
     is_earliest,
     partition_topic_name,
     AcquireMode,
@@ -81,6 +83,13 @@ CREATE TABLE IF NOT EXISTS topic_trims (
     topic     TEXT    PRIMARY KEY,
     beginning INTEGER NOT NULL
 );
+-- The writer of each epoch (added later: an older file gains it here; its epochs have no row).
+CREATE TABLE IF NOT EXISTS writer_holders (
+    topic       TEXT    PRIMARY KEY,
+    epoch       INTEGER NOT NULL,
+    holder      TEXT,
+    access_mode TEXT    NOT NULL
+);
 CREATE TABLE IF NOT EXISTS subscriptions (
     topic        TEXT    NOT NULL,
     subscription TEXT    NOT NULL,
@@ -92,7 +101,7 @@ _READ_BATCH = 512
 # Every row that belongs to one topic (delete_topic removes them all).
 _TOPIC_ROWS = (
     ("entries", "topic"), ("topics", "name"), ("offset_topics", "name"), ("entry_meta", "topic"),
-    ("topic_trims", "topic"), ("subscriptions", "topic"),
+    ("topic_trims", "topic"), ("subscriptions", "topic"), ("writer_holders", "topic"),
 )
 
 
@@ -161,14 +170,15 @@ class EmbeddedBackend(Backend):
         return self._lock_dir / f"{digest}.{epoch}.lock"
 
     # -- writer -----------------------------------------------------------------------------
-    def acquire_writer(self, topic: str, *, mode: AcquireMode, timeout: float) -> RawWriter:
+    def acquire_writer(self, topic: str, *, mode: AcquireMode, timeout: float, name: str | None = None) -> RawWriter:
         mode = AcquireMode(mode)
         deadline = time.monotonic() + timeout
         backoff = Backoff(initial=0.01, maximum=0.25)
+        name = name or default_writer_name()
         conn = self.connect()
         try:
             while True:
-                writer = self._try_acquire(conn, topic, fence=mode is AcquireMode.FENCE)
+                writer = self._try_acquire(conn, topic, fence=mode is AcquireMode.FENCE, name=name)
                 if writer is not None:
                     log.debug("acquired writer of %s at epoch %d", topic, writer.epoch)
                     return self._track(writer)
@@ -197,7 +207,31 @@ class EmbeddedBackend(Backend):
         finally:
             _close_quietly(conn)
 
-    def _try_acquire(self, conn: sqlite3.Connection, topic: str, *, fence: bool) -> "EmbeddedWriter | None":
+    def writer_lock(self, topic: str) -> tuple[int, str | None, str | None, bool]:
+        """``(epoch, holder, access_mode, held)`` of ``topic``'s writer lock: the current epoch
+        (0: never taken), the name and access mode its writer recorded (None when it recorded
+        none, e.g. a file written by an older version), and whether that epoch's lock is held now.
+
+        :raises BackendUnavailableError: the file cannot be read.
+        """
+        conn = self.connect()
+        try:
+            epoch = self._current_epoch(conn, topic)
+            try:
+                row = conn.execute(
+                    "SELECT holder, access_mode FROM writer_holders WHERE topic = ? AND epoch = ?", (topic, epoch)
+                ).fetchone()
+            except sqlite3.Error as exc:
+                raise BackendUnavailableError(f"cannot read the writer of {self.topic_url(topic)}: {exc}") from exc
+        finally:
+            _close_quietly(conn)
+        try:
+            held = epoch > 0 and _lock_is_held(self.lock_path(topic, epoch))
+        except OSError as exc:
+            raise BackendUnavailableError(f"cannot check the writer lock of {self.topic_url(topic)}: {exc}") from exc
+        return epoch, (row[0] if row else None), (row[1] if row else None), held
+
+    def _try_acquire(self, conn: sqlite3.Connection, topic: str, *, fence: bool, name: str) -> "EmbeddedWriter | None":
         current = self._current_epoch(conn, topic)
         # Hold the next epoch's liveness lock before publishing that epoch, so nobody ever sees
         # an epoch whose lock is free while its holder is alive.
@@ -221,6 +255,12 @@ class EmbeddedBackend(Backend):
                 "INSERT INTO topics(name, epoch) VALUES (?, ?) "
                 "ON CONFLICT(name) DO UPDATE SET epoch = excluded.epoch",
                 (topic, new_epoch),
+            )
+            conn.execute(
+                "INSERT INTO writer_holders(topic, epoch, holder, access_mode) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT(topic) DO UPDATE SET epoch = excluded.epoch, holder = excluded.holder, "
+                "access_mode = excluded.access_mode",
+                (topic, new_epoch, name, "Exclusive"),  # a takeover ends as an Exclusive writer, as on Pulsar
             )
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
@@ -486,11 +526,16 @@ def _release_flock(fd: int, path: Path) -> None:
 
 
 def _lock_is_held(path: Path) -> bool:
-    if not path.exists():
+    """Whether a writer holds the lock file. Probed with a SHARED lock: probes (observers polling
+    leadership, acquirers checking the current epoch) never look like a holder to each other."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
         return False
-    fd = _try_flock(path)
-    if fd is None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
         return True
-    fcntl.flock(fd, fcntl.LOCK_UN)
-    os.close(fd)
+    finally:
+        os.close(fd)  # also drops the shared lock
     return False

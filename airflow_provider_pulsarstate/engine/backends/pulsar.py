@@ -5,10 +5,15 @@ How the contract is kept:
 * **Exclusive writer.** Every writer is a ``ProducerAccessMode.Exclusive`` producer. WAIT polls
   Exclusive with back-off until the deadline instead of using ``WaitForExclusive``, which can block
   forever (apache/pulsar#24516) and, when abandoned, leaves an orphaned producer behind. FENCE
-  takes the topic over with a short-lived ``ExclusiveWithFencing`` producer that is closed at once,
-  then takes Exclusive like the others: ``ExclusiveWithFencing`` producers created concurrently can
+  waits up to :data:`FENCE_GRACE` for the holder to let go, then takes the topic over with a
+  short-lived ``ExclusiveWithFencing`` producer that is closed at once, and takes Exclusive like
+  the others: ``ExclusiveWithFencing`` producers created concurrently can
   all be admitted and all send (seen on Pulsar 4.2.4: three listed as publishers at once, the topic
   epoch reported lower than one already granted), so no fencing producer ever writes.
+* **Time-outs.** A producer creation that timed out may still complete on the broker and leave
+  an orphaned exclusive producer that nobody can use (apache/pulsar#25936). Every attempt is
+  named, the topic stats are checked for that name after a time-out, and an orphan is dropped by
+  unloading the topic; WAIT then retries until its deadline.
 * **Epochs** are the broker's topic epoch (``topicEpoch`` in the topic stats), read right after the
   producer is created. The broker bumps it for every new exclusive producer and rejects the sends
   of a fenced one, so a fenced writer can never append again.
@@ -29,6 +34,7 @@ from airflow_provider_pulsarstate.engine.backends.admin import PulsarAdmin
 from airflow_provider_pulsarstate.engine.backends.policies import ensure_topic_policies
 from airflow_provider_pulsarstate.engine.backends.base import (
     EARLIEST,
+    default_writer_name,
     is_earliest,
     AcquireMode,
     Backend,
@@ -50,7 +56,13 @@ from airflow_provider_pulsarstate.engine.retry import Backoff
 log = logging.getLogger(__name__)
 
 _BUSY = (pulsar.ProducerFenced, pulsar.ProducerBusy)
+FENCE_GRACE = 2.0
+"""Seconds a FENCE acquisition waits for a live holder to let go before fencing it: a fencing
+producer racing a holder's own close was seen to hang its creation for ~60 s (Pulsar 4.2.4), so
+fencing is kept for holders that do not let go (a paused or partitioned process)."""
 _UNREACHABLE = (pulsar.ConnectError, pulsar.Timeout, pulsar.LookupError, pulsar.ServiceUnitNotReady)
+_RECONNECTING = (pulsar.BrokerMetadataError, pulsar.NotConnected, pulsar.ConnectError, pulsar.ServiceUnitNotReady)
+"""A reader's tail check while its consumer re-subscribes (after a broker restart): transient."""
 
 
 class PulsarBackend(Backend):
@@ -125,15 +137,19 @@ class PulsarBackend(Backend):
             self._children.discard(child)
 
     # -- writer -----------------------------------------------------------------------------
-    def acquire_writer(self, topic: str, *, mode: AcquireMode, timeout: float) -> RawWriter:
+    def acquire_writer(self, topic: str, *, mode: AcquireMode, timeout: float, name: str | None = None) -> RawWriter:
         mode = AcquireMode(mode)
         access = pulsar.ProducerAccessMode.Exclusive
+        # Always named, so that a creation that timed out can be found in the topic stats.
+        name = name or default_writer_name()
         deadline = time.monotonic() + timeout
         backoff = Backoff(initial=0.05, maximum=0.5)
+        busy_since: float | None = None
         while True:
             try:
                 producer = self.client.create_producer(
                     topic,
+                    producer_name=name,
                     access_mode=access,
                     batching_enabled=False,
                     chunking_enabled=False,
@@ -144,35 +160,59 @@ class PulsarBackend(Backend):
                 break
             except _BUSY as exc:
                 if mode is AcquireMode.FAIL_FAST:
-                    raise WriterBusyError(f"another writer holds {self.topic_url(topic)} ({type(exc).__name__})") from exc
+                    raise WriterBusyError(
+                        f"another writer holds {self.topic_url(topic)} ({type(exc).__name__}; {self._blockers(topic, name)})"
+                    ) from exc
                 if mode is AcquireMode.FENCE:
-                    self._fence(topic)
+                    busy_since = busy_since if busy_since is not None else time.monotonic()
+                    if time.monotonic() - busy_since >= FENCE_GRACE:
+                        self._fence(topic, name)
+                        busy_since = None
                 if time.monotonic() >= deadline:
                     raise OperationTimeoutError(
-                        f"waited {timeout:.1f}s for the writer of {self.topic_url(topic)}; it is still held"
+                        f"waited {timeout:.1f}s for the writer of {self.topic_url(topic)}; it is still held "
+                        f"({self._blockers(topic, name)})"
                     ) from exc
+                backoff.sleep(deadline)
+            except pulsar.Timeout as exc:
+                # The broker may still create the producer after the client gave up on it
+                # (apache/pulsar#25936): make sure no such orphan of ours holds the topic.
+                self._drop_orphan(topic, name, wait=min(self.config.operation_timeout, max(2.0, deadline - time.monotonic())))
+                if mode is AcquireMode.FAIL_FAST or time.monotonic() >= deadline:
+                    raise self._unreachable("creating the exclusive producer of", topic, exc) from exc
+                log.warning("creating the exclusive producer %r of %s timed out; retrying", name, self.topic_url(topic))
                 backoff.sleep(deadline)
             except _UNREACHABLE as exc:
                 raise self._unreachable("creating the exclusive producer of", topic, exc) from exc
         try:
             epoch = int(self.admin.topic_stats(topic)["topicEpoch"])
         except Exception:
-            producer.close()
+            # The broker may be unreachable right now (that is why the read failed): a close that
+            # fails must neither replace the error with a driver's one nor leave our producer behind.
+            try:
+                producer.close()
+            except Exception as exc:
+                log.warning("closing the exclusive producer %r of %s failed: %s", name, self.topic_url(topic), exc)
+                self._drop_orphan(topic, name, wait=0.0)
             raise
-        log.debug("acquired writer of %s at epoch %d", topic, epoch)
+        log.debug("acquired writer %r of %s at epoch %d", name, topic, epoch)
         return self._track(PulsarWriter(self, topic, epoch, producer))
 
-    def _fence(self, topic: str) -> None:
+    def _fence(self, topic: str, name: str) -> None:
         """Close every producer of ``topic`` (the broker bumps its epoch): a fencing producer that
         is created and closed at once, never written with. Another candidate may take the topic
         before we do; the caller then fences again or gives up at its deadline."""
+        fencer_name = f"{name}-fence"
         try:
             fencer = self.client.create_producer(
-                topic, access_mode=pulsar.ProducerAccessMode.ExclusiveWithFencing,
+                topic, producer_name=fencer_name, access_mode=pulsar.ProducerAccessMode.ExclusiveWithFencing,
                 batching_enabled=False, send_timeout_millis=max(1, int(self.config.operation_timeout * 1000)),
             )
         except _BUSY as exc:  # fenced in turn by a concurrent candidate: the topic was taken over anyway
             log.debug("fencing %s: %s", topic, exc)
+            return
+        except pulsar.Timeout:  # it may still be created after we gave up (apache/pulsar#25936)
+            self._drop_orphan(topic, fencer_name, wait=min(self.config.operation_timeout, 2.0))
             return
         except _UNREACHABLE as exc:
             raise self._unreachable("fencing the writer of", topic, exc) from exc
@@ -181,6 +221,41 @@ class PulsarBackend(Backend):
         except pulsar.PulsarException as exc:  # fenced meanwhile or already gone: nothing of ours stays
             log.debug("closing the fencing producer of %s: %s", topic, exc)
         log.info("fenced the writer of %s", self.topic_url(topic))
+
+    def _publishers(self, topic: str) -> list[dict[str, Any]]:
+        return list(self.admin.topic_stats(topic).get("publishers") or [])
+
+    def _blockers(self, topic: str, name: str) -> str:
+        """Who holds the topic, from its admin stats (best effort: for error messages)."""
+        try:
+            stats = self.admin.topic_stats(topic)
+        except Exception as exc:  # the message is about the acquisition, not this lookup
+            return f"its producers could not be listed: {exc}"
+        others = [
+            f"{p.get('producerName')!r} ({p.get('accessMode', '?')})"
+            for p in stats.get("publishers") or [] if p.get("producerName") != name
+        ]
+        waiting = int(stats.get("waitingPublishers") or 0)
+        held = f"held by {', '.join(others)}" if others else "no producer listed now"
+        return held + (f", {waiting} waiting for exclusive access" if waiting else "")
+
+    def _drop_orphan(self, topic: str, name: str, *, wait: float) -> None:
+        """After a timed-out creation: if the broker lists a producer named ``name`` (ours, but
+        unknown to the client), unload the topic so the broker drops it (the topic's other clients
+        are disconnected too and reconnect at once). Best effort: an unreachable broker is logged."""
+        try:
+            deadline = time.monotonic() + wait
+            # the broker may act on the request a little after the client gave up
+            while True:
+                if any(p.get("producerName") == name for p in self._publishers(topic)):
+                    break
+                if time.monotonic() >= deadline:
+                    return
+                time.sleep(0.2)
+            log.warning("dropping the orphaned exclusive producer %r of %s (unloading the topic)", name, self.topic_url(topic))
+            self.admin.unload(topic)
+        except Exception as exc:
+            log.warning("could not check %s for an orphaned producer %r: %s", self.topic_url(topic), name, exc)
 
     def current_epoch(self, topic: str) -> int:
         # The broker persists topicEpoch with the topic (it survives unloads and restarts); a topic
@@ -390,10 +465,19 @@ class PulsarReader(RawReader):
             self._peeked = self._read(0)  # 0 ms: only what the client already received
         if self._peeked is not None:
             return True
-        try:
-            return self._get().has_message_available()
-        except pulsar.PulsarException as exc:
-            raise self.backend._unreachable("checking the tail of", self.topic, exc) from exc
+        # Right after a broker restart the client re-subscribes in the background; until it has,
+        # the broker answers "Consumer not found" (BrokerMetadataError): retried, not fatal.
+        deadline = time.monotonic() + self.backend.config.operation_timeout
+        backoff = Backoff(initial=0.05, maximum=1.0)
+        while True:
+            try:
+                return self._get().has_message_available()
+            except _RECONNECTING as exc:
+                if time.monotonic() >= deadline:
+                    raise self.backend._unreachable("checking the tail of", self.topic, exc) from exc
+                backoff.sleep(deadline=deadline)
+            except pulsar.PulsarException as exc:
+                raise self.backend._unreachable("checking the tail of", self.topic, exc) from exc
 
     def close(self) -> None:
         reader, self._reader = self._reader, None

@@ -1,0 +1,320 @@
+"""Who holds a topic's exclusive writer, observed without taking it (both back ends).
+
+A topic's leader is its exclusive producer (PIP-68): on Pulsar the publisher whose access mode is
+``Exclusive``, ``ExclusiveWithFencing`` or ``WaitForExclusive`` in the topic's admin stats, with
+the broker's ``topicEpoch``; on the embedded log the holder of the writer lock of the current
+epoch (the name its writer recorded with the epoch). A partitioned topic answers per partition.
+
+* :func:`read_leadership` (blocking) and :func:`open_async_leadership_probe` (for triggers: never
+  blocks the event loop) return one :class:`Leadership` per partition.
+* :class:`AsyncLeaseObserver` describes durable leases (:mod:`~airflow_provider_pulsarstate.engine.recipes.lease`)
+  the same way, for triggers waiting until a lease is free.
+* Observing is read-only: nothing is created, taken or changed.
+
+An exclusive producer lives only as long as its connection: this is leadership of one process,
+not a lease that spans tasks (see :mod:`~airflow_provider_pulsarstate.engine.recipes.lease`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from airflow_provider_pulsarstate.engine.backends.base import Backend, partition_topic_name
+from airflow_provider_pulsarstate.engine.config import ConnectionConfig
+from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, ClosedError, LeadershipError
+
+EXCLUSIVE_MODES = ("Exclusive", "ExclusiveWithFencing", "WaitForExclusive")
+"""Access modes of a producer that holds the topic alone (a promoted WaitForExclusive one included)."""
+
+
+@dataclass(frozen=True)
+class Leadership:
+    """The exclusive writer of one topic partition, as observed.
+
+    :ivar topic: the topic (for a partitioned topic, the partitioned topic's name).
+    :ivar partition: the partition, or None for a non-partitioned topic.
+    :ivar leader: the exclusive producer's name; None when nobody holds the topic exclusively (or,
+        embedded, when the holder recorded no name: a file written by an older version).
+    :ivar access_mode: the leader's access mode (None: no leader).
+    :ivar epoch: the topic epoch (Pulsar ``topicEpoch``; embedded: the writer epoch); None when no
+        exclusive producer ever held it. It grows with every new exclusive producer; on Pulsar it
+        does not move when the same producer reconnects.
+    :ivar waiting_publishers: producers queued for exclusive access (Pulsar ``WaitForExclusive``;
+        an in-memory broker counter, reset on broker restart; always 0 embedded).
+    :ivar other_producers: names of the other (non-exclusive) producers connected now.
+    """
+
+    topic: str
+    partition: int | None
+    leader: str | None
+    access_mode: str | None
+    epoch: int | None
+    waiting_publishers: int = 0
+    other_producers: tuple[str, ...] = ()
+
+    @property
+    def has_leader(self) -> bool:
+        """Whether an exclusive producer holds this partition now."""
+        return self.access_mode is not None
+
+    def as_json(self) -> dict[str, Any]:
+        """A plain-JSON dict (for XCom and trigger events)."""
+        return {
+            "partition": self.partition,
+            "leader": self.leader,
+            "access_mode": self.access_mode,
+            "epoch": self.epoch,
+            "waiting_publishers": self.waiting_publishers,
+            "other_producers": list(self.other_producers),
+        }
+
+    @classmethod
+    def from_json(cls, topic: str, value: Mapping[str, Any]) -> "Leadership":
+        """Inverse of :meth:`as_json` (types checked: a malformed value raises ValueError/TypeError/KeyError)."""
+        partition, epoch = value["partition"], value["epoch"]
+        leader, mode = value.get("leader"), value.get("access_mode")
+        for field, v, kind in (("partition", partition, int), ("epoch", epoch, int), ("leader", leader, str),
+                               ("access_mode", mode, str)):
+            if v is not None and (not isinstance(v, kind) or isinstance(v, bool)):
+                raise TypeError(f"{field} must be {kind.__name__} or None, got {v!r}")
+        others = value.get("other_producers") or []
+        if not isinstance(others, list) or not all(isinstance(o, str) for o in others):
+            raise TypeError(f"other_producers must be a list of names, got {others!r}")
+        return cls(topic, partition, leader, mode, epoch, int(value.get("waiting_publishers") or 0), tuple(others))
+
+
+def leadership_from_stats(topic: str, partition: int | None, stats: Mapping[str, Any] | None) -> Leadership:
+    """A :class:`Leadership` from a Pulsar topic's ``GET .../stats`` answer (None: the partition
+    has not been created on the broker yet, so nobody holds it)."""
+    if stats is None:
+        return Leadership(topic, partition, None, None, None)
+    leader = mode = None
+    others: list[str] = []
+    for publisher in stats.get("publishers") or []:
+        name, access = publisher.get("producerName"), publisher.get("accessMode")
+        if access in EXCLUSIVE_MODES and mode is None:
+            leader, mode = name, access
+        else:
+            others.append(str(name))
+    epoch = stats.get("topicEpoch")
+    return Leadership(
+        topic, partition, leader, mode, None if epoch is None else int(epoch),
+        int(stats.get("waitingPublishers") or 0), tuple(others),
+    )
+
+
+# -------------------------------------------------------------------------------- blocking
+def read_leadership(backend: Backend, topic: str) -> list[Leadership]:
+    """The leadership of every partition of ``topic`` (one entry, partition None, when not partitioned).
+
+    :raises LeadershipError: the topic does not exist (named).
+    :raises BackendUnavailableError: the broker's admin API or the embedded file cannot be reached.
+    """
+    from airflow_provider_pulsarstate.engine.backends.embedded import EmbeddedBackend
+
+    store = backend.underlying()
+    if isinstance(store, EmbeddedBackend):
+        return _embedded_leadership(store, topic)
+    admin = store.admin  # type: ignore[attr-defined]
+    count = admin.partition_count(topic)
+    if count is None:
+        raise LeadershipError(f"topic {store.topic_url(topic)} does not exist: no leadership to observe")
+    if count == 0:
+        resp = admin.request("GET", f"{admin.topic_path(topic)}/stats", ok=(200, 404))
+        if resp.status_code == 404:
+            raise LeadershipError(f"topic {store.topic_url(topic)} does not exist: no leadership to observe")
+        return [leadership_from_stats(topic, None, resp.json())]
+    found = []
+    for k in range(count):
+        resp = admin.request("GET", f"{admin.topic_path(partition_topic_name(topic, k))}/stats", ok=(200, 404))
+        found.append(leadership_from_stats(topic, k, resp.json() if resp.status_code == 200 else None))
+    return found
+
+
+def _embedded_leadership(backend: Any, topic: str) -> list[Leadership]:
+    conn = backend.connect()
+    try:
+        row = conn.execute("SELECT partitions FROM offset_topics WHERE name = ?", (topic,)).fetchone()
+        count = int(row[0]) if row else 0
+        if count == 0 and not any(
+            conn.execute(f"SELECT 1 FROM {table} WHERE {column} = ? LIMIT 1", (topic,)).fetchone()
+            for table, column in (("topics", "name"), ("entries", "topic"), ("offset_topics", "name"))
+        ):
+            raise LeadershipError(f"topic {backend.topic_url(topic)} does not exist: no leadership to observe")
+    except sqlite3.Error as exc:
+        raise BackendUnavailableError(f"cannot read {backend.topic_url(topic)}: {exc}") from exc
+    finally:
+        conn.close()
+    parts: list[tuple[int | None, str]] = (
+        [(k, partition_topic_name(topic, k)) for k in range(count)] if count else [(None, topic)]
+    )
+    found = []
+    for partition, stored in parts:
+        epoch, holder, mode, held = backend.writer_lock(stored)
+        found.append(Leadership(
+            topic, partition, holder if held else None, (mode or "Exclusive") if held else None,
+            epoch if epoch > 0 else None,
+        ))
+    return found
+
+
+# -------------------------------------------------------------------------------- async
+class AsyncLeadershipProbe(ABC):
+    """Leadership observed without blocking an event loop (one per triggerer task)."""
+
+    @abstractmethod
+    async def leadership(self, topic: str) -> list[Leadership]:
+        """As :func:`read_leadership`."""
+
+    @abstractmethod
+    async def aclose(self) -> None:
+        """Release connections (idempotent)."""
+
+
+class PulsarAsyncLeadershipProbe(AsyncLeadershipProbe):
+    """Topic stats over the running loop's shared admin HTTP client (no I/O before first use)."""
+
+    def __init__(self, config: ConnectionConfig) -> None:
+        from airflow_provider_pulsarstate.engine.backends.admin_async import AsyncPulsarAdmin
+
+        self._admin = AsyncPulsarAdmin(config, what="leadership probe")
+
+    async def _stats(self, topic: str) -> dict[str, Any] | None:
+        from airflow_provider_pulsarstate.engine.backends.admin import PulsarAdmin
+
+        resp = await self._admin.request("GET", f"{PulsarAdmin.topic_path(topic)}/stats", ok=(200, 404))
+        return resp.json() if resp.status_code == 200 else None
+
+    async def leadership(self, topic: str) -> list[Leadership]:
+        from airflow_provider_pulsarstate.engine.backends.admin import PulsarAdmin
+
+        where = f"topic {topic} (admin {self._admin.shown_url})"
+        resp = await self._admin.request("GET", f"{PulsarAdmin.topic_path(topic)}/partitions", ok=(200, 404))
+        if resp.status_code == 404:
+            raise LeadershipError(f"{where} does not exist: no leadership to observe")
+        count = int(resp.json().get("partitions", 0))
+        if count == 0:
+            stats = await self._stats(topic)
+            if stats is None:
+                raise LeadershipError(f"{where} does not exist: no leadership to observe")
+            return [leadership_from_stats(topic, None, stats)]
+        answers = await asyncio.gather(*(self._stats(partition_topic_name(topic, k)) for k in range(count)))
+        return [leadership_from_stats(topic, k, stats) for k, stats in enumerate(answers)]
+
+    async def aclose(self) -> None:
+        await self._admin.aclose()
+
+
+class EmbeddedAsyncLeadershipProbe(AsyncLeadershipProbe):
+    """The embedded file read on this probe's own worker thread (never asgiref's shared one)."""
+
+    def __init__(self, config: ConnectionConfig) -> None:
+        self._config = config
+        self._backend: Any = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._closed = False
+
+    def _read(self, topic: str) -> list[Leadership]:  # on the probe's thread
+        if self._backend is None:
+            from airflow_provider_pulsarstate.engine.backends.embedded import EmbeddedBackend
+
+            self._backend = EmbeddedBackend(self._config.embedded_path, busy_timeout=self._config.operation_timeout)
+        return _embedded_leadership(self._backend, topic)
+
+    async def leadership(self, topic: str) -> list[Leadership]:
+        if self._closed:
+            raise ClosedError("this leadership probe is closed")
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pulsarstate-leadership-probe")
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._read, topic)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            # after any read still running there; not awaited, so closing never waits on SQLite
+            pool.submit(lambda: self._backend is not None and self._backend.close())
+            pool.shutdown(wait=False)
+
+
+class AsyncLeaseObserver:
+    """:meth:`Leases.describe <airflow_provider_pulsarstate.engine.recipes.lease.Leases.describe>`
+    awaited without blocking the event loop: the lease log is read on this observer's own worker
+    thread (never asgiref's shared one), through one Leases kept for the observer's life.
+
+    Expiry is measured from when THIS observer first saw the last acquire or renew (the lease
+    recipe's challenger rule): a lease found held is reported expired only after a full ttl of
+    silence observed here. No I/O before the first :meth:`describe`.
+
+    :param config: the connection.
+    :param topic: the lease log (a full topic name).
+    """
+
+    def __init__(self, config: ConnectionConfig, topic: str) -> None:
+        self._config = config
+        self.topic = topic
+        self._backend: Any = None
+        self._leases: Any = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._closed = False
+
+    def _describe(self, name: str) -> Any:  # on the observer's thread
+        if self._leases is None:
+            from airflow_provider_pulsarstate.engine.backends import open_backend
+            from airflow_provider_pulsarstate.engine.recipes.lease import Leases
+
+            self._backend = open_backend(self._config)
+            self._leases = Leases(self._backend, self.topic, operation_timeout=self._config.operation_timeout)
+        return self._leases.describe(name)
+
+    async def describe(self, name: str) -> Any:
+        """The lease's :class:`~airflow_provider_pulsarstate.engine.recipes.lease.LeaseInfo` as the
+        lease log says now (None: never acquired there)."""
+        if self._closed:
+            raise ClosedError("this lease observer is closed")
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pulsarstate-lease-observer")
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._describe, name)
+
+    def _close(self) -> None:
+        for closable in (self._leases, self._backend):
+            if closable is not None:
+                try:
+                    closable.close()
+                except Exception:  # closing is best effort; nothing was written
+                    pass
+
+    async def aclose(self) -> None:
+        """Close the lease log reader (idempotent; never waits on a read still running)."""
+        if self._closed:
+            return
+        self._closed = True
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.submit(self._close)
+            pool.shutdown(wait=False)
+
+
+def open_async_leadership_probe(config: ConnectionConfig) -> AsyncLeadershipProbe:
+    """An :class:`AsyncLeadershipProbe` for the back end ``config`` selects (no I/O until first use)."""
+    if config.kind == "pulsar":
+        return PulsarAsyncLeadershipProbe(config)
+    return EmbeddedAsyncLeadershipProbe(config)
+
+
+__all__ = [
+    "EXCLUSIVE_MODES",
+    "AsyncLeadershipProbe",
+    "AsyncLeaseObserver",
+    "Leadership",
+    "leadership_from_stats",
+    "open_async_leadership_probe",
+    "read_leadership",
+]
