@@ -9,31 +9,24 @@ thread.
 
 from __future__ import annotations
 
-import asyncio
-import math
-import random
-import time
-from datetime import datetime
-from typing import Any, AsyncIterator
+from typing import Any
 
-from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
+from airflow.triggers.base import TriggerEvent
 
-from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, OperationTimeoutError
-from airflow_provider_pulsarstate.engine.retry import Backoff, within
+from airflow_provider_pulsarstate.engine.config import ConnectionConfig
+from airflow_provider_pulsarstate.engine.retry import within
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.triggers.leadership_conditions import (
-    MODES,
     LeadershipConditionError,
     check_mode,
     evaluate,
     parse_since_epoch,
     table,
 )
+from airflow_provider_pulsarstate.triggers.polling import Observation, PollingTrigger, check_timing
 
-_TRANSIENT = (BackendUnavailableError, OperationTimeoutError, asyncio.TimeoutError)
 
-
-class LeadershipTrigger(BaseTrigger):
+class LeadershipTrigger(PollingTrigger):
     """Fire one event when ``mode`` holds (see :mod:`~airflow_provider_pulsarstate.triggers.leadership_conditions`).
 
     Events (payloads are plain JSON):
@@ -87,10 +80,7 @@ class LeadershipTrigger(BaseTrigger):
             raise LeadershipConditionError(f"mode {mode!r} needs a topic")
         if mode == "acquire" and end_from_trigger:
             raise LeadershipConditionError("mode 'acquire' acquires on a worker: it cannot end from the trigger")
-        if isinstance(poll_interval, bool) or not isinstance(poll_interval, (int, float)) or not poll_interval > 0:
-            raise LeadershipConditionError(f"poll_interval must be a positive number of seconds, got {poll_interval!r}")
-        if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not math.isfinite(deadline)):
-            raise LeadershipConditionError(f"deadline must be seconds since the epoch or None, got {deadline!r}")
+        check_timing(poll_interval, deadline, LeadershipConditionError)
         self.topic = topic
         self.mode = mode
         self.leader_name = leader_name
@@ -119,98 +109,41 @@ class LeadershipTrigger(BaseTrigger):
             },
         )
 
-    def _deadline(self) -> float | None:
-        if self.deadline is not None:
-            return self.deadline
-        after = getattr(self, "timeout_after", None)
-        return after.timestamp() if isinstance(after, datetime) else None
+    probe_name = "leadership probe"
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        probe: Any = None
-        try:
-            try:
-                hook = PulsarStateHook(self.pulsarstate_conn_id)
-                config = await hook.aget_config()
-                leader_name = (str(self.leader_name).strip() or None) if self.leader_name is not None else None
-                if self.mode == "acquire":
-                    name = str(self.lease_name).strip()
-                    probe = hook.get_async_lease_observer((self.lease_topic or "").strip() or None, config=config)
-                    where = f"lease {name!r} in {probe.topic}"
-                else:
-                    topic = config.topic_name(str(self.topic).strip())
-                    since = parse_since_epoch(self.since_epoch) if self.mode == "changed" else None
-                    probe = hook.get_async_leadership_probe(config=config)
-                    where = f"topic {topic}"
-                call_timeout = config.operation_timeout
-            except Exception as exc:
-                yield _error(exc, f"{self.mode} on {self.lease_name if self.mode == 'acquire' else self.topic!r}")
-                return
+    @property
+    def result_key(self) -> str:  # type: ignore[override]
+        return "lease" if self.mode == "acquire" else "leadership"
 
-            deadline = self._deadline()
-            backoff = Backoff(initial=min(1.0, self.poll_interval), maximum=max(self.poll_interval, 30.0))
-            last: Any = None
-            logged: Any = None
-            while True:
-                remaining = None if deadline is None else deadline - time.time()
-                if remaining is not None and remaining <= 0:
-                    key = "lease" if self.mode == "acquire" else "leadership"
-                    yield TriggerEvent({
-                        "status": "timeout",
-                        "message": f"{self.mode} on {where} not met before the sensor's timeout",
-                        key: last,
-                    })
-                    return
-                # a lease poll may replay the lease log: give it the whole operation time-out at least
-                bound = call_timeout if remaining is None else max(0.001, min(call_timeout, remaining))
-                try:
-                    if self.mode == "acquire":
-                        info = await within(probe.describe(name), bound)
-                        last = info.as_dict() if info is not None else None
-                        met = info is None or not info.held or info.expired
-                        shown = None if info is None else (info.holder, info.token, info.expired)
-                    else:
-                        observed = await within(probe.leadership(topic), bound)
-                        last = evaluate(topic, self.mode, [p.as_json() for p in observed],
-                                        leader_name=leader_name, since_epoch=since)
-                        met = last["met"]
-                        shown = [(p["leader"], p["epoch"]) for p in last["partitions"]]
-                except _TRANSIENT as exc:
-                    delay = backoff.next_delay()
-                    self.log.warning("polling %s failed (%s: %s); retrying in %.1fs", where, type(exc).__name__, exc, delay)
-                    await asyncio.sleep(delay if remaining is None else min(delay, max(0.0, remaining)))
-                    continue
-                except Exception as exc:
-                    yield _error(exc, where)
-                    return
-                backoff = Backoff(initial=min(1.0, self.poll_interval), maximum=max(self.poll_interval, 30.0))
-                if shown != logged:
-                    logged = shown
-                    self.log.info("%s", table(last) if self.mode != "acquire" else f"{where}: {last}")
-                if met:
-                    if self.mode == "acquire":
-                        # the deadline travels with the event: a resumed sensor may not get its own
-                        # defer kwargs back (dag.test() replaces them with the event)
-                        yield TriggerEvent({"status": "free", "lease": last, "deadline": deadline})
-                    elif self.end_from_trigger:
-                        yield TaskSuccessEvent(xcoms={"return_value": last})
-                    else:
-                        yield TriggerEvent({"status": "success", "leadership": last})
-                    return
-                delay = self.poll_interval * random.uniform(0.75, 1.0)
-                await asyncio.sleep(delay if remaining is None else min(delay, max(0.0, remaining)))
-        finally:
-            if probe is not None:
-                try:
-                    await probe.aclose()
-                except Exception:
-                    self.log.warning("closing the leadership probe failed", exc_info=True)
+    def _where(self) -> str:
+        return f"{self.mode} on {self.lease_name if self.mode == 'acquire' else self.topic!r}"
 
+    async def _open(self, hook: PulsarStateHook, config: ConnectionConfig) -> tuple[Any, str, str]:
+        self._leader_name = (str(self.leader_name).strip() or None) if self.leader_name is not None else None
+        if self.mode == "acquire":
+            self._lease = str(self.lease_name).strip()
+            probe = hook.get_async_lease_observer((self.lease_topic or "").strip() or None, config=config)
+            return probe, f"lease {self._lease!r} in {probe.topic}", self.mode
+        self._topic = config.topic_name(str(self.topic).strip())
+        self._since = parse_since_epoch(self.since_epoch) if self.mode == "changed" else None
+        return hook.get_async_leadership_probe(config=config), f"topic {self._topic}", self.mode
 
-def _error(exc: BaseException, where: str) -> TriggerEvent:
-    message = str(exc) or type(exc).__name__
-    if where not in message:
-        message = f"{where}: {message}"
-    return TriggerEvent({"status": "error", "error_type": type(exc).__name__, "message": message})
+    async def _observe(self, probe: Any, bound: float) -> Observation:
+        if self.mode == "acquire":
+            # a lease poll may replay the lease log: the bound is the whole operation time-out at least
+            info = await within(probe.describe(self._lease), bound)
+            value = info.as_dict() if info is not None else None
+            met = info is None or not info.held or info.expired
+            shown = None if info is None else (info.holder, info.token, info.expired)
+            return Observation(value, met, shown, f"lease {self._lease!r}: {value}")
+        observed = await within(probe.leadership(self._topic), bound)
+        value = evaluate(self._topic, self.mode, [p.as_json() for p in observed],
+                         leader_name=self._leader_name, since_epoch=self._since)
+        return Observation(value, value["met"], [(p["leader"], p["epoch"]) for p in value["partitions"]], table(value))
 
-
-__all__ = ["MODES", "LeadershipTrigger"]
+    def _met_event(self, observation: Observation, deadline: float | None) -> TriggerEvent:
+        if self.mode == "acquire":
+            # the deadline travels with the event: a resumed sensor may not get its own defer
+            # kwargs back (dag.test() replaces them with the event)
+            return TriggerEvent({"status": "free", "lease": observation.value, "deadline": deadline})
+        return super()._met_event(observation, deadline)

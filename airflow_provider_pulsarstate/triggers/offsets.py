@@ -7,21 +7,14 @@ so a poll never blocks the triggerer's event loop, and nothing runs on asgiref's
 
 from __future__ import annotations
 
-import asyncio
-import math
-import random
-import time
-from datetime import datetime
-from typing import Any, AsyncIterator
+from typing import Any
 
-from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
-
-from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, OperationTimeoutError
-from airflow_provider_pulsarstate.engine.retry import Backoff, within
+from airflow_provider_pulsarstate.engine.config import ConnectionConfig
+from airflow_provider_pulsarstate.engine.retry import within
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+from airflow_provider_pulsarstate.triggers.polling import Observation, PollingTrigger, check_timing
 from airflow_provider_pulsarstate.triggers.progress import (
     CONDITIONS,
-    Progress,
     ProgressError,
     evaluate,
     offsets_json,
@@ -30,10 +23,8 @@ from airflow_provider_pulsarstate.triggers.progress import (
     target_json,
 )
 
-_TRANSIENT = (BackendUnavailableError, OperationTimeoutError, asyncio.TimeoutError)
 
-
-class OffsetProgressTrigger(BaseTrigger):
+class OffsetProgressTrigger(PollingTrigger):
     """Fire one event when ``condition`` holds on ``topic`` (see :mod:`~airflow_provider_pulsarstate.triggers.progress`).
 
     Events (payloads are plain JSON):
@@ -84,10 +75,7 @@ class OffsetProgressTrigger(BaseTrigger):
         super().__init__()
         if condition not in CONDITIONS:
             raise ProgressError(f"condition must be one of {', '.join(CONDITIONS)}, got {condition!r}")
-        if isinstance(poll_interval, bool) or not isinstance(poll_interval, (int, float)) or not poll_interval > 0:
-            raise ProgressError(f"poll_interval must be a positive number of seconds, got {poll_interval!r}")
-        if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not math.isfinite(deadline)):
-            raise ProgressError(f"deadline must be seconds since the epoch or None, got {deadline!r}")
+        check_timing(poll_interval, deadline, ProgressError)
         self.topic = topic
         self.condition = condition
         # canonical JSON forms, so that serialize() round-trips exactly
@@ -117,88 +105,29 @@ class OffsetProgressTrigger(BaseTrigger):
             },
         )
 
-    def _deadline(self) -> float | None:
-        if self.deadline is not None:
-            return self.deadline
-        after = getattr(self, "timeout_after", None)
-        return after.timestamp() if isinstance(after, datetime) else None
+    result_key = "progress"
+    probe_name = "offset probe"
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        probe = None
-        try:
-            try:
-                hook = PulsarStateHook(self.pulsarstate_conn_id)
-                config = await hook.aget_config()
-                topic = config.topic_name(str(self.topic).strip())
-                target = parse_target(self.target)
-                watermark = parse_offsets(self.watermark, "watermark") if self.watermark is not None else None
-                subscription = (self.subscription or "").strip() or None
-                if self.condition in ("committed", "lag") and subscription is None:
-                    raise ProgressError(f"condition {self.condition!r} needs a subscription")
-                probe = hook.get_async_offset_probe(config=config)
-                call_timeout = config.operation_timeout
-            except Exception as exc:
-                yield _error(exc, f"topic {self.topic!r}")
-                return
+    def _where(self) -> str:
+        return f"topic {self.topic!r}"
 
-            deadline = self._deadline()
-            backoff = Backoff(initial=min(1.0, self.poll_interval), maximum=max(self.poll_interval, 30.0))
-            last: Progress | None = None
-            logged_total: int | None = None
-            while True:
-                remaining = None if deadline is None else deadline - time.time()
-                if remaining is not None and remaining <= 0:
-                    yield TriggerEvent({
-                        "status": "timeout",
-                        "message": f"{self.condition} condition on {topic} not met before the sensor's timeout",
-                        "progress": last.as_xcom() if last is not None else None,
-                    })
-                    return
-                bound = call_timeout if remaining is None else max(0.001, min(call_timeout, remaining))
-                try:
-                    end = await within(probe.end_offsets(topic), bound)
-                    committed = (
-                        await within(probe.committed(topic, subscription), bound)
-                        if subscription is not None else None
-                    )
-                    last = evaluate(
-                        topic=topic, condition=self.condition, target=target, end_offsets=end,
-                        committed=committed, watermark=watermark, per_partition=self.per_partition,
-                    )
-                except _TRANSIENT as exc:
-                    delay = backoff.next_delay()
-                    self.log.warning("polling offsets of %s failed (%s: %s); retrying in %.1fs",
-                                     topic, type(exc).__name__, exc, delay)
-                    await asyncio.sleep(delay if remaining is None else min(delay, max(0.0, remaining)))
-                    continue
-                except Exception as exc:
-                    yield _error(exc, f"topic {topic}")
-                    return
-                backoff = Backoff(initial=min(1.0, self.poll_interval), maximum=max(self.poll_interval, 30.0))
-                if last.met:
-                    self.log.info("%s", last.table())
-                    if self.end_from_trigger:
-                        yield TaskSuccessEvent(xcoms={"return_value": last.as_xcom()})
-                    else:
-                        yield TriggerEvent({"status": "success", "progress": last.as_xcom()})
-                    return
-                if last.total != logged_total:
-                    logged_total = last.total
-                    self.log.info("%s", last.table())
-                # jittered (never longer than asked) so that triggers started together, e.g. after a
-                # triggerer restart, drift out of phase instead of polling the broker in bursts
-                delay = self.poll_interval * random.uniform(0.75, 1.0)
-                await asyncio.sleep(delay if remaining is None else min(delay, max(0.0, remaining)))
-        finally:
-            if probe is not None:
-                try:
-                    await probe.aclose()
-                except Exception:
-                    self.log.warning("closing the offset probe failed", exc_info=True)
+    async def _open(self, hook: PulsarStateHook, config: ConnectionConfig) -> tuple[Any, str, str]:
+        self._topic = config.topic_name(str(self.topic).strip())
+        self._target = parse_target(self.target)
+        self._watermark = parse_offsets(self.watermark, "watermark") if self.watermark is not None else None
+        self._subscription = (self.subscription or "").strip() or None
+        if self.condition in ("committed", "lag") and self._subscription is None:
+            raise ProgressError(f"condition {self.condition!r} needs a subscription")
+        return hook.get_async_offset_probe(config=config), f"topic {self._topic}", f"{self.condition} condition"
 
-
-def _error(exc: BaseException, where: str) -> TriggerEvent:
-    message = str(exc) or type(exc).__name__
-    if where not in message:
-        message = f"{where}: {message}"
-    return TriggerEvent({"status": "error", "error_type": type(exc).__name__, "message": message})
+    async def _observe(self, probe: Any, bound: float) -> Observation:
+        end = await within(probe.end_offsets(self._topic), bound)
+        committed = (
+            await within(probe.committed(self._topic, self._subscription), bound)
+            if self._subscription is not None else None
+        )
+        progress = evaluate(
+            topic=self._topic, condition=self.condition, target=self._target, end_offsets=end,
+            committed=committed, watermark=self._watermark, per_partition=self.per_partition,
+        )
+        return Observation(progress.as_xcom(), progress.met, progress.total, progress.table())
