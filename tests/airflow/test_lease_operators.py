@@ -301,14 +301,19 @@ def test_two_deployments_never_run_the_example_spark_job_at_once(
         child = {**env, "AIRFLOW_HOME": str(home), "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
                  "AIRFLOW_VAR_PULSARSTATE_DEPLOYMENT": deployment}
         conf = {"batch": batch, "events": EVENTS, "skus": SKUS, **names}
-        procs[deployment] = subprocess.Popen(
-            [sys.executable, str(WORKER), str(EXAMPLE_DAGS), json.dumps(conf)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child,
-        )
+        # Output goes to files, never to pipes read one process after the other: a deployment
+        # whose pipe filled up (Spark logs a lot) blocked on logging, its lease renewer with it,
+        # and lost its lease while the test read the other one.
+        with open(tmp_path / f"{deployment}.out", "w") as out_file, open(tmp_path / f"{deployment}.err", "w") as err_file:
+            procs[deployment] = subprocess.Popen(
+                [sys.executable, str(WORKER), str(EXAMPLE_DAGS), json.dumps(conf)],
+                stdout=out_file, stderr=err_file, text=True, env=child,
+            )
     results = {}
     for deployment, proc in procs.items():
-        out, err = proc.communicate(timeout=800)
-        (tmp_path / f"{deployment}.log").write_text(out + "\n--- stderr ---\n" + err)  # kept for diagnosis
+        proc.wait(timeout=800)
+        out = (tmp_path / f"{deployment}.out").read_text(errors="replace")
+        err = (tmp_path / f"{deployment}.err").read_text(errors="replace")
         assert proc.returncode == 0, f"{deployment}: rc={proc.returncode}\n{out[-3000:]}\n{err[-5000:]}"
         line = next(line for line in out.splitlines() if line.startswith("RESULT "))
         results[deployment] = json.loads(line[len("RESULT "):])
