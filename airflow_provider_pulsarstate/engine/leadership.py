@@ -20,13 +20,13 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from abc import ABC, abstractmethod
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from airflow_provider_pulsarstate.engine.backends.base import Backend, partition_topic_name
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
-from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, ClosedError, LeadershipError
+from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, LeadershipError
+from airflow_provider_pulsarstate.engine.worker_thread import WorkerThread
 
 EXCLUSIVE_MODES = ("Exclusive", "ExclusiveWithFencing", "WaitForExclusive")
 """Access modes of a producer that holds the topic alone (a promoted WaitForExclusive one included)."""
@@ -214,34 +214,18 @@ class EmbeddedAsyncLeadershipProbe(AsyncLeadershipProbe):
     """The embedded file read on this probe's own worker thread (never asgiref's shared one)."""
 
     def __init__(self, config: ConnectionConfig) -> None:
-        self._config = config
-        self._backend: Any = None
-        self._pool: ThreadPoolExecutor | None = None
-        self._closed = False
+        from airflow_provider_pulsarstate.engine.backends.embedded import EmbeddedBackend
 
-    def _read(self, topic: str) -> list[Leadership]:  # on the probe's thread
-        if self._backend is None:
-            from airflow_provider_pulsarstate.engine.backends.embedded import EmbeddedBackend
-
-            self._backend = EmbeddedBackend(self._config.embedded_path, busy_timeout=self._config.operation_timeout)
-        return _embedded_leadership(self._backend, topic)
+        self._worker: WorkerThread[Any] = WorkerThread(
+            lambda: EmbeddedBackend(config.embedded_path, busy_timeout=config.operation_timeout),
+            lambda backend: backend.close(), name="pulsarstate-leadership-probe", what="this leadership probe",
+        )
 
     async def leadership(self, topic: str) -> list[Leadership]:
-        if self._closed:
-            raise ClosedError("this leadership probe is closed")
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pulsarstate-leadership-probe")
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self._read, topic)
+        return await self._worker.run(lambda backend: _embedded_leadership(backend, topic))
 
     async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            # after any read still running there; not awaited, so closing never waits on SQLite
-            pool.submit(lambda: self._backend is not None and self._backend.close())
-            pool.shutdown(wait=False)
+        await self._worker.aclose()
 
 
 class AsyncLeaseObserver:
@@ -258,48 +242,36 @@ class AsyncLeaseObserver:
     """
 
     def __init__(self, config: ConnectionConfig, topic: str) -> None:
-        self._config = config
         self.topic = topic
-        self._backend: Any = None
-        self._leases: Any = None
-        self._pool: ThreadPoolExecutor | None = None
-        self._closed = False
-
-    def _describe(self, name: str) -> Any:  # on the observer's thread
-        if self._leases is None:
-            from airflow_provider_pulsarstate.engine.backends import open_backend
-            from airflow_provider_pulsarstate.engine.recipes.lease import Leases
-
-            self._backend = open_backend(self._config)
-            self._leases = Leases(self._backend, self.topic, operation_timeout=self._config.operation_timeout)
-        return self._leases.describe(name)
+        self._worker: WorkerThread[Any] = WorkerThread(
+            lambda: _open_leases(config, topic), _close_leases,
+            name="pulsarstate-lease-observer", what="this lease observer",
+        )
 
     async def describe(self, name: str) -> Any:
         """The lease's :class:`~airflow_provider_pulsarstate.engine.recipes.lease.LeaseInfo` as the
         lease log says now (None: never acquired there)."""
-        if self._closed:
-            raise ClosedError("this lease observer is closed")
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pulsarstate-lease-observer")
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self._describe, name)
-
-    def _close(self) -> None:
-        for closable in (self._leases, self._backend):
-            if closable is not None:
-                try:
-                    closable.close()
-                except Exception:  # closing is best effort; nothing was written
-                    pass
+        return await self._worker.run(lambda opened: opened[0].describe(name))
 
     async def aclose(self) -> None:
         """Close the lease log reader (idempotent; never waits on a read still running)."""
-        if self._closed:
-            return
-        self._closed = True
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.submit(self._close)
-            pool.shutdown(wait=False)
+        await self._worker.aclose()
+
+
+def _open_leases(config: ConnectionConfig, topic: str) -> Any:
+    from airflow_provider_pulsarstate.engine.backends import open_backend
+    from airflow_provider_pulsarstate.engine.recipes.lease import Leases
+
+    backend = open_backend(config)
+    return Leases(backend, topic, operation_timeout=config.operation_timeout), backend
+
+
+def _close_leases(opened: Any) -> None:
+    for closable in opened:  # the Leases, then its back end
+        try:
+            closable.close()
+        except Exception:  # closing is best effort; nothing was written
+            pass
 
 
 def open_async_leadership_probe(config: ConnectionConfig) -> AsyncLeadershipProbe:

@@ -29,7 +29,6 @@ from airflow_provider_pulsarstate.testing.airflow_processes import free_port
 from tests.airflow.conftest import AIRFLOW_BIN
 
 LIVE_DAG = Path(__file__).resolve().parent / "dags_live" / "start_from_trigger_dag.py"
-LEADERSHIP_DAG = LIVE_DAG.with_name("leadership_from_trigger_dag.py")
 DAG_ID = "offset_sensor_start_from_trigger"
 
 
@@ -182,7 +181,7 @@ def test_a_leadership_sensor_started_from_the_trigger_sees_the_named_writer(
 ) -> None:
     from airflow_provider_pulsarstate.engine.backends.base import AcquireMode
 
-    live = _Live(tmp_path, monkeypatch, LEADERSHIP_DAG, "leadership_sensor_start_from_trigger")
+    live = _Live(tmp_path, monkeypatch, LIVE_DAG, "leadership_sensor_start_from_trigger")
     topic = f"live-{uuid.uuid4().hex[:10]}"
     marker = tmp_path / "worker-ran"
     with PulsarStateHook() as hook:

@@ -18,7 +18,6 @@ error becomes one of our errors, as everywhere in the embedded back end.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -26,7 +25,6 @@ import sqlite3
 import threading
 import time
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 from airflow_provider_pulsarstate.engine.backends.base import partition_topic_name
@@ -55,6 +53,7 @@ from airflow_provider_pulsarstate.engine.offsets.base import (
     TopicPublisher,
 )
 from airflow_provider_pulsarstate.engine.retry import Backoff
+from airflow_provider_pulsarstate.engine.worker_thread import WorkerThread
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -532,24 +531,13 @@ class EmbeddedAsyncOffsetProbe(AsyncOffsetProbe):
     def __init__(self, config: ConnectionConfig) -> None:
         if config.kind != "embedded":
             raise ConfigurationError(f"EmbeddedAsyncOffsetProbe needs an embedded connection, got {config.url!r}")
-        self._config = config
-        self._backend: EmbeddedBackend | None = None
-        self._store: _Store | None = None
-        self._pool: ThreadPoolExecutor | None = None
-        self._closed = False
+        self._worker: WorkerThread[_Store] = WorkerThread(
+            lambda: _Store(EmbeddedBackend(config.embedded_path, busy_timeout=config.operation_timeout)),
+            _close_store, name="pulsarstate-offset-probe", what="this offset probe",
+        )
 
     async def _run(self, fn: Callable[[_Store], T]) -> T:
-        if self._closed:
-            raise ClosedError("this offset probe is closed")
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pulsarstate-offset-probe")
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self._call, fn)
-
-    def _call(self, fn: Callable[[_Store], T]) -> T:  # on the probe's thread
-        if self._store is None:
-            self._backend = EmbeddedBackend(self._config.embedded_path, busy_timeout=self._config.operation_timeout)
-            self._store = _Store(self._backend)
-        return fn(self._store)
+        return await self._worker.run(fn)
 
     async def end_offsets(self, topic: str) -> dict[int, int]:
         def read(store: _Store) -> dict[int, int]:
@@ -578,23 +566,12 @@ class EmbeddedAsyncOffsetProbe(AsyncOffsetProbe):
         return await self._run(read)
 
     async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        pool, self._pool = self._pool, None
-        if pool is None:
-            return
+        await self._worker.aclose()
 
-        def release() -> None:
-            if self._store is not None:
-                self._store.close()
-            if self._backend is not None:
-                self._backend.close()
 
-        # Runs on the probe's thread after any read still going there (a cancelled caller does not
-        # stop SQLite; that read ends within the busy timeout). Not awaited: closing never waits on it.
-        pool.submit(release)
-        pool.shutdown(wait=False)
+def _close_store(store: _Store) -> None:
+    store.close()
+    store.backend.close()
 
 
 __all__ = [
