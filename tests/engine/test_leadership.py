@@ -192,7 +192,9 @@ def test_a_creation_that_timed_out_leaves_no_orphan_that_wedges_election(
 def test_a_real_client_timeout_during_creation_does_not_wedge_election(pulsar_broker: Any, topic: str) -> None:
     """The same trap with real client-side time-outs: the broker is frozen (SIGSTOP) for 1.5 s
     while a candidate with a 1 s operation time-out creates its exclusive producer; afterwards
-    another candidate must lead within a bound."""
+    another candidate must lead within a bound. The last round freezes it for 3.5 s, so that the
+    broker creates the orphan well after the candidate gave up and stopped looking: only the
+    background sweeper (backends/orphans.py) can drop it then."""
     from tests.conftest import pulsar_config
 
     pid = getattr(pulsar_broker, "pid", None)
@@ -203,7 +205,7 @@ def test_a_real_client_timeout_during_creation_does_not_wedge_election(pulsar_br
     try:
         b.admin.create_topic(topic)
         a.client.create_producer(topic).close()  # connection and lookup warm
-        for pause_after in (0.0, 0.002, 0.005, 0.01):
+        for pause_after, frozen in ((0.0, 1.5), (0.002, 1.5), (0.005, 1.5), (0.01, 1.5), (0.002, 3.5), (0.005, 3.5), (0.01, 3.5)):
             timer = threading.Timer(pause_after, os.kill, (pid, signal.SIGSTOP))
             timer.start()
             try:
@@ -212,7 +214,7 @@ def test_a_real_client_timeout_during_creation_does_not_wedge_election(pulsar_br
                 timeouts += 1
             finally:
                 timer.join()
-                time.sleep(max(0.0, 1.5 - pause_after))
+                time.sleep(max(0.0, frozen - pause_after))
                 os.kill(pid, signal.SIGCONT)
             started = time.monotonic()
             writer = b.acquire_writer(topic, mode=AcquireMode.WAIT, timeout=15, name="cand-b")

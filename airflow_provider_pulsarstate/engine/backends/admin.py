@@ -168,14 +168,19 @@ class PulsarAdmin:
             )
         return resp.status_code in (200, 204)
 
-    def create_subscription(self, topic: str, subscription: str, *, ledger: int, entry: int) -> bool:
+    def create_subscription(
+        self, topic: str, subscription: str, *, ledger: int, entry: int, properties: Mapping[str, str] | None = None
+    ) -> bool:
         """Create a durable subscription whose first unacknowledged entry is ``ledger:entry``
-        (``-1, -1``: the earliest); False when it already exists, or is being created or reset by
-        someone else (409, 412)."""
-        resp = self.request(
-            "PUT", self._sub_path(topic, subscription), ok=(200, 204, 409, 412),
-            json={"ledgerId": ledger, "entryId": entry},
-        )
+        (``-1, -1``: the earliest), with ``properties`` set in the same request; False when it
+        already exists, or is being created or reset by someone else (409, 412).
+
+        The broker creates the cursor at the latest entry and then moves it: a reader of the
+        cursor may see the latest position in between, never a reader of the properties."""
+        body: dict[str, Any] = {"ledgerId": ledger, "entryId": entry}
+        if properties:
+            body["properties"] = dict(properties)
+        resp = self.request("PUT", self._sub_path(topic, subscription), ok=(200, 204, 409, 412), json=body)
         return resp.status_code in (200, 204)
 
     def reset_cursor(

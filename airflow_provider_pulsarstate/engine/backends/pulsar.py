@@ -31,6 +31,7 @@ from typing import Any, Sequence
 import pulsar
 
 from airflow_provider_pulsarstate.engine.backends.admin import PulsarAdmin
+from airflow_provider_pulsarstate.engine.backends.orphans import OrphanSweeper
 from airflow_provider_pulsarstate.engine.backends.policies import ensure_topic_policies
 from airflow_provider_pulsarstate.engine.backends.base import (
     EARLIEST,
@@ -77,17 +78,20 @@ class PulsarBackend(Backend):
         if config.kind != "pulsar":
             raise ValueError(f"{redact_url(config.url)!r} is not a pulsar:// URL")
         self.config = config
-        self.admin = PulsarAdmin(
-            config.resolved_admin_url,
-            auth_token=config.auth_token,
-            tls_trust_certs_file_path=config.tls_trust_certs_file_path,
-            timeout=config.operation_timeout,
-        )
+        self.admin = self._open_admin()
         self._client: pulsar.Client | None = None
         self._lock = threading.Lock()
         self._children: set[RawWriter | RawReader] = set()
         self._durable: set[str] = set()  # topics whose retention policies were checked
+        self._orphans = OrphanSweeper(self._open_admin)
         self._closed = False
+
+    def _open_admin(self) -> PulsarAdmin:
+        cfg = self.config
+        return PulsarAdmin(
+            cfg.resolved_admin_url, auth_token=cfg.auth_token,
+            tls_trust_certs_file_path=cfg.tls_trust_certs_file_path, timeout=cfg.operation_timeout,
+        )
 
     @property
     def client(self) -> pulsar.Client:
@@ -145,6 +149,8 @@ class PulsarBackend(Backend):
         deadline = time.monotonic() + timeout
         backoff = Backoff(initial=0.05, maximum=0.5)
         busy_since: float | None = None
+        # An earlier call of ours that timed out under this name may have left an orphan behind.
+        timed_out = self._orphans.claim(topic, name)
         while True:
             try:
                 producer = self.client.create_producer(
@@ -159,6 +165,8 @@ class PulsarBackend(Backend):
                 )
                 break
             except _BUSY as exc:
+                if timed_out and self._drop_orphan(topic, name, wait=0.0):
+                    continue  # it was our own orphan in the way
                 if mode is AcquireMode.FAIL_FAST:
                     raise WriterBusyError(
                         f"another writer holds {self.topic_url(topic)} ({type(exc).__name__}; {self._blockers(topic, name)})"
@@ -177,10 +185,18 @@ class PulsarBackend(Backend):
             except pulsar.Timeout as exc:
                 # The broker may still create the producer after the client gave up on it
                 # (apache/pulsar#25936): make sure no such orphan of ours holds the topic.
-                self._drop_orphan(topic, name, wait=min(self.config.operation_timeout, max(2.0, deadline - time.monotonic())))
+                timed_out = True
+                if self._drop_orphan(topic, name, wait=min(self.config.operation_timeout, max(2.0, deadline - time.monotonic()))):
+                    timed_out = False
                 if mode is AcquireMode.FAIL_FAST or time.monotonic() >= deadline:
+                    if timed_out:  # the broker may act on it long after this: watch on in the background
+                        self._orphans.watch(topic, name)
                     raise self._unreachable("creating the exclusive producer of", topic, exc) from exc
                 log.warning("creating the exclusive producer %r of %s timed out; retrying", name, self.topic_url(topic))
+                backoff.sleep(deadline)
+            except pulsar.ServiceUnitNotReady as exc:  # the topic is being unloaded (an orphan dropped) or moved
+                if mode is AcquireMode.FAIL_FAST or time.monotonic() >= deadline:
+                    raise self._unreachable("creating the exclusive producer of", topic, exc) from exc
                 backoff.sleep(deadline)
             except _UNREACHABLE as exc:
                 raise self._unreachable("creating the exclusive producer of", topic, exc) from exc
@@ -212,7 +228,8 @@ class PulsarBackend(Backend):
             log.debug("fencing %s: %s", topic, exc)
             return
         except pulsar.Timeout:  # it may still be created after we gave up (apache/pulsar#25936)
-            self._drop_orphan(topic, fencer_name, wait=min(self.config.operation_timeout, 2.0))
+            if not self._drop_orphan(topic, fencer_name, wait=min(self.config.operation_timeout, 2.0)):
+                self._orphans.watch(topic, fencer_name)
             return
         except _UNREACHABLE as exc:
             raise self._unreachable("fencing the writer of", topic, exc) from exc
@@ -239,10 +256,12 @@ class PulsarBackend(Backend):
         held = f"held by {', '.join(others)}" if others else "no producer listed now"
         return held + (f", {waiting} waiting for exclusive access" if waiting else "")
 
-    def _drop_orphan(self, topic: str, name: str, *, wait: float) -> None:
-        """After a timed-out creation: if the broker lists a producer named ``name`` (ours, but
-        unknown to the client), unload the topic so the broker drops it (the topic's other clients
-        are disconnected too and reconnect at once). Best effort: an unreachable broker is logged."""
+    def _drop_orphan(self, topic: str, name: str, *, wait: float) -> bool:
+        """After a timed-out creation: if the broker lists a producer named ``name`` within ``wait``
+        seconds (ours, but unknown to the client), unload the topic so the broker drops it (the
+        topic's other clients are disconnected too and reconnect at once). True when it was
+        dropped. Best effort: an unreachable broker is logged; the caller hands the name to the
+        background :class:`OrphanSweeper` when it gives up."""
         try:
             deadline = time.monotonic() + wait
             # the broker may act on the request a little after the client gave up
@@ -250,12 +269,14 @@ class PulsarBackend(Backend):
                 if any(p.get("producerName") == name for p in self._publishers(topic)):
                     break
                 if time.monotonic() >= deadline:
-                    return
+                    return False
                 time.sleep(0.2)
             log.warning("dropping the orphaned exclusive producer %r of %s (unloading the topic)", name, self.topic_url(topic))
             self.admin.unload(topic)
+            return True
         except Exception as exc:
             log.warning("could not check %s for an orphaned producer %r: %s", self.topic_url(topic), name, exc)
+            return False
 
     def current_epoch(self, topic: str) -> int:
         # The broker persists topicEpoch with the topic (it survives unloads and restarts); a topic
@@ -356,6 +377,7 @@ class PulsarBackend(Backend):
                 return
             children, self._children = self._children, set()
             self._closed = True
+        self._orphans.close()  # closing the client drops any orphan: it lives on our connection
         for child in children:
             child.close()
         _close_quietly(self._client)

@@ -604,7 +604,12 @@ class PulsarOffsetLog(OffsetLog):
     def _try_commit(self, pt: str, subscription: str, next_offset: int, target: dict[str, Any]) -> bool:
         properties = self._admin.subscription_properties(pt, subscription)
         if properties is None:
-            self._admin.create_subscription(pt, subscription, ledger=target["ledger"], entry=target["entry"])
+            # The committed offset goes in with the creation: the broker creates the cursor at the
+            # latest entry before moving it, and a probe must not see that as committed.
+            self._admin.create_subscription(
+                pt, subscription, ledger=target["ledger"], entry=target["entry"],
+                properties={COMMITTED_PROPERTY: str(next_offset)},
+            )
             properties = self._admin.subscription_properties(pt, subscription)
             if properties is None:
                 return False  # another process is creating it: try again
