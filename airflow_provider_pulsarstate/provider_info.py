@@ -6,6 +6,7 @@ import copy
 from typing import Any
 
 from airflow_provider_pulsarstate import __version__
+from airflow_provider_pulsarstate.hooks.provider_config import OPTIONS, SECTION
 from airflow_provider_pulsarstate.hooks.connection_form import (
     CONN_FIELDS,
     CONN_TYPE,
@@ -65,6 +66,12 @@ def provider_info() -> dict[str, Any]:
                 ],
             }
         ],
+        "config": {
+            SECTION: {
+                "description": "The XCom and task/asset state-store backends kept in PulsarMaps.",
+                "options": {name: {**copy.deepcopy(spec), "version_added": "0.1.0"} for name, spec in OPTIONS.items()},
+            }
+        },
         "connection-types": [
             {
                 "connection-type": CONN_TYPE,

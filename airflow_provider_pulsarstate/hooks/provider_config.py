@@ -1,0 +1,95 @@
+"""The provider's own configuration section, ``[pulsarstate]`` (also ``AIRFLOW__PULSARSTATE__*``).
+
+It configures the two backends Airflow itself loads by class name, which take no arguments: the
+XCom backend (``[core] xcom_backend``) and the task/asset state-store backend (``[state_store]
+backend`` / ``[workers] state_store_backend``). :data:`OPTIONS` is what ``get_provider_info()``
+declares (``airflow config list`` shows it); :func:`load_settings` reads and checks it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from airflow_provider_pulsarstate.engine.errors import ConfigurationError
+
+SECTION = "pulsarstate"
+
+OPTIONS: dict[str, dict[str, Any]] = {
+    "conn_id": {
+        "description": "The pulsarstate connection the XCom and state-store backends use.\n",
+        "type": "string", "example": "pulsarstate_default", "default": "pulsarstate_default",
+    },
+    "key_namespace": {
+        "description": "Prefix of every key the XCom and state-store backends write, so that several\n"
+        "Airflow deployments can share one topic without seeing each other's entries.\n",
+        "type": "string", "example": "prod", "default": "airflow",
+    },
+    "xcom_topic": {
+        "description": "Topic of the PulsarMap that holds XCom values (a short name uses the connection's\n"
+        "tenant and namespace).\n",
+        "type": "string", "example": "airflow-xcom", "default": "airflow-xcom",
+    },
+    "xcom_max_value_bytes": {
+        "description": "Largest serialized XCom value kept in Pulsar. Larger ones follow xcom_oversize.\n",
+        "type": "integer", "example": "1048576", "default": "1048576",
+    },
+    "xcom_oversize": {
+        "description": "What happens to a value over xcom_max_value_bytes: 'db' keeps it in the metadata\n"
+        "DB as Airflow's own backend does; 'error' fails the task with an error naming the limit.\n",
+        "type": "string", "example": "error", "default": "db",
+    },
+    "xcom_preview_chars": {
+        "description": "Characters of a small value shown in the reference the metadata DB (and UI) keep.\n",
+        "type": "integer", "example": "80", "default": "80",
+    },
+    "state_store_topic": {
+        "description": "Topic of the PulsarMap that holds task and asset state.\n",
+        "type": "string", "example": "airflow-state-store", "default": "airflow-state-store",
+    },
+    "state_store_max_value_bytes": {
+        "description": "Largest serialized state value; a larger one fails with an error naming the limit.\n",
+        "type": "integer", "example": "1048576", "default": "1048576",
+    },
+}
+
+
+@dataclass(frozen=True)
+class ProviderSettings:
+    """The checked ``[pulsarstate]`` options (see :data:`OPTIONS` for their meaning)."""
+
+    conn_id: str = "pulsarstate_default"
+    key_namespace: str = "airflow"
+    xcom_topic: str = "airflow-xcom"
+    xcom_max_value_bytes: int = 1048576
+    xcom_oversize: Literal["db", "error"] = "db"
+    xcom_preview_chars: int = 80
+    state_store_topic: str = "airflow-state-store"
+    state_store_max_value_bytes: int = 1048576
+
+
+def load_settings(conf: Any = None) -> ProviderSettings:
+    """Read ``[pulsarstate]`` from Airflow's configuration (``conf``: a config parser, for tests).
+
+    :raises ConfigurationError: an option has a bad value; the message names ``[pulsarstate] <option>``.
+    """
+    if conf is None:
+        from airflow.sdk.configuration import conf  # the same file and env on workers and servers
+    values: dict[str, Any] = {}
+    for name, spec in OPTIONS.items():
+        raw = conf.get(SECTION, name, fallback=spec["default"])
+        raw = spec["default"] if raw is None or str(raw).strip() == "" else str(raw).strip()
+        if spec["type"] == "integer":
+            try:
+                values[name] = int(raw)
+            except ValueError:
+                raise ConfigurationError(f"[{SECTION}] {name} must be an integer, not {raw!r}") from None
+            if values[name] <= 0:
+                raise ConfigurationError(f"[{SECTION}] {name} must be positive, not {raw!r}")
+        else:
+            values[name] = raw
+    if values["xcom_oversize"] not in ("db", "error"):
+        raise ConfigurationError(f"[{SECTION}] xcom_oversize must be 'db' or 'error', not {values['xcom_oversize']!r}")
+    if "/" in values["key_namespace"]:
+        raise ConfigurationError(f"[{SECTION}] key_namespace must not contain '/': {values['key_namespace']!r}")
+    return ProviderSettings(**values)

@@ -1,0 +1,1 @@
+"""The XCom backend that keeps values in a PulsarMap (``[core] xcom_backend``)."""
