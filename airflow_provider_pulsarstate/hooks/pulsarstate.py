@@ -7,9 +7,11 @@ managers and maps, so a connection means the same thing everywhere, including th
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import math
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,14 @@ from airflow_provider_pulsarstate.engine.offsets import (
 from airflow_provider_pulsarstate.engine.offsets import create_topic as _create_topic
 from airflow_provider_pulsarstate.engine.recipes.lease import DEFAULT_LEASE_TOPIC, Lease, Leases
 from airflow_provider_pulsarstate.engine.recipes.map import PulsarMap
+from airflow_provider_pulsarstate.engine.recipes.state_store import (
+    KEEP,
+    AssetStateScope,
+    StateScope,
+    StateStore,
+    StateStoreDataError,
+    TaskStateScope,
+)
 from airflow_provider_pulsarstate.engine.recipes.table import StateTable
 
 log = logging.getLogger(__name__)
@@ -325,6 +335,60 @@ class PulsarStateHook(BaseHook):
         config = config if config is not None else self.get_config()
         return AsyncLeaseObserver(config, config.topic_name(topic or DEFAULT_LEASE_TOPIC))
 
+    # ------------------------------------------------------------------ task and asset state
+    def get_state_store(self, *, topic: str | None = None, namespace: str | None = None) -> StateStore:
+        """The task/asset :class:`~airflow_provider_pulsarstate.engine.recipes.state_store.StateStore`
+        the state-store backend uses (``[pulsarstate] state_store_topic`` and ``key_namespace`` by
+        default).
+
+        Its map is shared by the whole process (one per connection and topic, whichever hook asks;
+        opening a map replays its log) and closed at exit, not by :meth:`close`. In a forked child
+        the parent's map is left alone and a new one opened.
+        """
+        settings = _settings()
+        config = self.get_config()
+        table = _shared_map(
+            config, config.topic_name(topic or settings.state_store_topic), settings.state_store_max_value_bytes
+        )
+        return StateStore(table, namespace=namespace or settings.key_namespace)
+
+    def get_state(self, scope: Any, key: str, default: Any = None, **store: Any) -> Any:
+        """The current value of ``key`` in ``scope`` (see :meth:`update_state`), read at the tail
+        of the log, or ``default`` when absent or expired."""
+        return self.get_state_store(**store).get(state_scope(scope), key, default)
+
+    def update_state(
+        self, scope: Any, key: str, fn: Any, *, expires_at: Any = KEEP, **store: Any
+    ) -> Any:
+        """Atomically replace a state value with ``fn(current)`` and return the new value.
+
+        Airflow's state-store API has only get/set, and its own example
+        (``set(key, get(key) + 1)``) loses increments when tasks run at once. This does not:
+        ``fn`` (free of side effects: it may run more than once) gets the decoded current value
+        (None when absent or expired) and runs under the map's single writer on the latest state;
+        returning None deletes the key. ``context["task_state_store"].get`` /
+        ``context["asset_state_store"].get`` see the result when PulsarStateStoreBackend is the
+        configured backend::
+
+            PulsarStateHook().update_state(AssetScope(name="prices"), "runs", lambda n: (n or 0) + 1)
+            PulsarStateHook().update_state(TaskScope(dag_id, run_id, task_id, map_index), "tries", ...)
+
+        :param scope: Airflow's ``TaskScope`` / ``AssetScope`` (by ``name``; ``ti`` fields or a
+            context's ``ti`` also work), or the engine's ``TaskStateScope`` / ``AssetStateScope``.
+        :param expires_at: KEEP (the entry's expiry), None (never) or an aware datetime.
+        :param store: ``topic`` / ``namespace`` of :meth:`get_state_store`.
+        """
+        return self.get_state_store(**store).update(state_scope(scope), key, fn, expires_at=expires_at)
+
+    def compare_and_set_state(
+        self, scope: Any, key: str, expected: Any, new: Any, *, expires_at: Any = None, **store: Any
+    ) -> bool:
+        """Set a state value to ``new`` (None: delete) only when it equals ``expected`` (None:
+        absent), atomically; returns whether it was set. ``scope`` as :meth:`update_state`."""
+        return self.get_state_store(**store).compare_and_set(
+            state_scope(scope), key, expected, new, expires_at=expires_at
+        )
+
     def _own(self, obj: Any) -> Any:
         with self._lock:
             self._owned.append(obj)
@@ -370,6 +434,73 @@ class PulsarStateHook(BaseHook):
                 except Exception:
                     log.debug("closing the back end after test_connection failed", exc_info=True)
         return True, f"Connected to {target}, namespace {config.tenant}/{config.namespace} ({len(topics)} topics)"
+
+
+def state_scope(scope: Any) -> StateScope:
+    """The engine scope of Airflow's ``TaskScope`` / ``AssetScope`` (worker or server flavour, or
+    anything with their fields, e.g. a ``ti``), or an engine scope as is.
+
+    :raises ValueError: an asset scope without a ``name`` (a server-side ``asset_id`` is resolved
+        by the state-store backend, which has the DB session; a ``uri`` alone cannot be keyed by name).
+    """
+    if isinstance(scope, (TaskStateScope, AssetStateScope)):
+        return scope
+    if all(hasattr(scope, f) for f in ("dag_id", "run_id", "task_id")):
+        map_index = getattr(scope, "map_index", -1)
+        return TaskStateScope(scope.dag_id, scope.run_id, scope.task_id, -1 if map_index is None else int(map_index))
+    name = getattr(scope, "name", None)
+    if isinstance(name, str) and name:
+        return AssetStateScope(name)
+    raise ValueError(
+        f"cannot key state by {scope!r}: a task scope needs dag_id, run_id, task_id (and map_index); "
+        "an asset scope needs the asset's name (use Asset/AssetNameRef, not AssetUriRef)"
+    )
+
+
+def _settings() -> Any:
+    from airflow_provider_pulsarstate.hooks.provider_config import load_settings
+
+    return load_settings()
+
+
+_shared_lock = threading.Lock()
+_shared_backends: dict[ConnectionConfig, tuple[int, Backend]] = {}
+_shared_maps: dict[tuple[ConnectionConfig, str], tuple[int, PulsarMap[Any, Any]]] = {}
+
+
+def _shared_map(config: ConnectionConfig, topic: str, max_value_bytes: int) -> PulsarMap[Any, Any]:
+    """The process-wide map of (connection, topic); opened once per process (a forked child opens
+    its own: the parent's client is not fork-safe, so it is left alone, not closed)."""
+    pid = os.getpid()
+    with _shared_lock:
+        held = _shared_maps.get((config, topic))
+        if held is not None and held[0] == pid:
+            return held[1]
+        backend_held = _shared_backends.get(config)
+        if backend_held is None or backend_held[0] != pid:
+            backend_held = (pid, open_backend(config))
+            _shared_backends[config] = backend_held
+        table: PulsarMap[Any, Any] = PulsarMap(
+            backend_held[1], topic, max_value_bytes=max_value_bytes, operation_timeout=config.operation_timeout
+        )
+        _shared_maps[(config, topic)] = (pid, table)
+        return table
+
+
+@atexit.register
+def close_shared_state_maps() -> None:
+    """Close this process's shared state maps and their back ends (also run at exit)."""
+    pid = os.getpid()
+    with _shared_lock:
+        maps = [t for p, t in _shared_maps.values() if p == pid]
+        backends = [b for p, b in _shared_backends.values() if p == pid]
+        _shared_maps.clear()
+        _shared_backends.clear()
+    for obj in [*maps, *backends]:
+        try:
+            obj.close()
+        except Exception:
+            log.warning("closing %r failed", obj, exc_info=True)
 
 
 def _test_embedded_file(config: ConnectionConfig) -> tuple[bool, str]:
