@@ -51,6 +51,11 @@ OPTIONS: dict[str, dict[str, Any]] = {
         "description": "Largest serialized state value; a larger one fails with an error naming the limit.\n",
         "type": "integer", "example": "1048576", "default": "1048576",
     },
+    "state_store_writer_idle_timeout": {
+        "description": "Seconds a process keeps the state-store map's writer after its last write. Every\n"
+        "task process writes state, so a short hold lets the next one take the writer at once.\n",
+        "type": "float", "example": "0.2", "default": "0.2",
+    },
 }
 
 
@@ -66,6 +71,7 @@ class ProviderSettings:
     xcom_preview_chars: int = 80
     state_store_topic: str = "airflow-state-store"
     state_store_max_value_bytes: int = 1048576
+    state_store_writer_idle_timeout: float = 0.2
 
 
 def load_settings(conf: Any = None) -> ProviderSettings:
@@ -86,6 +92,13 @@ def load_settings(conf: Any = None) -> ProviderSettings:
                 raise ConfigurationError(f"[{SECTION}] {name} must be an integer, not {raw!r}") from None
             if values[name] <= 0:
                 raise ConfigurationError(f"[{SECTION}] {name} must be positive, not {raw!r}")
+        elif spec["type"] == "float":
+            try:
+                values[name] = float(raw)
+            except ValueError:
+                raise ConfigurationError(f"[{SECTION}] {name} must be a number, not {raw!r}") from None
+            if not values[name] >= 0 or values[name] == float("inf"):
+                raise ConfigurationError(f"[{SECTION}] {name} must be a finite number >= 0, not {raw!r}")
         else:
             values[name] = raw
     if values["xcom_oversize"] not in ("db", "error"):

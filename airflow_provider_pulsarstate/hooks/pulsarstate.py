@@ -348,7 +348,10 @@ class PulsarStateHook(BaseHook):
         settings = _settings()
         config = self.get_config()
         table = _shared_map(
-            config, config.topic_name(topic or settings.state_store_topic), settings.state_store_max_value_bytes
+            config,
+            config.topic_name(topic or settings.state_store_topic),
+            max_value_bytes=settings.state_store_max_value_bytes,
+            writer_idle_timeout=settings.state_store_writer_idle_timeout,
         )
         return StateStore(table, namespace=namespace or settings.key_namespace)
 
@@ -468,7 +471,9 @@ _shared_backends: dict[ConnectionConfig, tuple[int, Backend]] = {}
 _shared_maps: dict[tuple[ConnectionConfig, str], tuple[int, PulsarMap[Any, Any]]] = {}
 
 
-def _shared_map(config: ConnectionConfig, topic: str, max_value_bytes: int) -> PulsarMap[Any, Any]:
+def _shared_map(
+    config: ConnectionConfig, topic: str, *, max_value_bytes: int, writer_idle_timeout: float
+) -> PulsarMap[Any, Any]:
     """The process-wide map of (connection, topic); opened once per process (a forked child opens
     its own: the parent's client is not fork-safe, so it is left alone, not closed)."""
     pid = os.getpid()
@@ -481,7 +486,8 @@ def _shared_map(config: ConnectionConfig, topic: str, max_value_bytes: int) -> P
             backend_held = (pid, open_backend(config))
             _shared_backends[config] = backend_held
         table: PulsarMap[Any, Any] = PulsarMap(
-            backend_held[1], topic, max_value_bytes=max_value_bytes, operation_timeout=config.operation_timeout
+            backend_held[1], topic, max_value_bytes=max_value_bytes, operation_timeout=config.operation_timeout,
+            writer_idle_timeout=writer_idle_timeout,
         )
         _shared_maps[(config, topic)] = (pid, table)
         return table
