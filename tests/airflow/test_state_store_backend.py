@@ -206,3 +206,27 @@ def test_bad_stored_data_and_foreign_references_are_clear_errors(state_backend: 
     with pytest.raises(StateStoreDataError, match="does not name a state entry"):
         backend.deserialize_task_state_store_from_ref("other/task/x")
     store.table.delete(key)
+
+
+def test_writer_idle_timeout_setting_is_checked() -> None:
+    from configparser import ConfigParser
+
+    from airflow_provider_pulsarstate.engine.errors import ConfigurationError
+    from airflow_provider_pulsarstate.hooks.provider_config import load_settings
+
+    conf = ConfigParser()
+    conf.read_dict({"pulsarstate": {"state_store_writer_idle_timeout": "1.5"}})
+    assert load_settings(conf).state_store_writer_idle_timeout == 1.5
+    for bad in ("soon", "-1", "inf"):
+        conf.read_dict({"pulsarstate": {"state_store_writer_idle_timeout": bad}})
+        with pytest.raises(ConfigurationError, match=r"\[pulsarstate\] state_store_writer_idle_timeout"):
+            load_settings(conf)
+
+
+def test_uri_only_asset_scope_is_refused_on_workers_with_a_clear_error(state_backend: str, airflow_db: Path) -> None:
+    from airflow.sdk.state import AssetScope
+
+    from airflow_provider_pulsarstate.state_store.backend import PulsarStateStoreBackend
+
+    with pytest.raises(ValueError, match="needs the asset's name"):
+        PulsarStateStoreBackend().serialize_asset_state_store_to_ref(value=1, key="k", scope=AssetScope(uri="s3://x/y"))
