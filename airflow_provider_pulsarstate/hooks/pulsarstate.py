@@ -61,6 +61,12 @@ log = logging.getLogger(__name__)
 HEALTHCHECK_TOPIC = "__pulsarstate_healthcheck"
 """Short name of the topic :meth:`PulsarStateHook.test_connection` opens a reader on."""
 
+__all__ = [
+    "AssetStateScope", "PulsarStateHook", "StateScope", "StateStore", "StateStoreDataError", "TaskStateScope",
+    "KEEP", "HEALTHCHECK_TOPIC", "close_shared_state_maps", "config_from_connection", "refuse_multi_host_executor",
+    "state_scope",
+]
+
 _STRING_FIELDS = ("service_url", "admin_url", "tenant", "namespace", "auth_token", "tls_trust_certs_file_path")
 _BOOL_FIELDS = ("tls_hostname_verification", "allow_insecure_token", "allow_other_namespaces")
 _default_logged = threading.Event()
@@ -460,10 +466,17 @@ def state_scope(scope: Any) -> StateScope:
     )
 
 
-def _settings() -> Any:
-    from airflow_provider_pulsarstate.hooks.provider_config import load_settings
+_settings_cache: list[Any] = []
 
-    return load_settings()
+
+def _settings() -> Any:
+    """``[pulsarstate]`` as read once per process (every state call needs it; reading the config
+    costs ~1 ms); :func:`close_shared_state_maps` forgets it."""
+    if not _settings_cache:
+        from airflow_provider_pulsarstate.hooks.provider_config import load_settings
+
+        _settings_cache.append(load_settings())
+    return _settings_cache[0]
 
 
 _shared_lock = threading.Lock()
@@ -502,6 +515,7 @@ def close_shared_state_maps() -> None:
         backends = [b for p, b in _shared_backends.values() if p == pid]
         _shared_maps.clear()
         _shared_backends.clear()
+        _settings_cache.clear()
     for obj in [*maps, *backends]:
         try:
             obj.close()

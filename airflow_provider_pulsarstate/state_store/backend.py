@@ -83,22 +83,20 @@ class PulsarStateStoreBackend(*_BASES):  # type: ignore[misc]
     """
 
     def __init__(self) -> None:
+        from airflow_provider_pulsarstate.hooks.provider_config import load_settings
+
+        self._settings = load_settings()
+        self._hook = PulsarStateHook(self._settings.conn_id)
         self._asset_names: dict[int, str] = {}
         self._lock = threading.Lock()
+        self._refs: bool | None = None
 
     # ------------------------------------------------------------------ plumbing
-    def _hook(self) -> PulsarStateHook:
-        from airflow_provider_pulsarstate.hooks.provider_config import load_settings
-
-        return PulsarStateHook(load_settings().conn_id)
-
     def _run(self, what: str, fn: Callable[[StateStore], T]) -> T:
         """``fn(store)``; failures to reach the map become StateStoreUnavailableError."""
-        from airflow_provider_pulsarstate.hooks.provider_config import load_settings
-
-        settings = load_settings()
+        settings = self._settings
         try:
-            store = self._hook().get_state_store()
+            store = self._hook.get_state_store()  # the connection is read on each call; the map is shared
             return fn(store)
         except (StateStoreDataError, ConfigurationError, ValueError, TypeError):
             raise
@@ -158,10 +156,15 @@ class PulsarStateStoreBackend(*_BASES):  # type: ignore[misc]
             return AssetStateScope(name)
         return await asyncio.to_thread(self._scope, scope, None)
 
-    @staticmethod
-    def _workers_use_this_backend() -> bool:
+    def _workers_use_this_backend(self) -> bool:
         """Whether ``[workers] state_store_backend`` names this class (then the server hands out
-        references, which workers resolve in the map)."""
+        references, which workers resolve in the map); read once per instance."""
+        if self._refs is None:
+            self._refs = self._read_workers_setting()
+        return self._refs
+
+    @staticmethod
+    def _read_workers_setting() -> bool:
         from airflow.sdk.configuration import conf
 
         configured = (conf.get("workers", "state_store_backend", fallback="") or "").strip()
