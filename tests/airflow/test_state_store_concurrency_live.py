@@ -1,12 +1,12 @@
 """Acceptance: 8 concurrent tasks incrementing one state key (real api-server + scheduler,
 LocalExecutor with parallelism 8, SQLite; PulsarStateStoreBackend configured on server and
-workers; embedded back end only, to stay under ~90 s on a 2-core machine).
+workers), on both back ends.
 
 The atomic update (PulsarStateHook.update_state) loses nothing; upstream's get/set pattern,
 through context["asset_state_store"], loses increments (a 0.3 s gap between get and set makes
 the overlap reliable; a file barrier starts the 8 tasks together).
 
-Over 60 s (about 90-130 s here: a DB migration, three Airflow components, 18 task processes):
+Over 60 s (about 90-130 s per back end here: a DB migration, three Airflow components, 18 task processes):
 real concurrency needs real processes; dag.test() runs tasks one after another.
 """
 
@@ -16,6 +16,8 @@ import json
 import sqlite3
 import uuid
 from pathlib import Path
+
+import pytest
 
 from airflow_provider_pulsarstate.engine.recipes.state_store import AssetStateScope, StateStore
 from airflow_provider_pulsarstate.testing.airflow_processes import AirflowProcesses
@@ -38,10 +40,20 @@ def _intervals(db: Path, run_id: str) -> list[dict]:
     return [json.loads(v if isinstance(v, str) else bytes(v)) for (v,) in rows]
 
 
-def test_eight_concurrent_tasks_atomic_update_loses_nothing_get_set_loses(tmp_path: Path) -> None:
-    state_file = tmp_path / "state.db"
+@pytest.mark.parametrize("back_end", ["embedded", pytest.param("pulsar", marks=pytest.mark.pulsar)])
+def test_eight_concurrent_tasks_atomic_update_loses_nothing_get_set_loses(
+    tmp_path: Path, back_end: str, request: pytest.FixtureRequest
+) -> None:
+    if back_end == "pulsar":
+        broker = request.getfixturevalue("pulsar_broker")
+        extra = {"service_url": broker.service_url, "admin_url": broker.admin_url, "operation_timeout": 30}
+        topic = f"airflow-state-store-{uuid.uuid4().hex[:8]}"  # the session broker outlives this test
+    else:
+        extra = {"service_url": str(tmp_path / "state.db")}
+        topic = "airflow-state-store"
     env = {
-        "AIRFLOW_CONN_PULSARSTATE_DEFAULT": json.dumps({"conn_type": "pulsarstate", "extra": {"service_url": str(state_file)}}),
+        "AIRFLOW_CONN_PULSARSTATE_DEFAULT": json.dumps({"conn_type": "pulsarstate", "extra": extra}),
+        "AIRFLOW__PULSARSTATE__STATE_STORE_TOPIC": topic,
         "AIRFLOW__STATE_STORE__BACKEND": BACKEND,
         "AIRFLOW__WORKERS__STATE_STORE_BACKEND": BACKEND,
         "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "16",
@@ -65,9 +77,10 @@ def test_eight_concurrent_tasks_atomic_update_loses_nothing_get_set_loses(tmp_pa
     # what the tasks read through the context is what a plain reader of the map sees
     from airflow_provider_pulsarstate import ConnectionConfig, PulsarMap, open_backend
 
-    backend = open_backend(ConnectionConfig(url=str(state_file)))
+    config = ConnectionConfig(url=extra["service_url"], admin_url=extra.get("admin_url", ""))
+    backend = open_backend(config)
     try:
-        with PulsarMap(backend, "persistent://public/default/airflow-state-store") as table:
+        with PulsarMap(backend, config.topic_name(topic)) as table:
             store = StateStore(table)
             for pattern, (seen, key) in totals.items():
                 assert store.get(AssetStateScope("pulsarstate-counter"), key) == seen, pattern
