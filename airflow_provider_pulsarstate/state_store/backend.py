@@ -20,8 +20,11 @@ Configure it on the server, on the workers, or (recommended) both::
   Airflow logs no "not written through the configured backend" warning, and values written by
   :meth:`PulsarStateHook.update_state` are what ``context["task_state_store"].get`` returns.
 
-Worker-only mode leaves expiry to the DB row (Airflow's own GC removes the reference, not the
-map entry; run :meth:`cleanup` yourself). An asset reached only by URI (``AssetUriRef``) cannot
+Expired entries read as absent at once; removing them is :meth:`cleanup`'s job, which Airflow
+itself never calls for a custom backend (``airflow state-store clean`` handles only the
+metastore): run ``PulsarStateStoreBackend().cleanup()`` from a periodic task or cron. Worker-only
+mode leaves expiry to the DB row (the worker's write carries no expiry; Airflow's GC removes the
+reference, not the map entry). An asset reached only by URI (``AssetUriRef``) cannot
 be keyed by name on a worker and is refused with a clear error there.
 
 Every call reads the live map (``latest=True``); a broker that cannot be reached raises
