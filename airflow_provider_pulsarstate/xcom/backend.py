@@ -50,6 +50,7 @@ import datetime
 import json
 import logging
 import os
+import sys
 import threading
 from typing import Any
 
@@ -144,15 +145,37 @@ def _preview(value: Any, size: int, chars: int) -> str | None:
 
 
 def _current_try(dag_id: str, run_id: str, task_id: str, map_index: int) -> int | None:
-    """The try number of the running task instance, when it is the one pushing (else None)."""
+    """The try number of the running task instance, when it is the one pushing (else None).
+
+    ``BaseXCom.set`` is not given the try. Inside ``execute`` the current context has the task
+    instance; the return value is pushed after the context is left, by ``_xcom_push(ti, ...)`` of
+    the task runner, so the caller frames are searched for that ``ti`` (a few frames, read only).
+    """
+
+    def matches(ti: Any) -> int | None:
+        try:
+            if (ti.dag_id, ti.run_id, ti.task_id, ti.map_index) == (dag_id, run_id, task_id, map_index):
+                return int(ti.try_number)
+        except Exception:
+            pass
+        return None
+
     try:
         from airflow.sdk import get_current_context
 
-        ti = get_current_context()["ti"]
-        if (ti.dag_id, ti.run_id, ti.task_id, ti.map_index) == (dag_id, run_id, task_id, map_index):
-            return int(ti.try_number)
+        found = matches(get_current_context()["ti"])
+        if found is not None:
+            return found
     except Exception:
         pass
+    frame = sys._getframe(1)
+    for _ in range(8):
+        frame = frame.f_back  # type: ignore[assignment]
+        if frame is None:
+            break
+        ti = frame.f_locals.get("ti")
+        if ti is not None and (found := matches(ti)) is not None:
+            return found
     return None
 
 

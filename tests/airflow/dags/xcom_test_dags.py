@@ -83,3 +83,15 @@ with DAG("xcom_backend_retry", schedule=None, start_date=START, catchup=False):
         return "done"
 
     flaky()
+
+
+with DAG("xcom_backend_cleanup", schedule=None, start_date=START, catchup=False,
+         params={"older_than_days": Param(None, type=["null", "number"]), "dry_run": Param(False, type="boolean"), "dag_id": Param("xcom_backend_plain", type="string")}):
+    from airflow_provider_pulsarstate.operators.xcom_cleanup import XComCleanupOperator
+
+    XComCleanupOperator(
+        task_id="cleanup",
+        older_than_days="{{ params.older_than_days }}",
+        dry_run="{{ params.dry_run }}",
+        dag_id_filter="{{ params.dag_id }}",
+    )
