@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -231,24 +230,34 @@ def test_a_retry_clears_the_previous_try_values(xcom_backend: SimpleNamespace) -
 
 
 # ---------------------------------------------------------------------------------- concurrency
-def test_several_tasks_of_one_run_push_at_once(xcom_backend: SimpleNamespace) -> None:
-    import time
-
-    run_id, start_at = f"concurrent-{uuid.uuid4().hex[:6]}", time.time() + 12
-    tasks = [[f"task_{p}_{t}" for t in range(2)] for p in range(4)]  # 4 processes x 2 threads
+def test_several_tasks_of_one_run_push_at_once(xcom_backend: SimpleNamespace, tmp_path: Path) -> None:
+    run_id, go = f"concurrent-{uuid.uuid4().hex[:6]}", tmp_path / "go"
+    # 8 tasks: 2 processes (each its own map instance, competing for the writer) x 4 threads
+    tasks = [[f"task_{p}_{t}" for t in range(4)] for p in range(2)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = [
         subprocess.Popen(
-            [sys.executable, str(ROOT / "tests/airflow/xcom_push_worker.py"), "xcom_concurrent", run_id, str(start_at), *ids],
+            [sys.executable, str(ROOT / "tests/airflow/xcom_push_worker.py"), "xcom_concurrent", run_id, str(go), *ids],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         for ids in tasks
     ]
-    refs: dict[str, Any] = {}
-    for proc in procs:
-        out, err = proc.communicate(timeout=180)
-        assert proc.returncode == 0, err[-3000:]
-        refs.update({line["task_id"]: line["reference"] for line in map(json.loads, _result_lines(out))})
+    try:
+        for proc in procs:  # every process has its map open before any pushes
+            assert proc.stdout is not None
+            while (line := proc.stdout.readline()) and line.strip() != "ready":
+                pass
+            assert line.strip() == "ready", proc.stderr.read()[-3000:] if proc.stderr else ""
+        go.touch()
+        refs: dict[str, Any] = {}
+        for proc in procs:
+            out, err = proc.communicate(timeout=180)
+            assert proc.returncode == 0, err[-3000:]
+            refs.update({line["task_id"]: line["reference"] for line in map(json.loads, _result_lines(out))})
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
     assert sorted(refs) == sorted(t for ids in tasks for t in ids)
     for task_id, ref in refs.items():
         assert PulsarXComBackend.deserialize_value(SimpleNamespace(value=ref))["task"] == task_id
@@ -355,14 +364,15 @@ def test_cleanup_operator_removes_deleted_and_expired_runs(xcom_backend: SimpleN
 
 
 def test_cleanup_cli_in_a_real_airflow_process(xcom_backend: SimpleNamespace) -> None:
+    # ~30-60 s: three airflow processes (dags test, and the CLI twice), each importing Airflow
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    dags_test = [AIRFLOW_BIN, "dags", "test", "xcom_backend_plain"]
-    run_ids = []
-    for _ in range(2):  # a separate process where the configuration alone selects the backend
-        result = subprocess.run(dags_test, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
-        assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
-        run_ids.append(_run_id("xcom_backend_plain"))
-    gone, kept = run_ids
+    # in a separate process the configuration alone selects the backend
+    result = subprocess.run([AIRFLOW_BIN, "dags", "test", "xcom_backend_plain"], env=env, capture_output=True,
+                            text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
+    gone = _run_id("xcom_backend_plain")
+    assert run_dag(load_dag(TEST_DAGS / "xcom_test_dags.py", "xcom_backend_plain"), {}).state == "success"
+    kept = _run_id("xcom_backend_plain")
     assert _ref(gone, "consume")[REFERENCE_MARKER] == 1
     _delete_run("xcom_backend_plain", gone)
 
@@ -379,3 +389,16 @@ def test_cleanup_cli_in_a_real_airflow_process(xcom_backend: SimpleNamespace) ->
     assert "scanned 2 runs / 8 entries; stale: 1 missing from the metadata DB, 0 past retention; deleted 4 entries" in real.stdout, real.stdout
     with PulsarStateHook() as hook:
         assert [r.run_id for r in _store(hook, xcom_backend.namespace).list_runs(dag_id="xcom_backend_plain")] == [kept]
+
+
+def test_provider_info_registers_the_operator_and_the_cli() -> None:
+    import importlib
+
+    from airflow_provider_pulsarstate.provider_info import provider_info
+
+    info = provider_info()
+    assert "airflow_provider_pulsarstate.operators.xcom_cleanup" in info["operators"][0]["python-modules"]
+    (path,) = info["cli"]
+    module, _, name = path.rpartition(".")
+    (group,) = getattr(importlib.import_module(module), name)()
+    assert group.name == "pulsarstate" and [c.name for c in group.subcommands] == ["xcom-cleanup"]

@@ -1,12 +1,14 @@
 """One process pushing XComs through PulsarXComBackend.serialize_value at an agreed moment.
 
-Usage: xcom_push_worker.py <dag_id> <run_id> <start_at (unix time)> <task_id>... ; prints one JSON
-line per task: {"task_id": ..., "reference": ...}. Configuration comes from the environment.
+Usage: xcom_push_worker.py <dag_id> <run_id> <go_file> <task_id>... ; opens the store, prints
+``ready``, waits until ``go_file`` exists, pushes one value per task from one thread each, and prints
+one JSON line per task: {"task_id": ..., "reference": ...}. Configuration comes from the environment.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -15,8 +17,9 @@ from airflow_provider_pulsarstate.xcom.backend import PulsarXComBackend, get_sto
 
 
 def main() -> None:
-    dag_id, run_id, start_at, *task_ids = sys.argv[1:]
-    get_store()  # open (replay) before the start line, so the pushes themselves race
+    dag_id, run_id, go_file, *task_ids = sys.argv[1:]
+    get_store().start()  # open (replay) before the go signal, so the pushes themselves race
+    print("ready", flush=True)
     results: dict[str, object] = {}
 
     def push(task_id: str) -> None:
@@ -26,7 +29,8 @@ def main() -> None:
         )
 
     threads = [threading.Thread(target=push, args=(t,)) for t in task_ids]
-    time.sleep(max(0.0, float(start_at) - time.time()))
+    while not os.path.exists(go_file):
+        time.sleep(0.005)
     for t in threads:
         t.start()
     for t in threads:
