@@ -221,6 +221,9 @@ def test_a_retry_clears_the_previous_try_values(xcom_backend: SimpleNamespace) -
     assert run.state == "success" and run.states["flaky"] == "success", run.states
     run_id = _run_id(dag.dag_id)
     assert sorted(r.key for r in _db_rows(run_id)) == ["return_value", "second_try"]
+    second = PulsarXComBackend.deserialize_value(SimpleNamespace(value=_ref(run_id, "flaky", "second_try")))
+    # Airflow purged first_try (it was in the DB) when try 2 started; the orphan never was in the DB
+    assert second == {"try": 2, "at_start": ["orphan"]}
     with PulsarStateHook() as hook:
         entries = _store(hook, xcom_backend.namespace).list_run(dag.dag_id, run_id)
     # first_try: purged by Airflow's clear at the start of try 2 (purge); orphan: never in the DB,
