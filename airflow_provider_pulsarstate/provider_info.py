@@ -45,6 +45,8 @@ def provider_info() -> dict[str, Any]:
                     "airflow_provider_pulsarstate.operators.views",
                     "airflow_provider_pulsarstate.operators.spark_submit",
                     "airflow_provider_pulsarstate.operators.offsets",
+                    # issue 10: XCom backend
+                    "airflow_provider_pulsarstate.operators.xcom_cleanup",
                 ],
             }
         ],
@@ -66,6 +68,8 @@ def provider_info() -> dict[str, Any]:
                 ],
             }
         ],
+        # issue 10: XCom backend
+        "cli": ["airflow_provider_pulsarstate.cli.xcom_cleanup.get_cli_commands"],
         "config": {
             SECTION: {
                 "description": "The XCom and task/asset state-store backends kept in PulsarMaps.",

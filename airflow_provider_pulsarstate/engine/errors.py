@@ -335,3 +335,44 @@ class LeaseTimeoutError(LeaseError, OperationTimeoutError):
 
 class LeadershipError(PulsarStateError):
     """Leadership of a topic could not be observed (unknown topic or partition, admin API refused)."""
+
+
+# ---------------------------------------------------------------------------------- XCom (issue 10)
+class XComError(PulsarStateError):
+    """Base of the XCom store's errors (engine/recipes/xcom_store.py and the XCom backend)."""
+
+
+class XComEntryNotFoundError(XComError, KeyError):
+    """A reference names an XCom entry the map does not hold (purged, cleaned up, or never written).
+
+    :ivar key: the map key; :ivar topic: the map's topic.
+    """
+
+    def __init__(self, message: str, *, key: str, topic: str) -> None:
+        super().__init__(message)
+        self.key = key
+        self.topic = topic
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+class XComReferenceError(XComError, ValueError):
+    """A stored reference is malformed or points outside this store (another topic or key namespace)."""
+
+
+class XComValueTooLargeError(XComError, ValueTooLargeError):
+    """An XCom value is over ``[pulsarstate] xcom_max_value_bytes`` and ``xcom_oversize`` is ``error``.
+
+    :ivar size: the serialized size in bytes; :ivar limit: the configured limit.
+    """
+
+    def __init__(self, message: str, *, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
+
+
+class XComStoreUnavailableError(XComError):
+    """The XCom map could not be read or written (broker or file unreachable, time-out); the
+    message names the topic and the key. The value was not stored anywhere else."""

@@ -55,6 +55,7 @@ from airflow_provider_pulsarstate.engine.recipes.state_store import (
     TaskStateScope,
 )
 from airflow_provider_pulsarstate.engine.recipes.table import StateTable
+from airflow_provider_pulsarstate.engine.recipes.xcom_store import XComStore
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ class PulsarStateHook(BaseHook):
         self._config: ConnectionConfig | None = None
         self._backend: Backend | None = None
         self._owned: list[
-            SharedStateManager[Any, Any] | PulsarMap[Any, Any] | StateTable | PullConsumer | TopicPublisher
+            SharedStateManager[Any, Any] | PulsarMap[Any, Any] | StateTable | PullConsumer | TopicPublisher | XComStore
         ] = []
 
     # ------------------------------------------------------------------ configuration
@@ -242,6 +243,20 @@ class PulsarStateHook(BaseHook):
         """
         config, backend = self._open()
         return self._own(StateTable(backend, config.topic_name(topic), **options))
+
+    def get_xcom_store(self, topic: str, *, namespace: str, **options: Any) -> XComStore:
+        """An :class:`~airflow_provider_pulsarstate.engine.recipes.xcom_store.XComStore` (XCom values
+        keyed ``<namespace>/xcom/<dag>/<run>/<task>/<map_index>/<key>``) on ``topic``. Closed by :meth:`close`.
+
+        :param topic: a short name or a full ``persistent://tenant/namespace/name``.
+        :param namespace: the key namespace (``[pulsarstate] key_namespace``).
+        :param options: ``max_value_bytes`` and PulsarMap / manager options; ``operation_timeout``
+            defaults to the connection's.
+        :raises ConfigurationError: invalid connection or topic name.
+        """
+        config, backend = self._open()
+        options.setdefault("operation_timeout", config.operation_timeout)
+        return self._own(XComStore(backend, config.topic_name(topic), namespace=namespace, **options))
 
     def get_leases(self, topic: str | None = None, **options: Any) -> Leases:
         """:class:`~airflow_provider_pulsarstate.engine.recipes.lease.Leases` (durable leases with

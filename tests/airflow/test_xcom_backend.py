@@ -1,0 +1,407 @@
+"""PulsarXComBackend in real ``dag.test()`` runs on SQLite, on both back ends.
+
+The backend is configured as a deployment would (``[core] xcom_backend`` through
+``AIRFLOW__CORE__XCOM_BACKEND``, ``[pulsarstate]`` through ``AIRFLOW__PULSARSTATE__*``). The task
+runner resolves ``[core] xcom_backend`` once, when it is imported (before these tests set it), so the
+fixture re-resolves it with Airflow's own ``resolve_xcom_backend()`` into the two module globals that
+hold it; the CLI test runs ``airflow dags test`` in a fresh process, where the configuration alone
+selects the backend. Every test gets its own ``key_namespace``, so tests never see each other's entries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Iterator
+
+import pytest
+
+from airflow_provider_pulsarstate.engine.errors import (
+    XComEntryNotFoundError,
+    XComReferenceError,
+    XComStoreUnavailableError,
+)
+from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+from airflow_provider_pulsarstate.xcom.backend import REFERENCE_MARKER, PulsarXComBackend, close_stores
+from tests.airflow.conftest import AIRFLOW_BIN
+from tests.airflow.dagruns import ROOT, TEST_DAGS, load_dag, run_dag
+from tests.airflow.test_views_operators import dag_bundles  # noqa: F401
+from tests.airflow.xcom_values import EXPECTED, same
+
+BACKEND_PATH = "airflow_provider_pulsarstate.xcom.backend.PulsarXComBackend"
+TOPIC = "airflow-xcom"
+
+
+@pytest.fixture
+def xcom_backend(dag_bundles: None, state_backend: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
+    """PulsarXComBackend configured for this test, with a fresh key namespace."""
+    from airflow.sdk.execution_time import task_runner
+    from airflow.sdk.execution_time import xcom as xcom_module
+
+    namespace = f"t{uuid.uuid4().hex[:10]}"
+    monkeypatch.setenv("AIRFLOW__CORE__XCOM_BACKEND", BACKEND_PATH)
+    monkeypatch.setenv("AIRFLOW__PULSARSTATE__KEY_NAMESPACE", namespace)
+    backend = xcom_module.resolve_xcom_backend()
+    assert backend is PulsarXComBackend
+    monkeypatch.setattr(xcom_module, "XCom", backend)
+    monkeypatch.setattr(task_runner, "XCom", backend)
+    close_stores()  # the connection changes between tests: the next use opens the map anew
+    yield SimpleNamespace(namespace=namespace, kind=state_backend)
+    close_stores()
+
+
+def _store(hook: PulsarStateHook, namespace: str) -> Any:
+    return hook.get_xcom_store(TOPIC, namespace=namespace, writer_idle_timeout=0.2)
+
+
+def _db_rows(run_id: str) -> list[Any]:
+    from sqlalchemy import select
+
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.scalars(select(XComModel).where(XComModel.run_id == run_id)).all()
+        return [
+            SimpleNamespace(task_id=r.task_id, map_index=r.map_index, key=r.key, value=r.value)
+            for r in rows
+        ]
+
+
+def _returns(run_id: str) -> dict[str, Any]:
+    """Each unmapped task's return value, read back through the backend from the DB row."""
+    return {
+        r.task_id: PulsarXComBackend.deserialize_value(SimpleNamespace(value=r.value))
+        for r in _db_rows(run_id) if r.key == "return_value" and r.map_index == -1
+    }
+
+
+def _run_id(dag_id: str) -> str:
+    from sqlalchemy import select
+
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        return session.scalars(select(DagRun.run_id).where(DagRun.dag_id == dag_id).order_by(DagRun.id.desc())).first()
+
+
+# ---------------------------------------------------------------------------------- values
+def test_values_round_trip_and_the_db_holds_references_only(xcom_backend: SimpleNamespace) -> None:
+    dag = load_dag(TEST_DAGS / "xcom_test_dags.py", "xcom_backend_values")
+    run = run_dag(dag, {"big_size": 10})
+    assert run.state == "success", run.states
+    run_id = _run_id(dag.dag_id)
+    # the pulling task checked every value and its exact type (a mismatch fails it)
+    assert run.states["pull"] == "success"
+    returns = _returns(run_id)
+    assert returns["total"] == 12 and returns["big_len"] == 10 and returns["big"] == "x" * 10
+
+    rows = _db_rows(run_id)
+    # push returns a dict[str, Any]: TaskFlow also pushes each of its keys (multiple_outputs)
+    expected_rows = {("push", -1, k) for k in [*EXPECTED, "pushed", "when"]} | {
+        (t, -1, "return_value") for t in ("push", "pull", "total", "big", "big_len")
+    } | {("double", i, "return_value") for i in range(3)}
+    assert {(r.task_id, r.map_index, r.key) for r in rows} == expected_rows
+    with PulsarStateHook() as hook:
+        store = _store(hook, xcom_backend.namespace)
+        entries = {(e.task_id, e.map_index, e.key): e for e in store.list_run(dag.dag_id, run_id)}
+        for row in rows:
+            ref = row.value
+            assert isinstance(ref, dict) and ref[REFERENCE_MARKER] == 1, row  # a reference, never the value
+            assert ref["topic"] == hook.topic_name(TOPIC)
+            entry = entries[(row.task_id, row.map_index, row.key)]
+            assert ref["key"] == entry.map_key and ref["size"] == entry.record.size
+            assert ref["type"] == entry.record.type_name
+        assert len(entries) == len(rows)
+        # the UI's view: where, size, type and a short preview
+        a_set = next(r.value for r in rows if r.key == "a_set")
+        assert a_set["type"] == "set" and a_set["preview"] in ("{'a', 'b', 'c'}", "{'a', 'c', 'b'}", "{'b', 'a', 'c'}",
+                                                                 "{'b', 'c', 'a'}", "{'c', 'a', 'b'}", "{'c', 'b', 'a'}")
+        point = next(r.value for r in rows if r.key == "a_dataclass")
+        assert point["type"] == "tests.airflow.xcom_values.Point" and point["preview"].startswith("Point(x=7, ")
+        assert len(point["preview"]) <= 80
+        mapped = sorted((r.map_index, r.value["key"]) for r in rows if r.task_id == "double")
+        assert [m for m, _ in mapped] == [0, 1, 2] and all(k.endswith(f"/double/{m}/return_value") for m, k in mapped)
+        # the values themselves, read back through the backend from the DB references
+        for row in rows:
+            if row.task_id == "push" and row.key in EXPECTED:
+                assert same(PulsarXComBackend.deserialize_value(SimpleNamespace(value=row.value)), EXPECTED[row.key])
+
+
+@pytest.mark.parametrize("mode", ["db", "error"])
+def test_oversized_values(xcom_backend: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    monkeypatch.setenv("AIRFLOW__PULSARSTATE__XCOM_MAX_VALUE_BYTES", "1000")
+    monkeypatch.setenv("AIRFLOW__PULSARSTATE__XCOM_OVERSIZE", mode)
+    close_stores()
+    dag = load_dag(TEST_DAGS / "xcom_test_dags.py", "xcom_backend_values")
+    run = run_dag(dag, {"big_size": 5000})
+    run_id = _run_id(dag.dag_id)
+    rows = {(r.task_id, r.key): r.value for r in _db_rows(run_id)}
+    if mode == "db":
+        assert run.state == "success", run.states
+        assert _returns(run_id)["big_len"] == 5000
+        assert rows[("big", "return_value")] == "x" * 5000  # in the DB, as Airflow's own backend keeps it
+        assert rows[("push", "a_dict")][REFERENCE_MARKER] == 1  # small values still go to the map
+        with PulsarStateHook() as hook:
+            assert _store(hook, xcom_backend.namespace).get(dag.dag_id, run_id, "big", -1, "return_value", latest=True) is None
+    else:
+        assert run.states["big"] == "failed" and run.states["big_len"] == "upstream_failed"
+        assert ("big", "return_value") not in rows
+        assert run.states["pull"] == "success"
+
+
+def test_oversize_error_names_the_limit_and_the_size(xcom_backend: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW__PULSARSTATE__XCOM_MAX_VALUE_BYTES", "100")
+    monkeypatch.setenv("AIRFLOW__PULSARSTATE__XCOM_OVERSIZE", "error")
+    with pytest.raises(Exception) as info:
+        PulsarXComBackend.serialize_value("y" * 200, key="k", task_id="t", dag_id="d", run_id="r", map_index=-1)
+    assert type(info.value).__name__ == "XComValueTooLargeError"
+    assert "202 bytes" in str(info.value) and "100-byte limit" in str(info.value) and "xcom_max_value_bytes" in str(info.value)
+
+
+def _ref(run_id: str, task_id: str, key: str = "return_value", map_index: int = -1) -> dict[str, Any]:
+    return next(r.value for r in _db_rows(run_id) if (r.task_id, r.key, r.map_index) == (task_id, key, map_index))
+
+
+# ---------------------------------------------------------------------------------- purge and references
+def test_purge_removes_the_entry_and_a_purged_reference_names_its_key(xcom_backend: SimpleNamespace) -> None:
+    dag = load_dag(TEST_DAGS / "xcom_test_dags.py", "xcom_backend_plain")
+    run = run_dag(dag, {})
+    assert run.state == "success", run.states
+    run_id = _run_id(dag.dag_id)
+    ref = _ref(run_id, "consume")
+    assert PulsarXComBackend.deserialize_value(SimpleNamespace(value=ref)) == 3
+    PulsarXComBackend.purge(SimpleNamespace(key="return_value", value=ref))
+    with PulsarStateHook() as hook:
+        store = _store(hook, xcom_backend.namespace)
+        assert store.get(dag.dag_id, run_id, "consume", -1, "return_value", latest=True) is None
+        assert store.get(dag.dag_id, run_id, "produce", -1, "return_value", latest=True) is not None  # only that one
+    with pytest.raises(XComEntryNotFoundError) as info:
+        PulsarXComBackend.deserialize_value(SimpleNamespace(value=ref))
+    assert ref["key"] in str(info.value) and "purged" in str(info.value)
+    PulsarXComBackend.purge(SimpleNamespace(key="return_value", value=ref))  # idempotent
+
+
+def test_references_are_checked_before_they_are_followed(xcom_backend: SimpleNamespace) -> None:
+    ref = PulsarXComBackend.serialize_value({"a": 1}, key="k", task_id="t", dag_id="d", run_id="r/1", map_index=-1)
+    assert ref["key"] == f"{xcom_backend.namespace}/xcom/d/r%2F1/t/-1/k"  # '/' in a run id cannot make a segment
+    with PulsarStateHook() as hook:  # an entry of another deployment sharing the topic
+        other = hook.get_xcom_store(TOPIC, namespace="other-deployment", writer_idle_timeout=0.2)
+        other_key, _ = other.put("d", "r", "t", -1, "k", '{"secret":1}', type_name="dict")
+        forged = [
+            {**ref, "topic": "persistent://public/default/some-other-topic"},
+            {**ref, "key": other_key},
+            {**ref, "key": ref["key"] + "/extra"},
+            {**ref, "key": f"{xcom_backend.namespace}/xcom/d/r/1/t/-1/k"},
+            {**ref, "key": 42},
+            {**ref, REFERENCE_MARKER: 2},
+        ]
+        for bad in forged:
+            with pytest.raises(XComReferenceError) as info:
+                PulsarXComBackend.deserialize_value(SimpleNamespace(value=bad))
+            assert "refusing" in str(info.value) or "not an XCom key" in str(info.value) or "malformed" in str(info.value) \
+                or "canonical" in str(info.value), str(info.value)
+            PulsarXComBackend.purge(SimpleNamespace(key="k", value=bad))  # logged, nothing deleted
+        assert other.get("d", "r", "t", -1, "k", latest=True) is not None
+    assert PulsarXComBackend.deserialize_value(SimpleNamespace(value=ref)) == {"a": 1}
+    # values that are not references (pushed straight to the DB, oversized) pass through serde
+    assert PulsarXComBackend.deserialize_value(SimpleNamespace(value={"plain": [1, 2]})) == {"plain": [1, 2]}
+
+
+# ---------------------------------------------------------------------------------- retries
+def test_a_retry_clears_the_previous_try_values(xcom_backend: SimpleNamespace) -> None:
+    dag = load_dag(TEST_DAGS / "xcom_test_dags.py", "xcom_backend_retry")
+    run = run_dag(dag, {})
+    assert run.state == "success" and run.states["flaky"] == "success", run.states
+    run_id = _run_id(dag.dag_id)
+    assert sorted(r.key for r in _db_rows(run_id)) == ["return_value", "second_try"]
+    second = PulsarXComBackend.deserialize_value(SimpleNamespace(value=_ref(run_id, "flaky", "second_try")))
+    # Airflow purged first_try (it was in the DB) when try 2 started; the orphan never was in the DB
+    assert second == {"try": 2, "at_start": ["orphan"]}
+    with PulsarStateHook() as hook:
+        entries = _store(hook, xcom_backend.namespace).list_run(dag.dag_id, run_id)
+    # first_try: purged by Airflow's clear at the start of try 2 (purge); orphan: never in the DB,
+    # removed when try 2 stored its first value
+    assert sorted(e.key for e in entries) == ["return_value", "second_try"]
+    assert {e.record.try_number for e in entries} == {2}
+
+
+# ---------------------------------------------------------------------------------- concurrency
+def test_several_tasks_of_one_run_push_at_once(xcom_backend: SimpleNamespace, tmp_path: Path) -> None:
+    run_id, go = f"concurrent-{uuid.uuid4().hex[:6]}", tmp_path / "go"
+    # 8 tasks: 2 processes (each its own map instance, competing for the writer) x 4 threads
+    tasks = [[f"task_{p}_{t}" for t in range(4)] for p in range(2)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(ROOT / "tests/airflow/xcom_push_worker.py"), "xcom_concurrent", run_id, str(go), *ids],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for ids in tasks
+    ]
+    try:
+        for proc in procs:  # every process has its map open before any pushes
+            assert proc.stdout is not None
+            while (line := proc.stdout.readline()) and line.strip() != "ready":
+                pass
+            assert line.strip() == "ready", proc.stderr.read()[-3000:] if proc.stderr else ""
+        go.touch()
+        refs: dict[str, Any] = {}
+        for proc in procs:
+            out, err = proc.communicate(timeout=180)
+            assert proc.returncode == 0, err[-3000:]
+            refs.update({line["task_id"]: line["reference"] for line in map(json.loads, _result_lines(out))})
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    assert sorted(refs) == sorted(t for ids in tasks for t in ids)
+    for task_id, ref in refs.items():
+        assert PulsarXComBackend.deserialize_value(SimpleNamespace(value=ref))["task"] == task_id
+    with PulsarStateHook() as hook:
+        runs = _store(hook, xcom_backend.namespace).list_runs(dag_id="xcom_concurrent")
+    assert [(r.run_id, r.entries) for r in runs] == [(run_id, 8)]
+
+
+def _result_lines(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith('{"task_id"')]
+
+
+# ---------------------------------------------------------------------------------- outage
+def test_a_broker_outage_fails_the_task_and_nothing_lands_in_the_db(
+    dag_bundles: None, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    import socket
+    import time
+
+    from airflow.sdk.execution_time import task_runner
+    from airflow.sdk.execution_time import xcom as xcom_module
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]  # nothing listens here once the socket is closed
+    extra = {"service_url": f"pulsar://127.0.0.1:{dead}", "admin_url": f"http://127.0.0.1:{dead}", "operation_timeout": 3}
+    monkeypatch.setenv("AIRFLOW_CONN_PULSARSTATE_DEFAULT", json.dumps({"conn_type": "pulsarstate", "extra": extra}))
+    monkeypatch.setenv("AIRFLOW__CORE__XCOM_BACKEND", BACKEND_PATH)
+    monkeypatch.setattr(xcom_module, "XCom", xcom_module.resolve_xcom_backend())
+    monkeypatch.setattr(task_runner, "XCom", xcom_module.XCom)
+    close_stores()
+    try:
+        started = time.monotonic()
+        with pytest.raises(XComStoreUnavailableError) as info:
+            PulsarXComBackend.serialize_value({"a": 1}, key="k", task_id="t", dag_id="d", run_id="r", map_index=-1)
+        message = str(info.value)
+        assert "XCom 'k' of task d.t, run 'r'" in message and "airflow-xcom" in message
+        assert "Nothing was written to the metadata DB" in message
+        assert time.monotonic() - started < 60
+        close_stores()
+
+        dag = load_dag(TEST_DAGS / "xcom_test_dags.py", "xcom_backend_plain")
+        run = run_dag(dag, {})
+        assert run.state == "failed" and run.states["produce"] == "failed", run.states
+        assert run.states["consume"] == "upstream_failed"
+        assert _db_rows(_run_id(dag.dag_id)) == []  # no silent fallback to the DB
+    finally:
+        close_stores()
+
+
+# ---------------------------------------------------------------------------------- clean-up
+def _delete_run(dag_id: str, run_id: str) -> None:
+    from sqlalchemy import delete
+
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        session.execute(delete(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
+
+
+def _age(store: Any, dag_id: str, run_id: str, days: float) -> None:
+    """Make a run's entries look ``days`` old (rewrites their written-at time)."""
+    import dataclasses
+    import time
+
+    for entry in store.list_run(dag_id, run_id):
+        store.map.put(entry.map_key, dataclasses.replace(entry.record, written_at=time.time() - days * 86400))
+
+
+def test_cleanup_operator_removes_deleted_and_expired_runs(xcom_backend: SimpleNamespace) -> None:
+    plain = load_dag(TEST_DAGS / "xcom_test_dags.py", "xcom_backend_plain")
+    cleanup = load_dag(TEST_DAGS / "xcom_test_dags.py", "xcom_backend_cleanup")
+    run_ids = []
+    for _ in range(3):
+        assert run_dag(plain, {}).state == "success"
+        run_ids.append(_run_id(plain.dag_id))
+    gone, old, kept = run_ids
+    _delete_run(plain.dag_id, gone)  # deleted from the DB: Airflow calls no purge
+    assert _db_rows(gone) == []
+    with PulsarStateHook() as hook:
+        store = _store(hook, xcom_backend.namespace)
+        _age(store, plain.dag_id, old, days=10)
+        per_run = {r.run_id: r.entries for r in store.list_runs(dag_id=plain.dag_id)}
+    assert set(per_run) == set(run_ids)
+
+    dry = run_dag(cleanup, {"dry_run": True, "older_than_days": 5})
+    assert dry.state == "success", dry.states
+    counts = PulsarXComBackend.deserialize_value(SimpleNamespace(value=_ref(_run_id(cleanup.dag_id), "cleanup")))
+    assert counts == {"runs_scanned": 3, "entries_scanned": sum(per_run.values()), "runs_missing": 1, "runs_expired": 1,
+                      "entries_deleted": 0, "bytes_deleted": 0, "dry_run": True}
+    with PulsarStateHook() as hook:
+        assert {r.run_id for r in _store(hook, xcom_backend.namespace).list_runs(dag_id=plain.dag_id)} == set(run_ids)
+
+    cleanup = load_dag(TEST_DAGS / "xcom_test_dags.py", "xcom_backend_cleanup")  # dag.test() renders in place
+    real = run_dag(cleanup, {"older_than_days": 5})
+    assert real.state == "success", real.states
+    counts = PulsarXComBackend.deserialize_value(SimpleNamespace(value=_ref(_run_id(cleanup.dag_id), "cleanup")))
+    assert counts["runs_missing"] == 1 and counts["runs_expired"] == 1 and counts["dry_run"] is False
+    assert counts["entries_deleted"] == per_run[gone] + per_run[old] and counts["bytes_deleted"] > 0
+    with PulsarStateHook() as hook:
+        assert [r.run_id for r in _store(hook, xcom_backend.namespace).list_runs(dag_id=plain.dag_id)] == [kept]
+    assert PulsarXComBackend.deserialize_value(SimpleNamespace(value=_ref(kept, "consume"))) == 3
+
+
+def test_cleanup_cli_in_a_real_airflow_process(xcom_backend: SimpleNamespace) -> None:
+    # ~30-60 s: three airflow processes (dags test, and the CLI twice), each importing Airflow
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # in a separate process the configuration alone selects the backend
+    result = subprocess.run([AIRFLOW_BIN, "dags", "test", "xcom_backend_plain"], env=env, capture_output=True,
+                            text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
+    gone = _run_id("xcom_backend_plain")
+    assert run_dag(load_dag(TEST_DAGS / "xcom_test_dags.py", "xcom_backend_plain"), {}).state == "success"
+    kept = _run_id("xcom_backend_plain")
+    assert _ref(gone, "consume")[REFERENCE_MARKER] == 1
+    _delete_run("xcom_backend_plain", gone)
+
+    cli = [AIRFLOW_BIN, "pulsarstate", "xcom-cleanup", "--dag-id", "xcom_backend_plain"]
+    dry = subprocess.run([*cli, "--dry-run"], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert "[dry run]" in dry.stdout and gone[:44] in dry.stdout and "missing" in dry.stdout
+    assert "1 missing from the metadata DB, 0 past retention; would delete 4 entries" in dry.stdout, dry.stdout
+    with PulsarStateHook() as hook:
+        assert len(_store(hook, xcom_backend.namespace).list_runs(dag_id="xcom_backend_plain")) == 2
+
+    real = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert real.returncode == 0, real.stderr[-3000:]
+    assert "scanned 2 runs / 8 entries; stale: 1 missing from the metadata DB, 0 past retention; deleted 4 entries" in real.stdout, real.stdout
+    with PulsarStateHook() as hook:
+        assert [r.run_id for r in _store(hook, xcom_backend.namespace).list_runs(dag_id="xcom_backend_plain")] == [kept]
+
+
+def test_provider_info_registers_the_operator_and_the_cli() -> None:
+    import importlib
+
+    from airflow_provider_pulsarstate.provider_info import provider_info
+
+    info = provider_info()
+    assert "airflow_provider_pulsarstate.operators.xcom_cleanup" in info["operators"][0]["python-modules"]
+    (path,) = info["cli"]
+    module, _, name = path.rpartition(".")
+    (group,) = getattr(importlib.import_module(module), name)()
+    assert group.name == "pulsarstate" and [c.name for c in group.subcommands] == ["xcom-cleanup"]
