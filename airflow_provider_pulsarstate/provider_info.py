@@ -69,7 +69,7 @@ def provider_info() -> dict[str, Any]:
             }
         ],
         # issue 10: XCom backend
-        "cli": ["airflow_provider_pulsarstate.cli.xcom_cleanup.get_cli_commands"],
+        "cli": ["airflow_provider_pulsarstate.cli.commands.get_cli_commands"],
         "config": {
             SECTION: {
                 "description": "The XCom and task/asset state-store backends kept in PulsarMaps.",

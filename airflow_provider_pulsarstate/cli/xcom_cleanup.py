@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from airflow.cli.cli_config import ActionCommand, Arg, GroupCommand
+from airflow.cli.cli_config import Arg
 
 _BATCH = 500
 
@@ -58,22 +58,3 @@ ARGS = (
     Arg(("--dag-id",), default=None, help="Only this DAG's entries"),
     Arg(("--dry-run",), action="store_true", help="Report what would be deleted, delete nothing"),
 )
-
-
-def get_cli_commands() -> list[GroupCommand]:
-    """The provider's CLI group (``cli`` in the provider info)."""
-    return [
-        GroupCommand(
-            name="pulsarstate",
-            help="Pulsar State provider commands",
-            subcommands=[
-                ActionCommand(
-                    name="xcom-cleanup",
-                    help="Remove XCom entries of runs no longer in the metadata DB or older than a retention",
-                    func=xcom_cleanup,
-                    args=ARGS,
-                    description=__doc__,
-                )
-            ],
-        )
-    ]

@@ -14,7 +14,7 @@ import math
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
@@ -244,16 +244,25 @@ class PulsarStateHook(BaseHook):
         config, backend = self._open()
         return self._own(StateTable(backend, config.topic_name(topic), **options))
 
-    def get_xcom_store(self, topic: str, *, namespace: str, **options: Any) -> XComStore:
+    def get_xcom_store(self, topic: str, *, namespace: str, shared: bool = False, **options: Any) -> XComStore:
         """An :class:`~airflow_provider_pulsarstate.engine.recipes.xcom_store.XComStore` (XCom values
         keyed ``<namespace>/xcom/<dag>/<run>/<task>/<map_index>/<key>``) on ``topic``. Closed by :meth:`close`.
 
         :param topic: a short name or a full ``persistent://tenant/namespace/name``.
         :param namespace: the key namespace (``[pulsarstate] key_namespace``).
+        :param shared: the process-wide store of this connection, topic, namespace and options
+            (what the XCom backend uses: opening a store replays its log), closed at exit, not by
+            :meth:`close`.
         :param options: ``max_value_bytes`` and PulsarMap / manager options; ``operation_timeout``
             defaults to the connection's.
         :raises ConfigurationError: invalid connection or topic name.
         """
+        if shared:
+            config = self.get_config()
+            full_topic = config.topic_name(topic)
+            options.setdefault("operation_timeout", config.operation_timeout)
+            key = ("xcom", full_topic, namespace, tuple(sorted(options.items())))
+            return _shared(config, key, lambda backend: XComStore(backend, full_topic, namespace=namespace, **options))
         config, backend = self._open()
         options.setdefault("operation_timeout", config.operation_timeout)
         return self._own(XComStore(backend, config.topic_name(topic), namespace=namespace, **options))
@@ -368,12 +377,11 @@ class PulsarStateHook(BaseHook):
         """
         settings = _settings()
         config = self.get_config()
-        table = _shared_map(
-            config,
-            config.topic_name(topic or settings.state_store_topic),
-            max_value_bytes=settings.state_store_max_value_bytes,
-            writer_idle_timeout=settings.state_store_writer_idle_timeout,
-        )
+        full_topic = config.topic_name(topic or settings.state_store_topic)
+        table = _shared(config, ("state-store", full_topic), lambda backend: PulsarMap(
+            backend, full_topic, max_value_bytes=settings.state_store_max_value_bytes,
+            operation_timeout=config.operation_timeout, writer_idle_timeout=settings.state_store_writer_idle_timeout,
+        ))
         return StateStore(table, namespace=namespace or settings.key_namespace)
 
     def get_state(self, scope: Any, key: str, default: Any = None, **store: Any) -> Any:
@@ -496,29 +504,25 @@ def _settings() -> Any:
 
 _shared_lock = threading.Lock()
 _shared_backends: dict[ConnectionConfig, tuple[int, Backend]] = {}
-_shared_maps: dict[tuple[ConnectionConfig, str], tuple[int, PulsarMap[Any, Any]]] = {}
+_shared_recipes: dict[tuple[ConnectionConfig, tuple[Any, ...]], tuple[int, Any]] = {}
 
 
-def _shared_map(
-    config: ConnectionConfig, topic: str, *, max_value_bytes: int, writer_idle_timeout: float
-) -> PulsarMap[Any, Any]:
-    """The process-wide map of (connection, topic); opened once per process (a forked child opens
-    its own: the parent's client is not fork-safe, so it is left alone, not closed)."""
+def _shared(config: ConnectionConfig, key: tuple[Any, ...], factory: Callable[[Backend], Any]) -> Any:
+    """The process-wide object ``factory(backend)`` made for (connection, ``key``); made once per
+    process (opening a map replays its log). A forked child makes its own: the parent's client
+    is not fork-safe, so it is left alone, not closed. Closed at exit."""
     pid = os.getpid()
     with _shared_lock:
-        held = _shared_maps.get((config, topic))
+        held = _shared_recipes.get((config, key))
         if held is not None and held[0] == pid:
             return held[1]
         backend_held = _shared_backends.get(config)
         if backend_held is None or backend_held[0] != pid:
             backend_held = (pid, open_backend(config))
             _shared_backends[config] = backend_held
-        table: PulsarMap[Any, Any] = PulsarMap(
-            backend_held[1], topic, max_value_bytes=max_value_bytes, operation_timeout=config.operation_timeout,
-            writer_idle_timeout=writer_idle_timeout,
-        )
-        _shared_maps[(config, topic)] = (pid, table)
-        return table
+        made = factory(backend_held[1])
+        _shared_recipes[(config, key)] = (pid, made)
+        return made
 
 
 @atexit.register
@@ -526,9 +530,9 @@ def close_shared_state_maps() -> None:
     """Close this process's shared state maps and their back ends (also run at exit)."""
     pid = os.getpid()
     with _shared_lock:
-        maps = [t for p, t in _shared_maps.values() if p == pid]
+        maps = [t for p, t in _shared_recipes.values() if p == pid]
         backends = [b for p, b in _shared_backends.values() if p == pid]
-        _shared_maps.clear()
+        _shared_recipes.clear()
         _shared_backends.clear()
         _settings_cache.clear()
     for obj in [*maps, *backends]:

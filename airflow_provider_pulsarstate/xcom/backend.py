@@ -45,11 +45,9 @@ Airflow never calls ``purge`` when a run is deleted, cleared through the REST AP
 
 from __future__ import annotations
 
-import atexit
 import datetime
 import json
 import logging
-import os
 import sys
 import threading
 from typing import Any
@@ -72,61 +70,37 @@ REFERENCE_VERSION = 1
 _PREVIEW_MAX_SIZE = 64 * 1024  # bigger values get no preview (repr of a large value costs time)
 
 _lock = threading.Lock()
-_stores: dict[tuple[Any, ...], tuple[int, Any, Any]] = {}  # settings -> (pid, hook, store)
 _swept: set[tuple[Any, ...]] = set()  # task tries whose older tries' entries were removed here
-_atexit_registered = False
-
-
-def _store_key(settings: ProviderSettings) -> tuple[Any, ...]:
-    return (settings.conn_id, settings.xcom_topic, settings.key_namespace, settings.xcom_max_value_bytes)
 
 
 def get_store(settings: ProviderSettings | None = None) -> Any:
-    """This process's open XComStore for ``settings`` (default: ``[pulsarstate]``); opened once.
+    """This process's open XComStore for ``settings`` (default: ``[pulsarstate]``); opened once
+    per process (the hook's shared stores), closed at exit.
 
     :raises XComStoreUnavailableError: the connection is invalid or the store cannot be opened.
     """
-    global _atexit_registered
     settings = settings or load_settings()
-    key, pid = _store_key(settings), os.getpid()
-    with _lock:
-        entry = _stores.get(key)
-        if entry is not None and entry[0] == pid:
-            return entry[2]
-        # an entry of another pid was inherited through a fork: its client threads are gone, leave it
-        from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+    from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 
-        hook = PulsarStateHook(settings.conn_id)
-        try:
-            store = hook.get_xcom_store(
-                settings.xcom_topic, namespace=settings.key_namespace, max_value_bytes=settings.xcom_max_value_bytes
-            )
-        except Exception as exc:
-            hook.close()
-            raise XComStoreUnavailableError(
-                f"cannot open the XCom store (connection {settings.conn_id!r}, topic {settings.xcom_topic!r}): "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
-        _stores[key] = (pid, hook, store)
-        if not _atexit_registered:
-            atexit.register(close_stores)
-            _atexit_registered = True
-        return store
+    try:
+        return PulsarStateHook(settings.conn_id).get_xcom_store(
+            settings.xcom_topic, namespace=settings.key_namespace, shared=True,
+            max_value_bytes=settings.xcom_max_value_bytes,
+        )
+    except Exception as exc:
+        raise XComStoreUnavailableError(
+            f"cannot open the XCom store (connection {settings.conn_id!r}, topic {settings.xcom_topic!r}): "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def close_stores() -> None:
-    """Close the XCom stores this process opened (at exit; tests call it when they change the connection)."""
+    """Close the stores and maps this process shares (at exit; tests call it when they change the connection)."""
+    from airflow_provider_pulsarstate.hooks.pulsarstate import close_shared_state_maps
+
     with _lock:
-        entries, pid = list(_stores.values()), os.getpid()
-        _stores.clear()
         _swept.clear()
-    for owner, hook, _ in entries:
-        if owner != pid:
-            continue
-        try:
-            hook.close()
-        except Exception:
-            log.warning("closing the XCom store failed", exc_info=True)
+    close_shared_state_maps()
 
 
 def _type_name(value: Any) -> str:

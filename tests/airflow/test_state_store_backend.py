@@ -230,3 +230,29 @@ def test_uri_only_asset_scope_is_refused_on_workers_with_a_clear_error(state_bac
 
     with pytest.raises(ValueError, match="needs the asset's name"):
         PulsarStateStoreBackend().serialize_asset_state_store_to_ref(value=1, key="k", scope=AssetScope(uri="s3://x/y"))
+
+
+def test_state_store_cleanup_cli_removes_expired_entries_in_a_real_airflow_process(
+    state_backend: str, airflow_db: Path
+) -> None:
+    """Airflow's own clean-up skips custom backends: ``airflow pulsarstate state-store-cleanup``
+    (a real CLI process, the same settings) removes the expired entries and keeps the others."""
+    import os
+    import subprocess
+    import sys
+
+    scope = AssetStateScope(f"cli-{uuid.uuid4().hex[:8]}")
+    store = _store()
+    store.set(scope, "stale", 1, expires_at=time.time() - 60)
+    store.set(scope, "fresh", 2, expires_at=time.time() + 3600)
+    store.set(scope, "forever", 3)
+    airflow_bin = str(Path(sys.executable).with_name("airflow"))
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        [airflow_bin, "pulsarstate", "state-store-cleanup"], env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True, text=True, timeout=300, cwd=root,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "state-store-cleanup: removed 1 expired entry" in result.stdout, result.stdout
+    assert store.table.get(store.map_key(scope, "stale"), latest=True) is None
+    assert store.entries(scope) == {"fresh": 2, "forever": 3}

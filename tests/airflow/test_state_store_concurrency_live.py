@@ -1,6 +1,7 @@
 """Acceptance: 8 concurrent tasks incrementing one state key (real api-server + scheduler,
 LocalExecutor with parallelism 8, SQLite; PulsarStateStoreBackend configured on server and
-workers), on both back ends.
+workers), on both back ends. PulsarXComBackend is configured too: the 8 tasks push their XComs
+at once, and every value lands in the XCom map with only a reference in the DB.
 
 The atomic update (PulsarStateHook.update_state) loses nothing; upstream's get/set pattern,
 through context["asset_state_store"], loses increments (a 0.3 s gap between get and set makes
@@ -20,15 +21,18 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_pulsarstate.engine.recipes.state_store import AssetStateScope, StateStore
+from airflow_provider_pulsarstate.engine.recipes.xcom_store import XComStore
 from airflow_provider_pulsarstate.testing.airflow_processes import AirflowProcesses
 
 BACKEND = "airflow_provider_pulsarstate.state_store.backend.PulsarStateStoreBackend"
+XCOM_BACKEND = "airflow_provider_pulsarstate.xcom.backend.PulsarXComBackend"
+REFERENCE_MARKER = "__pulsarstate_xcom__"  # what the backend's DB references carry
 DAGS = Path(__file__).resolve().parent / "dags_state_live"
 DAG_ID = "state_store_concurrency"
 N = 5
 
 
-def _intervals(db: Path, run_id: str) -> list[dict]:
+def _db_xcoms(db: Path, run_id: str) -> list[str]:
     conn = sqlite3.connect(db, timeout=30)
     try:
         rows = conn.execute(
@@ -37,7 +41,7 @@ def _intervals(db: Path, run_id: str) -> list[dict]:
         ).fetchall()
     finally:
         conn.close()
-    return [json.loads(v if isinstance(v, str) else bytes(v)) for (v,) in rows]
+    return [v if isinstance(v, str) else bytes(v).decode() for (v,) in rows]
 
 
 @pytest.mark.parametrize("back_end", ["embedded", pytest.param("pulsar", marks=pytest.mark.pulsar)])
@@ -48,16 +52,20 @@ def test_eight_concurrent_tasks_atomic_update_loses_nothing_get_set_loses(
         broker = request.getfixturevalue("pulsar_broker")
         extra = {"service_url": broker.service_url, "admin_url": broker.admin_url, "operation_timeout": 30}
         topic = f"airflow-state-store-{uuid.uuid4().hex[:8]}"  # the session broker outlives this test
+        xcom_topic = f"airflow-xcom-{uuid.uuid4().hex[:8]}"
     else:
         extra = {"service_url": str(tmp_path / "state.db")}
-        topic = "airflow-state-store"
+        topic, xcom_topic = "airflow-state-store", "airflow-xcom"
     env = {
         "AIRFLOW_CONN_PULSARSTATE_DEFAULT": json.dumps({"conn_type": "pulsarstate", "extra": extra}),
         "AIRFLOW__PULSARSTATE__STATE_STORE_TOPIC": topic,
         "AIRFLOW__STATE_STORE__BACKEND": BACKEND,
         "AIRFLOW__WORKERS__STATE_STORE_BACKEND": BACKEND,
         "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "16",
+        "AIRFLOW__CORE__XCOM_BACKEND": XCOM_BACKEND,
+        "AIRFLOW__PULSARSTATE__XCOM_TOPIC": xcom_topic,
     }
+    runs = {}
     totals = {}
     with AirflowProcesses(home=tmp_path / "airflow", dags_folder=DAGS, env=env,
                           components=("api-server", "scheduler", "dag-processor"), parallelism=8) as af:
@@ -69,10 +77,9 @@ def test_eight_concurrent_tasks_atomic_update_loses_nothing_get_set_loses(
             run_id = af.trigger(DAG_ID, conf={"pattern": pattern, "n": N, "key": key, "barrier": str(barrier)})
             state = af.wait_for_run(DAG_ID, run_id, timeout=240)
             assert state == "success", f"{pattern}: {state}\n{af.tail('scheduler')}"
-            spans = _intervals(af.home / "airflow.db", run_id)
-            assert len(spans) == 8
-            assert max(s["start"] for s in spans) < min(s["end"] for s in spans), "the 8 tasks did not overlap"
-            totals[pattern] = (af.xcom(DAG_ID, run_id, "total"), key)
+            references = _db_xcoms(af.home / "airflow.db", run_id)
+            assert len(references) == 8 and all(REFERENCE_MARKER in r for r in references), references
+            runs[pattern] = (run_id, key)
 
     # what the tasks read through the context is what a plain reader of the map sees
     from airflow_provider_pulsarstate import ConnectionConfig, PulsarMap, open_backend
@@ -80,10 +87,20 @@ def test_eight_concurrent_tasks_atomic_update_loses_nothing_get_set_loses(
     config = ConnectionConfig(url=extra["service_url"], admin_url=extra.get("admin_url", ""))
     backend = open_backend(config)
     try:
-        with PulsarMap(backend, config.topic_name(topic)) as table:
+        with PulsarMap(backend, config.topic_name(topic)) as table, \
+                XComStore(backend, config.topic_name(xcom_topic), namespace="airflow") as xcoms:
             store = StateStore(table)
-            for pattern, (seen, key) in totals.items():
+            for pattern, (run_id, key) in runs.items():
+                values = {
+                    (e.task_id, e.map_index): json.loads(e.record.value_json)
+                    for e in xcoms.list_run(DAG_ID, run_id) if e.key == "return_value"
+                }
+                spans = [v for (task_id, _), v in values.items() if task_id == "increment"]
+                assert len(spans) == 8, values
+                assert max(s["start"] for s in spans) < min(s["end"] for s in spans), "the 8 tasks did not overlap"
+                seen = values[("total", -1)]
                 assert store.get(AssetStateScope("pulsarstate-counter"), key) == seen, pattern
+                totals[pattern] = (seen, key)
     finally:
         backend.close()
     print(f"8 tasks x {N} increments: {totals}")

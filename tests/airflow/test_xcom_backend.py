@@ -404,4 +404,4 @@ def test_provider_info_registers_the_operator_and_the_cli() -> None:
     (path,) = info["cli"]
     module, _, name = path.rpartition(".")
     (group,) = getattr(importlib.import_module(module), name)()
-    assert group.name == "pulsarstate" and [c.name for c in group.subcommands] == ["xcom-cleanup"]
+    assert group.name == "pulsarstate" and [c.name for c in group.subcommands] == ["xcom-cleanup", "state-store-cleanup"]
