@@ -51,24 +51,20 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from machine import machine_info  # noqa: E402  (benchmarks/machine.py, beside this script)
+from machine import broker_urls, machine_info, percentile  # noqa: E402  (benchmarks/machine.py, beside this script)
 
 CTX = multiprocessing.get_context("spawn")
 
 
-def _pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered)) - 1))]
-
 
 def _ms(values: list[float]) -> str:
-    return f"median {1000 * statistics.median(values):.1f} ms, p99 {1000 * _pct(values, 99):.1f} ms"
+    return f"median {1000 * statistics.median(values):.1f} ms, p99 {1000 * percentile(values, 99):.1f} ms"
 
 
 def _leases(conn: dict[str, Any], topic: str, poll_interval: float) -> Any:
@@ -267,17 +263,6 @@ def bench_raw(service_url: str, mode: str, poll: float, bound: float, rounds: in
     return results
 
 
-@contextlib.contextmanager
-def _broker(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
-    if args.service_url:
-        yield args.service_url, args.admin_url
-        return
-    from airflow_provider_pulsarstate.testing.broker import PulsarStandalone
-
-    with PulsarStandalone() as broker:
-        yield broker.service_url, broker.admin_url
-
-
 def _spread(values: list[float], unit: str = "s") -> str:
     return f"min {min(values):.2f} / median {statistics.median(values):.2f} / max {max(values):.2f} {unit}"
 
@@ -306,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"backend": args.backend, "ttl": args.ttl}
     with contextlib.ExitStack() as stack:
         if args.backend == "pulsar":
-            service_url, admin_url = stack.enter_context(_broker(args))
+            service_url, admin_url = stack.enter_context(broker_urls(args.service_url, args.admin_url))
             conn = {"url": service_url, "admin_url": admin_url, "operation_timeout": 30.0}
         else:
             service_url = ""

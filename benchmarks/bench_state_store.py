@@ -49,18 +49,14 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from machine import machine_info  # noqa: E402  (benchmarks/machine.py, beside this script)
+from machine import machine_info, percentile  # noqa: E402  (benchmarks/machine.py, beside this script)
 
 BACKEND = "airflow_provider_pulsarstate.state_store.backend.PulsarStateStoreBackend"
 
 
-def _pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered)) - 1))]
-
 
 def _summary(values: list[float]) -> dict[str, float]:
-    return {"median_ms": 1000 * statistics.median(values), "p99_ms": 1000 * _pct(values, 99), "n": len(values)}
+    return {"median_ms": 1000 * statistics.median(values), "p99_ms": 1000 * percentile(values, 99), "n": len(values)}
 
 
 def _time(fn: Callable[[int], Any], ops: int, warmup: int) -> list[float]:

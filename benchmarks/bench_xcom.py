@@ -36,14 +36,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import machine_info  # noqa: E402  (benchmarks/machine.py, beside this script)
+from machine import broker_urls, machine_info, percentile  # noqa: E402  (benchmarks/machine.py, beside this script)
 
 DAG_FILE = '''
 from __future__ import annotations
@@ -95,24 +95,9 @@ with DAG("bench_xcom", schedule=None, start_date=pendulum.datetime(2026, 1, 1, t
 '''
 
 
-def _pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered)) - 1))]
-
 
 def _ms(values: list[float]) -> str:
-    return f"median {1000 * statistics.median(values):.2f} ms, p99 {1000 * _pct(values, 99):.2f} ms"
-
-
-@contextlib.contextmanager
-def _broker(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
-    if args.service_url:
-        yield args.service_url, args.admin_url
-        return
-    from airflow_provider_pulsarstate.testing.broker import PulsarStandalone
-
-    with PulsarStandalone() as broker:
-        yield broker.service_url, broker.admin_url
+    return f"median {1000 * statistics.median(values):.2f} ms, p99 {1000 * percentile(values, 99):.2f} ms"
 
 
 def _airflow_home(home: Path) -> None:
@@ -181,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.backend in ("both", "embedded"):
                 results["embedded"] = _run("embedded", None, args, home)
             if args.backend in ("both", "pulsar"):
-                service_url, admin_url = stack.enter_context(_broker(args))
+                service_url, admin_url = stack.enter_context(broker_urls(args.service_url, args.admin_url))
                 results["pulsar"] = _run(
                     "pulsar", {"service_url": service_url, "admin_url": admin_url, "operation_timeout": 30}, args, home
                 )

@@ -7,7 +7,7 @@ import importlib.metadata
 import os
 import platform
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 
 def machine_info() -> dict[str, Any]:
@@ -23,3 +23,21 @@ def machine_info() -> dict[str, Any]:
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             info[key] = importlib.metadata.version(dist)
     return info
+
+
+def percentile(values: list[float], p: float) -> float:
+    """The nearest-rank ``p``-th percentile of ``values``."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered)) - 1))]
+
+
+@contextlib.contextmanager
+def broker_urls(service_url: str | None, admin_url: str | None) -> Iterator[tuple[str, str]]:
+    """The given broker's URLs, or those of a throw-away Pulsar standalone started (and stopped) here."""
+    if service_url:
+        yield service_url, admin_url or ""
+        return
+    from airflow_provider_pulsarstate.testing.broker import PulsarStandalone
+
+    with PulsarStandalone() as broker:
+        yield broker.service_url, broker.admin_url
