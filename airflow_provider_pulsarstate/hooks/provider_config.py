@@ -106,3 +106,20 @@ def load_settings(conf: Any = None) -> ProviderSettings:
     if "/" in values["key_namespace"]:
         raise ConfigurationError(f"[{SECTION}] key_namespace must not contain '/': {values['key_namespace']!r}")
     return ProviderSettings(**values)
+
+
+_cached: list[ProviderSettings] = []
+
+
+def settings() -> ProviderSettings:
+    """:func:`load_settings`, read once per process (reading the options costs ~2 ms, and every
+    XCom and state call needs them; Airflow's own config changes need a restart too).
+    :func:`forget_settings` makes the next call read them again."""
+    if not _cached:
+        _cached.append(load_settings())
+    return _cached[0]
+
+
+def forget_settings() -> None:
+    """Read ``[pulsarstate]`` again on the next :func:`settings` call (tests that change it)."""
+    _cached.clear()

@@ -489,17 +489,11 @@ def state_scope(scope: Any) -> StateScope:
     )
 
 
-_settings_cache: list[Any] = []
-
-
 def _settings() -> Any:
-    """``[pulsarstate]`` as read once per process (every state call needs it; reading the config
-    costs ~1 ms); :func:`close_shared_state_maps` forgets it."""
-    if not _settings_cache:
-        from airflow_provider_pulsarstate.hooks.provider_config import load_settings
+    """``[pulsarstate]``, read once per process; :func:`close_shared_state_maps` forgets it."""
+    from airflow_provider_pulsarstate.hooks.provider_config import settings
 
-        _settings_cache.append(load_settings())
-    return _settings_cache[0]
+    return settings()
 
 
 _shared_lock = threading.Lock()
@@ -534,7 +528,9 @@ def close_shared_state_maps() -> None:
         backends = [b for p, b in _shared_backends.values() if p == pid]
         _shared_recipes.clear()
         _shared_backends.clear()
-        _settings_cache.clear()
+        from airflow_provider_pulsarstate.hooks.provider_config import forget_settings
+
+        forget_settings()
     for obj in [*maps, *backends]:
         try:
             obj.close()

@@ -61,7 +61,7 @@ from airflow_provider_pulsarstate.engine.errors import (
     XComStoreUnavailableError,
     XComValueTooLargeError,
 )
-from airflow_provider_pulsarstate.hooks.provider_config import ProviderSettings, load_settings
+from airflow_provider_pulsarstate.hooks.provider_config import ProviderSettings, settings as provider_settings
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def get_store(settings: ProviderSettings | None = None) -> Any:
 
     :raises XComStoreUnavailableError: the connection is invalid or the store cannot be opened.
     """
-    settings = settings or load_settings()
+    settings = settings or provider_settings()
     from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 
     try:
@@ -178,7 +178,7 @@ class PulsarXComBackend(BaseXCom):
         """
         from airflow.sdk.serde import serialize
 
-        settings = load_settings()
+        settings = provider_settings()
         serialized = serialize(value)
         if None in (key, task_id, dag_id, run_id):  # not a task's push: nowhere to file it
             return serialized
@@ -263,7 +263,7 @@ class PulsarXComBackend(BaseXCom):
         value = result.value
         if not (isinstance(value, dict) and REFERENCE_MARKER in value):
             return BaseXCom.deserialize_value(result)
-        settings = load_settings()
+        settings = provider_settings()
         map_key = PulsarXComBackend._checked_key(value, settings)
         try:
             store = get_store(settings)
@@ -312,7 +312,7 @@ class PulsarXComBackend(BaseXCom):
         value = getattr(xcom, "value", None)
         if not (isinstance(value, dict) and REFERENCE_MARKER in value):
             return
-        settings = load_settings()
+        settings = provider_settings()
         try:
             map_key = cls._checked_key(value, settings)
         except XComReferenceError as exc:

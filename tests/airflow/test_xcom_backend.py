@@ -159,6 +159,7 @@ def test_oversized_values(xcom_backend: SimpleNamespace, monkeypatch: pytest.Mon
 def test_oversize_error_names_the_limit_and_the_size(xcom_backend: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIRFLOW__PULSARSTATE__XCOM_MAX_VALUE_BYTES", "100")
     monkeypatch.setenv("AIRFLOW__PULSARSTATE__XCOM_OVERSIZE", "error")
+    close_stores()  # settings are read once per process
     with pytest.raises(Exception) as info:
         PulsarXComBackend.serialize_value("y" * 200, key="k", task_id="t", dag_id="d", run_id="r", map_index=-1)
     assert type(info.value).__name__ == "XComValueTooLargeError"
