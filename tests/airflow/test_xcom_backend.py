@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import uuid
@@ -367,23 +368,53 @@ def test_cleanup_operator_removes_deleted_and_expired_runs(xcom_backend: SimpleN
     assert PulsarXComBackend.deserialize_value(SimpleNamespace(value=_ref(kept, "consume"))) == 3
 
 
-def test_cleanup_cli_in_a_real_airflow_process(xcom_backend: SimpleNamespace) -> None:
-    # ~30-60 s: three airflow processes (dags test, and the CLI twice), each importing Airflow
+def _db_run_ids(db: Path, dag_id: str) -> list[str]:
+    """Run ids of ``dag_id`` in the DB file, oldest first, through a fresh connection: what the
+    CLI processes see, whatever this process's pooled connections hold."""
+    conn = sqlite3.connect(db, timeout=30)
+    try:
+        return [r for (r,) in conn.execute("SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id", (dag_id,))]
+    finally:
+        conn.close()
+
+
+def _db_delete_run(db: Path, dag_id: str, run_id: str) -> None:
+    conn = sqlite3.connect(db, timeout=30)
+    try:
+        conn.execute("PRAGMA foreign_keys = ON")  # its task instances and XCom rows go with it, as in Airflow
+        conn.execute("DELETE FROM dag_run WHERE dag_id = ? AND run_id = ?", (dag_id, run_id))
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def test_cleanup_cli_in_a_real_airflow_process(xcom_backend: SimpleNamespace, airflow_db: Path) -> None:
+    # ~40-70 s: four airflow processes (dags test twice, and the CLI twice), each importing Airflow.
+    # The DB is read and changed through fresh connections to its file, as the CLI processes do.
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    before = set(_db_run_ids(airflow_db, "xcom_backend_plain"))
     # in a separate process the configuration alone selects the backend
-    result = subprocess.run([AIRFLOW_BIN, "dags", "test", "xcom_backend_plain"], env=env, capture_output=True,
-                            text=True, timeout=300, cwd=ROOT)
-    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
-    gone = _run_id("xcom_backend_plain")
-    assert run_dag(load_dag(TEST_DAGS / "xcom_test_dags.py", "xcom_backend_plain"), {}).state == "success"
-    kept = _run_id("xcom_backend_plain")
-    assert _ref(gone, "consume")[REFERENCE_MARKER] == 1
-    _delete_run("xcom_backend_plain", gone)
+    for _ in range(2):
+        result = subprocess.run([AIRFLOW_BIN, "dags", "test", "xcom_backend_plain"], env=env, capture_output=True,
+                                text=True, timeout=300, cwd=ROOT)
+        assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
+    new = [r for r in _db_run_ids(airflow_db, "xcom_backend_plain") if r not in before]
+    assert len(new) == 2, new
+    gone, kept = new
+    conn = sqlite3.connect(airflow_db, timeout=30)
+    try:
+        (stored,) = conn.execute(
+            "SELECT value FROM xcom WHERE run_id = ? AND task_id = 'consume' AND key = 'return_value'", (gone,)
+        ).fetchone()
+    finally:
+        conn.close()
+    assert REFERENCE_MARKER in (stored if isinstance(stored, str) else bytes(stored).decode()), stored
+    _db_delete_run(airflow_db, "xcom_backend_plain", gone)
 
     cli = [AIRFLOW_BIN, "pulsarstate", "xcom-cleanup", "--dag-id", "xcom_backend_plain"]
     dry = subprocess.run([*cli, "--dry-run"], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert dry.returncode == 0, dry.stderr[-3000:]
-    assert "[dry run]" in dry.stdout and gone[:44] in dry.stdout and "missing" in dry.stdout
+    assert "[dry run]" in dry.stdout and gone[:44] in dry.stdout and "missing" in dry.stdout, dry.stdout[-3000:]
     assert "1 missing from the metadata DB, 0 past retention; would delete 4 entries" in dry.stdout, dry.stdout
     with PulsarStateHook() as hook:
         assert len(_store(hook, xcom_backend.namespace).list_runs(dag_id="xcom_backend_plain")) == 2
