@@ -388,10 +388,24 @@ def _db_delete_run(db: Path, dag_id: str, run_id: str) -> None:
         conn.close()
 
 
-def test_cleanup_cli_in_a_real_airflow_process(xcom_backend: SimpleNamespace, airflow_db: Path) -> None:
-    # ~40-70 s: four airflow processes (dags test twice, and the CLI twice), each importing Airflow.
-    # The DB is read and changed through fresh connections to its file, as the CLI processes do.
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def test_cleanup_cli_in_a_real_airflow_process(
+    xcom_backend: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ~60-90 s: five airflow processes (db migrate, dags test twice, the CLI twice), each importing
+    # Airflow, on a metadata DB of their own (the session's is shared with every dag.test() run),
+    # read and changed through fresh connections to its file, as the CLI processes do.
+    home = tmp_path / "airflow-home"
+    home.mkdir()
+    airflow_db = home / "airflow.db"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AIRFLOW_HOME": str(home),
+           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow_db}"}
+    if xcom_backend.kind == "embedded":  # the default embedded file lives under AIRFLOW_HOME: name one both sides use
+        state = json.dumps({"conn_type": "pulsarstate", "extra": {"service_url": str(tmp_path / "state.db")}})
+        env["AIRFLOW_CONN_PULSARSTATE_DEFAULT"] = state
+        monkeypatch.setenv("AIRFLOW_CONN_PULSARSTATE_DEFAULT", state)
+        close_stores()
+    migrated = subprocess.run([AIRFLOW_BIN, "db", "migrate"], env=env, capture_output=True, text=True, timeout=300)
+    assert migrated.returncode == 0, migrated.stderr[-3000:]
     before = set(_db_run_ids(airflow_db, "xcom_backend_plain"))
     # in a separate process the configuration alone selects the backend
     for _ in range(2):
