@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import logging
 import multiprocessing
@@ -57,7 +56,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from machine import broker_urls, machine_info, percentile  # noqa: E402  (benchmarks/machine.py, beside this script)
+from machine import broker_urls, machine_info, print_run_header, percentile  # noqa: E402  (benchmarks/machine.py, beside this script)
 
 CTX = multiprocessing.get_context("spawn")
 
@@ -282,9 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args(argv)
 
-    print(f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}")
-    print(f"machine: {json.dumps(machine_info())}")
-    print(f"loadavg at start: {os.getloadavg()}")
+    print_run_header()
     home = tempfile.mkdtemp(prefix="bench-leases-")
     topic = f"persistent://public/default/bench-leases-{uuid.uuid4().hex[:10]}"
     rows: list[tuple[str, str, str, str, str, str]] = []

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime
 import json
 import logging
 import multiprocessing
@@ -50,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from machine import machine_info  # noqa: E402  (benchmarks/machine.py, beside this script)
+from machine import machine_info, print_run_header  # noqa: E402  (benchmarks/machine.py, beside this script)
 
 
 def _cpu_seconds() -> float:
@@ -205,9 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     home = tempfile.mkdtemp(prefix="bench-offset-sensors-")
     os.environ["AIRFLOW_HOME"] = home
     os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
-    print(f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}")
-    print(f"machine: {json.dumps(machine_info())}")
-    print(f"loadavg at start: {os.getloadavg()}")
+    print_run_header()
 
     with contextlib.ExitStack() as stack:
         if args.backend == "pulsar":

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import os
 import shutil
@@ -43,7 +42,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import broker_urls, machine_info, percentile  # noqa: E402  (benchmarks/machine.py, beside this script)
+from machine import broker_urls, machine_info, print_run_header, percentile  # noqa: E402  (benchmarks/machine.py, beside this script)
 
 DAG_FILE = '''
 from __future__ import annotations
@@ -153,9 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args(argv)
 
-    print(f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}")
-    print(f"machine: {json.dumps(machine_info())}")
-    print(f"loadavg at start: {os.getloadavg()}", flush=True)
+    print_run_header()
     home = Path(tempfile.mkdtemp(prefix="bench-xcom-"))
     _airflow_home(home)
     # the backend is configured as a deployment does it, before the task runner is imported

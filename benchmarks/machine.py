@@ -41,3 +41,13 @@ def broker_urls(service_url: str | None, admin_url: str | None) -> Iterator[tupl
 
     with PulsarStandalone() as broker:
         yield broker.service_url, broker.admin_url
+
+
+def print_run_header() -> None:
+    """The date, the machine and the load average at the start, as every result table's preamble."""
+    import datetime
+    import json
+
+    print(f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}")
+    print(f"machine: {json.dumps(machine_info())}")
+    print(f"loadavg at start: {os.getloadavg()}", flush=True)

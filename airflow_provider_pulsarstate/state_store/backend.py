@@ -86,9 +86,9 @@ class PulsarStateStoreBackend(*_BASES):  # type: ignore[misc]
     """
 
     def __init__(self) -> None:
-        from airflow_provider_pulsarstate.hooks.provider_config import load_settings
+        from airflow_provider_pulsarstate.hooks.provider_config import settings
 
-        self._settings = load_settings()
+        self._settings = settings()  # the same once-per-process read the hook's state store uses
         self._hook = PulsarStateHook(self._settings.conn_id)
         self._asset_names: dict[int, str] = {}
         self._lock = threading.Lock()

@@ -45,12 +45,13 @@ Airflow never calls ``purge`` when a run is deleted, cleared through the REST AP
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import logging
 import sys
 import threading
-from typing import Any
+from typing import Any, Iterator
 
 from airflow.sdk.bases.xcom import BaseXCom
 
@@ -158,6 +159,18 @@ def _where(dag_id: Any, run_id: Any, task_id: Any, map_index: Any, key: Any) -> 
     return f"XCom {key!r} of task {dag_id}.{task_id}{index}, run {run_id!r}"
 
 
+@contextlib.contextmanager
+def _reaching_the_map(message: str, *, note: str = "") -> Iterator[None]:
+    """Failures to reach the map become XComStoreUnavailableError(``message: <error><note>``); the
+    backend's own XCom errors pass as they are."""
+    try:
+        yield
+    except XComError:
+        raise
+    except Exception as exc:
+        raise XComStoreUnavailableError(f"{message}: {type(exc).__name__}: {exc}{note}") from exc
+
+
 class PulsarXComBackend(BaseXCom):
     """Airflow XCom backend keeping values in a PulsarMap (see the module docstring)."""
 
@@ -198,19 +211,15 @@ class PulsarXComBackend(BaseXCom):
             PulsarXComBackend._drop_superseded(settings, dag_id, run_id, task_id, map_index, key, where)
             return serialized
         try_number = _current_try(dag_id, run_id, task_id, map_index)
-        try:
+        with _reaching_the_map(
+            f"{where}: cannot store it in {settings.xcom_topic!r} (connection {settings.conn_id!r})",
+            note=". Nothing was written to the metadata DB.",
+        ):
             store = get_store(settings)
             PulsarXComBackend._sweep_older_tries(store, dag_id, run_id, task_id, map_index, try_number)
             map_key, record = store.put(
                 dag_id, run_id, task_id, map_index, key, text, type_name=_type_name(value), try_number=try_number
             )
-        except XComError:
-            raise
-        except Exception as exc:
-            raise XComStoreUnavailableError(
-                f"{where}: cannot store it in {settings.xcom_topic!r} (connection {settings.conn_id!r}): "
-                f"{type(exc).__name__}: {exc}. Nothing was written to the metadata DB."
-            ) from exc
         reference: dict[str, Any] = {
             REFERENCE_MARKER: REFERENCE_VERSION,
             "topic": store.topic,
@@ -242,12 +251,8 @@ class PulsarXComBackend(BaseXCom):
         settings: ProviderSettings, dag_id: str, run_id: str, task_id: str, map_index: int, key: str, where: str
     ) -> None:
         """A value now kept in the DB replaces any earlier one of the same key in the map."""
-        try:
+        with _reaching_the_map(f"{where}: cannot remove its earlier value from {settings.xcom_topic!r}"):
             get_store(settings).delete(dag_id, run_id, task_id, map_index, key)
-        except Exception as exc:
-            raise XComStoreUnavailableError(
-                f"{where}: cannot remove its earlier value from {settings.xcom_topic!r}: {type(exc).__name__}: {exc}"
-            ) from exc
 
     @staticmethod
     def deserialize_value(result: Any) -> Any:
@@ -265,16 +270,9 @@ class PulsarXComBackend(BaseXCom):
             return BaseXCom.deserialize_value(result)
         settings = provider_settings()
         map_key = PulsarXComBackend._checked_key(value, settings)
-        try:
+        with _reaching_the_map(f"cannot read XCom {map_key!r} from {settings.xcom_topic!r}"):
             store = get_store(settings)
-            store.parse_key(map_key)
-            record = store.get_by_key(map_key, latest=True)
-        except XComError:
-            raise
-        except Exception as exc:
-            raise XComStoreUnavailableError(
-                f"cannot read XCom {map_key!r} from {settings.xcom_topic!r}: {type(exc).__name__}: {exc}"
-            ) from exc
+            record = store.map.get(map_key, latest=True)  # the key was checked: this store's, in canonical form
         if record is None:
             raise XComEntryNotFoundError(
                 f"XCom entry {map_key!r} is not in {store.topic}: it was purged or cleaned up "
@@ -318,11 +316,5 @@ class PulsarXComBackend(BaseXCom):
         except XComReferenceError as exc:
             log.warning("not purging XCom %r: %s", getattr(xcom, "key", None), exc)
             return
-        try:
+        with _reaching_the_map(f"cannot purge XCom {map_key!r} from {settings.xcom_topic!r}"):
             get_store(settings).delete_key(map_key)
-        except XComError:
-            raise
-        except Exception as exc:
-            raise XComStoreUnavailableError(
-                f"cannot purge XCom {map_key!r} from {settings.xcom_topic!r}: {type(exc).__name__}: {exc}"
-            ) from exc

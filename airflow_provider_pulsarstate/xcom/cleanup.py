@@ -60,7 +60,7 @@ def run_cleanup(
     with PulsarStateHook(settings.conn_id) as hook:
         store = hook.get_xcom_store(settings.xcom_topic, namespace=settings.key_namespace, writer_idle_timeout=0.2)
         runs = store.list_runs(dag_id=dag_id, latest=True)
-        stale = store.find_stale_runs(existing_runs=existing_runs, older_than=cutoff, dag_id=dag_id, latest=False)
+        stale = store.find_stale_runs(existing_runs=existing_runs, older_than=cutoff, dag_id=dag_id, runs=runs)
         deleted = 0 if dry_run else store.delete_runs(stale)
         topic = store.topic
     report = CleanupReport(

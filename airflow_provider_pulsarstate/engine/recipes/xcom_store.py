@@ -315,6 +315,7 @@ class XComStore(Recipe):
         older_than: float | None = None,
         dag_id: str | None = None,
         latest: bool = True,
+        runs: list[XComRunInfo] | None = None,
     ) -> list[StaleRun]:
         """The runs whose entries a clean-up should delete.
 
@@ -322,8 +323,11 @@ class XComStore(Recipe):
             (e.g. in Airflow's metadata DB); runs it does not return are ``missing``.
         :param older_than: Unix time: runs whose newest entry was written before it are ``expired``.
         :param dag_id: only this DAG's runs.
+        :param runs: what :meth:`list_runs` returned for ``dag_id`` (a caller that listed them
+            already need not scan the map again).
         """
-        runs = self.list_runs(dag_id=dag_id, latest=latest)
+        if runs is None:
+            runs = self.list_runs(dag_id=dag_id, latest=latest)
         stale: dict[tuple[str, str], StaleRun] = {}
         if existing_runs is not None:
             by_dag: dict[str, list[XComRunInfo]] = {}
