@@ -49,23 +49,16 @@ import heapq
 import json
 import logging
 import re
-import secrets
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
-from airflow_provider_pulsarstate.engine.backends.base import Backend, RawWriter
+import msgspec
+
+from airflow_provider_pulsarstate.engine.backends.base import Backend
 from airflow_provider_pulsarstate.engine.config import DEFAULT_MAX_DELETE_FRACTION
-from airflow_provider_pulsarstate.engine.envelope import (
-    KEY_DELETE,
-    KEY_SET,
-    FrameError,
-    decode_key_op,
-    decode_writes,
-    encode_key_op,
-    encode_writes,
-)
+from airflow_provider_pulsarstate.engine.recipes.map import DEFAULT_CHECKPOINT_AFTER_BYTES
 from airflow_provider_pulsarstate.engine.errors import (
     BackendUnavailableError,
     ConfigurationError,
@@ -77,45 +70,40 @@ from airflow_provider_pulsarstate.engine.errors import (
     ViewGuardError,
     ViewNotFoundError,
     ViewNotSealedError,
-    ViewScopeError,
     ViewSealMismatchError,
-    ViewStagedRowError,
 )
 from airflow_provider_pulsarstate.engine.fencing import Fence
 from airflow_provider_pulsarstate.engine.manager import Change, SharedStateManager
 from airflow_provider_pulsarstate.engine.recipes.base import Recipe
-from airflow_provider_pulsarstate.engine.progress import Progress
+from airflow_provider_pulsarstate.engine.recipes.table_ops import (
+    Record,
+    canonical,
+    check_record,
+    decode_op,
+    decode_row,
+    del_op,
+    encode_op,
+    set_op,
+)
+from airflow_provider_pulsarstate.engine.recipes.view_staging import (
+    ViewStager,
+    check_staged_value,
+    check_view_id,
+    read_staged,
+    staging_topic,
+    stager_name,
+)
 
 log = logging.getLogger(__name__)
 
-_VIEW_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+__all__ = [
+    "KEEP_CLOSED_VIEWS", "SourceRange", "StateTable", "TableChange", "ViewInfo", "ViewPlan", "ViewResult",
+    "ViewStager", "canonical", "check_view_id", "register_scope_predicate", "resolve_predicate", "source_ranges",
+    "stager_name", "staging_topic",
+]
+
 _PREDICATE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 _SCOPE_PREDICATES: dict[str, Callable[[str], Any]] = {}
-_OPS = ("set", "del", "view", "view_end", "seal")
-Record = dict[str, Any]
-
-
-_canonical_json = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
-
-
-def canonical(record: Record) -> bytes:
-    """The canonical bytes of a record: sorted fields, no spaces, integral floats as ints."""
-    for v in record.values():
-        if type(v) is float and v.is_integer():
-            record = {k: int(x) if type(x) is float and x.is_integer() else x for k, x in record.items()}
-            break
-    return _canonical_json(record).encode()
-
-
-def staging_topic(table_topic: str, view_id: str) -> str:
-    """The topic a view's rows are staged into."""
-    return f"{table_topic}-view-{view_id}"
-
-
-def check_view_id(view_id: str) -> str:
-    if not isinstance(view_id, str) or not _VIEW_ID.match(view_id):
-        raise ConfigurationError(f"view id {view_id!r} must be 1-64 characters of [A-Za-z0-9_-]")
-    return view_id
 
 
 @dataclass(frozen=True)
@@ -270,18 +258,59 @@ class ViewResult:
 
 
 class _TableState:
-    __slots__ = ("rows", "changed", "views", "sources")
+    __slots__ = ("rows", "changed", "views", "sources", "n_open")
 
     def __init__(self) -> None:
-        self.rows: dict[str, Record] = {}
+        # key -> canonical bytes of its record
+        self.rows: dict[str, bytes] = {}
         # key -> offset of its last change, kept only while some view is open (for conflict checks)
         self.changed: dict[str, int] = {}
+        # view id -> metadata, in creation order; only the newest KEEP_CLOSED_VIEWS closed ones are kept
         self.views: dict[str, dict[str, Any]] = {}
         # source topic -> partition -> next offset, as published by the last view that consumed it
         self.sources: dict[str, dict[int, int]] = {}
+        self.n_open = 0
 
     def open_views(self) -> list[str]:
         return [vid for vid, meta in self.views.items() if meta["status"] == "open"]
+
+
+KEEP_CLOSED_VIEWS = 256
+"""Applied or dropped views whose metadata (and result, for an idempotent re-apply) the table
+keeps; older ones are forgotten, so memory does not grow with the number of views ever applied."""
+
+_IMAGE_FORMAT = 1
+_IMAGE = msgspec.msgpack.Decoder(
+    tuple[int, dict[str, bytes], dict[str, int], dict[str, dict[str, Any]], dict[str, dict[int, int]]]
+)
+_IMAGE_ENCODER = msgspec.msgpack.Encoder()
+
+
+def _serialize_image(state: _TableState) -> bytes:
+    return _IMAGE_ENCODER.encode((_IMAGE_FORMAT, state.rows, state.changed, state.views, state.sources))
+
+
+def _deserialize_image(data: bytes) -> _TableState:
+    fmt, rows, changed, views, sources = _IMAGE.decode(data)
+    if fmt != _IMAGE_FORMAT:
+        raise ValueError(f"table image format {fmt} is not {_IMAGE_FORMAT}")
+    state = _TableState()
+    state.rows, state.changed, state.views, state.sources = rows, changed, views, sources
+    for vid, meta in views.items():
+        if not isinstance(meta.get("status"), str) or not isinstance(meta.get("baseline"), int):
+            raise ValueError(f"table image: view {vid!r} has no status or baseline")
+    state.n_open = len(state.open_views())
+    return state
+
+
+def _deserialize_op(data: bytes) -> dict[str, Any]:
+    op = decode_op(data)
+    kind = op["o"]
+    if (kind == "set" or kind == "del") and not isinstance(op.get("k"), str):
+        raise ValueError(f"table {kind} op without a str key: {op.get('k')!r}")
+    if kind == "set" and not isinstance(op.get("v"), bytes):
+        raise ValueError(f"table set op of key {op['k']!r} holds no record")
+    return op
 
 
 class StateTable(Recipe):
@@ -305,13 +334,18 @@ class StateTable(Recipe):
     :raises ViewNotFoundError, ViewClosedError: the view does not exist, or was dropped/expired.
     """
 
-    def __init__(self, backend: Backend, topic: str, **manager_options: Any) -> None:
+    def __init__(
+        self, backend: Backend, topic: str, *, checkpoint_after_bytes: int | None = DEFAULT_CHECKPOINT_AFTER_BYTES,
+        **manager_options: Any,
+    ) -> None:
         self.backend = backend
         self.topic = topic
         manager_options.setdefault("operation_timeout", 120.0)
         self.manager: SharedStateManager[_TableState, dict[str, Any]] = SharedStateManager(
             backend, topic, initializer=_TableState, applier=self._apply,
-            op_serializer=_serialize_op, op_deserializer=_deserialize_op, **manager_options,
+            op_serializer=encode_op, op_deserializer=_deserialize_op,
+            state_serializer=_serialize_image, state_deserializer=_deserialize_image,
+            checkpoint_after_bytes=checkpoint_after_bytes, **manager_options,
         )
 
     # ------------------------------------------------------------------ replication
@@ -324,9 +358,11 @@ class StateTable(Recipe):
                 state.rows[key] = op["v"]
             else:
                 state.rows.pop(key, None)
-            if state.views and any(m["status"] == "open" for m in state.views.values()):
+            if state.n_open:
                 state.changed[key] = offset
         elif kind == "view":
+            if op["id"] not in state.views:
+                state.n_open += 1
             state.views[op["id"]] = {**op["meta"], "baseline": offset, "status": "open", "result": None}
         elif kind == "seal":
             meta = state.views.get(op["id"])
@@ -336,12 +372,15 @@ class StateTable(Recipe):
         else:  # view_end
             meta = state.views.get(op["id"])
             if meta is not None:
+                if meta["status"] == "open":
+                    state.n_open -= 1
                 meta["status"] = op["status"]
                 meta["result"] = op.get("result")
                 meta["commit_offset"] = offset
+                _forget_old_views(state)
             for topic, partition, _start, next_offset in op.get("sources") or ():
                 state.sources.setdefault(topic, {})[partition] = next_offset
-            if not state.open_views():
+            if not state.n_open:
                 state.changed.clear()
 
     def add_listener(self, listener: Callable[[TableChange], None]) -> None:
@@ -350,7 +389,9 @@ class StateTable(Recipe):
         def on_change(change: Change[dict[str, Any]]) -> None:
             op = change.op
             if op["o"] in ("set", "del"):
-                listener(TableChange("set" if op["o"] == "set" else "delete", op["k"], op.get("v"), op.get("w"), change.offset))
+                listener(TableChange(
+                    "set" if op["o"] == "set" else "delete", op["k"], decode_row(op["k"], op.get("v")), op.get("w"), change.offset
+                ))
 
         self.manager.add_listener(on_change)
 
@@ -358,10 +399,10 @@ class StateTable(Recipe):
     # Every blocking call takes ``timeout`` (seconds; None: bounded only by the manager's
     # acquire/operation time-outs), as SharedStateManager.read/write do.
     def get(self, key: str, *, latest: bool = False, timeout: float | None = None) -> Record | None:
-        return self.manager.read(lambda s: s.rows.get(key), latest=latest, timeout=timeout)
+        return decode_row(key, self.manager.read(lambda s: s.rows.get(key), latest=latest, timeout=timeout))
 
     def to_dict(self, *, latest: bool = False, timeout: float | None = None) -> dict[str, Record]:
-        return self.manager.read(lambda s: dict(s.rows), latest=latest, timeout=timeout)
+        return _decode_rows(self.manager.read(lambda s: dict(s.rows), latest=latest, timeout=timeout))
 
     def size(self, *, latest: bool = False, timeout: float | None = None) -> int:
         return self.manager.read(lambda s: len(s.rows), latest=latest, timeout=timeout)
@@ -378,19 +419,24 @@ class StateTable(Recipe):
     ) -> tuple[dict[str, Record], dict[int, int]]:
         """The rows and :meth:`source_offsets` of ``topic`` from one consistent state (the rows are
         exactly the fold of the source up to those offsets, for tables fed only by ingestion views)."""
-        return self.manager.read(
+        rows, offsets = self.manager.read(
             lambda s: (dict(s.rows), dict(s.sources.get(topic, {}))), latest=latest, timeout=timeout
         )
+        return _decode_rows(rows), offsets
 
     def put(self, key: str, record: Record, *, timeout: float | None = None, lease: Fence | None = None) -> None:
         """Set one row directly (not through a view)."""
-        _check_record(key, record)
-        self.manager.write(lambda s: [{"o": "set", "k": key, "v": record, "w": None}], timeout=timeout, lease=lease)
+        check_record(key, record)
+        try:
+            value = canonical(record)
+        except (TypeError, ValueError) as exc:
+            raise SerializationError(f"{self.topic}: record of key {key!r} is not JSON: {exc}") from exc
+        self.manager.write(lambda s: [set_op(key, value)], timeout=timeout, lease=lease)
 
     def delete(self, key: str, *, timeout: float | None = None, lease: Fence | None = None) -> None:
         """Delete one row directly (not through a view)."""
         self.manager.write(
-            lambda s: [{"o": "del", "k": key, "w": None}] if key in s.rows else [], timeout=timeout, lease=lease
+            lambda s: [del_op(key)] if key in s.rows else [], timeout=timeout, lease=lease
         )
 
     # ------------------------------------------------------------------ views
@@ -587,8 +633,8 @@ class StateTable(Recipe):
                     f"{info.baseline}: {', '.join(conflicts[:10])}{' ...' if len(conflicts) > 10 else ''}",
                     keys=conflicts,
                 )
-            out: list[dict[str, Any]] = [{"o": "set", "k": k, "v": v, "w": view_id} for k, v in diff.sets.items()]
-            out += [{"o": "del", "k": k, "w": view_id} for k in diff.deletes]
+            out: list[dict[str, Any]] = [set_op(k, v, view_id) for k, v in diff.sets.items()]
+            out += [del_op(k, view_id) for k in diff.deletes]
             counts = {
                 "set": len(diff.sets), "delete": len(diff.deletes), "unchanged": diff.unchanged,
                 "sample_set": diff.sample_sets(sample), "sample_delete": diff.sample_deletes(sample),
@@ -673,74 +719,31 @@ class StateTable(Recipe):
                 f"view {info.view_id!r} on {self.topic} is not sealed: its producer never recorded what it staged "
                 "(StateTable.seal, or write_view at the end of the Spark job); nothing was published"
             )
-        sealed = info.sealed
-        found: dict[str, int] = {}
-        target: dict[str, bytes | None] = {}
-        reader = self.backend.create_reader(info.staging_topic)
-        progress = Progress(log, f"reading view {info.view_id}", unit="rows", quiet=True)
-        outside: list[str] = []
-        in_scope = info.in_scope()
-        try:
-            while reader.has_next():
-                entry = reader.read_next(timeout=self.manager.operation_timeout)
-                if entry is None:
-                    break
-                try:
-                    writes = decode_writes(entry.payload)
-                except FrameError as exc:
-                    raise ViewStagedRowError(
-                        f"view {info.view_id!r}: staging topic {info.staging_topic} holds a malformed batch at "
-                        f"{entry.position!r}: {exc}; nothing was published"
-                    ) from None
-                for seq, ops in writes:
-                    stager = stager_name(seq)
-                    rows = [_decode_staged(op, view_id=info.view_id, stager=stager) for op in ops]
-                    found[stager] = found.get(stager, 0) + len(rows)
-                    if stager not in sealed:
-                        continue  # a failed or retried task's rows: not part of the view
-                    for key, value in rows:
-                        if not in_scope(key):
-                            outside.append(key)
-                        target[key] = value
-                    progress.tick(len(ops))
-        finally:
-            reader.close()
-        progress.done(keys=len(target))
-        wrong = {sid: (n, found.get(sid, 0)) for sid, n in sealed.items() if found.get(sid, 0) != n}
-        if wrong:
-            raise ViewSealMismatchError(
-                f"view {info.view_id!r}: the staging topic {info.staging_topic} does not match the seal "
-                f"(stager: sealed rows vs found): "
-                + ", ".join(f"{sid}: {n} vs {got}" for sid, (n, got) in sorted(wrong.items())[:10])
-                + " -- rows were staged elsewhere (a private embedded file on another host?) or lost; nothing was published"
-            )
-        if outside:
-            raise ViewScopeError(
-                f"view {info.view_id!r} staged {len(outside)} key(s) outside its scope "
-                f"({info.describe_scope()}): {', '.join(sorted(outside)[:10])}"
-            )
-        return target
+        scoped = info.scope_prefix is not None or info.scope_predicate is not None
+        return read_staged(
+            self.backend, view_id=info.view_id, topic=info.staging_topic, sealed=info.sealed,
+            in_scope=info.in_scope() if scoped else None, describe_scope=info.describe_scope(),
+            timeout=self.manager.operation_timeout,
+        )
 
     def _diff(self, s: _TableState, info: ViewInfo, target: dict[str, bytes | None]) -> "_Diff":
-        """The diff between the committed rows in the view's scope and its staged target."""
-        in_scope = None if info.scope_prefix is None and info.scope_predicate is None else info.in_scope()
-        diff = _Diff()
+        """The diff between the committed rows in the view's scope and its staged target.
+
+        Rows are compared as canonical bytes; only the values the diff publishes are decoded
+        (and checked: a staged row equal to a committed one was checked when it was committed).
+        """
         rows = s.rows
-        for key, row in rows.items():
-            if in_scope is not None and not in_scope(key):
-                continue
-            diff.in_scope += 1
-            staged = target.get(key)
-            if staged is None:
-                diff.deletes.append(key)
-            elif canonical(row) == staged:
-                diff.unchanged += 1
-            else:
-                diff.sets[key] = json.loads(staged)
-        for key, staged in target.items():  # keys new to the table
-            if staged is not None and key not in rows:
-                diff.sets[key] = json.loads(staged)
-        return diff
+        if info.scope_prefix is None and info.scope_predicate is None:
+            scope_rows: Mapping[str, bytes] = rows
+        else:
+            in_scope = info.in_scope()
+            scope_rows = {k: v for k, v in rows.items() if in_scope(k)}
+        sets = {k: v for k, v in target.items() if v is not None and rows.get(k) != v}
+        deletes = [k for k in scope_rows if target.get(k) is None]
+        for key, value in sets.items():
+            check_staged_value(info.view_id, key, value)
+        replaced = sum(1 for k in sets if k in rows)
+        return _Diff(sets, deletes, len(scope_rows) - len(deletes) - replaced, len(scope_rows))
 
     @staticmethod
     def _source_conflicts(s: _TableState, info: ViewInfo) -> list[tuple[SourceRange, int]]:
@@ -772,7 +775,7 @@ class StateTable(Recipe):
 
 @dataclass
 class _Diff:
-    sets: dict[str, Record] = field(default_factory=dict)
+    sets: dict[str, bytes] = field(default_factory=dict)
     deletes: list[str] = field(default_factory=list)
     unchanged: int = 0
     in_scope: int = 0
@@ -785,94 +788,15 @@ class _Diff:
         return heapq.nsmallest(n, self.deletes)
 
 
-class ViewStager:
-    """Stages rows into a view from any process (each Spark executor opens its own).
+def _forget_old_views(state: _TableState) -> None:
+    closed = len(state.views) - state.n_open
+    if closed > KEEP_CLOSED_VIEWS:
+        for vid in [v for v, m in state.views.items() if m["status"] != "open"][: closed - KEEP_CLOSED_VIEWS]:
+            del state.views[vid]
 
-    Rows are buffered and appended in batches to the view's staging topic; the table and its
-    readers see nothing until :meth:`StateTable.apply`. Once every stager is closed, seal the view
-    with them (:meth:`StateTable.seal`): apply uses only the rows of the stagers the seal names. The last row staged for a key wins, so
-    stage each key from one process only.
 
-    :param backend: the table's back end.
-    :param table_topic: the table's topic.
-    :param view_id: the view, from :meth:`StateTable.create_view`.
-    :param batch_rows: rows per appended batch.
-    :param batch_bytes: flush a batch early once it holds this many bytes.
-    """
-
-    def __init__(self, backend: Backend, table_topic: str, view_id: str, *, batch_rows: int = 1000, batch_bytes: int = 1 << 20) -> None:
-        self.backend = backend
-        self.topic = staging_topic(table_topic, check_view_id(view_id))
-        self.view_id = view_id
-        self.batch_rows = batch_rows
-        self.batch_bytes = batch_bytes
-        self.rows_staged = 0
-        """Rows staged so far (buffered ones included; all durable after :meth:`close`)."""
-        self._seq = secrets.randbits(63) or 1
-        self.stager_id = stager_name(self._seq)
-        """This stager's id: every batch it appends carries it (errors and seals name it)."""
-        self._buffer: list[bytes] = []
-        self._size = 0
-        self._writer: RawWriter | None = None
-
-    def set(self, key: str, record: Record) -> None:
-        """Stage ``record`` as the view's row for ``key``."""
-        _check_record(key, record)
-        try:
-            value = canonical(record)
-        except (TypeError, ValueError) as exc:
-            raise SerializationError(f"view {self.view_id!r}: record of key {key!r} is not JSON: {exc}") from exc
-        self._add(encode_key_op(KEY_SET, key.encode(), value))
-
-    def delete(self, key: str) -> None:
-        """Stage the absence of ``key`` (undo an earlier set in this view)."""
-        self._add(encode_key_op(KEY_DELETE, key.encode()))
-
-    def set_many(self, rows: Iterator[tuple[str, Record]] | list[tuple[str, Record]]) -> int:
-        n = 0
-        for key, record in rows:
-            self.set(key, record)
-            n += 1
-        return n
-
-    def _add(self, op: bytes) -> None:
-        self._buffer.append(op)
-        self._size += len(op)
-        self.rows_staged += 1
-        if len(self._buffer) >= self.batch_rows or self._size >= self.batch_bytes:
-            self.flush()
-
-    @property
-    def pending(self) -> int:
-        """Rows buffered and not yet appended."""
-        return len(self._buffer)
-
-    def flush(self) -> None:
-        """Append the buffered rows (durable when this returns)."""
-        if not self._buffer:
-            return
-        if self._writer is None:
-            self._writer = self.backend.open_shared_writer(self.topic)
-        self._writer.append([encode_writes([(self._seq, self._buffer)])], timeout=120.0)
-        self._buffer, self._size = [], 0
-
-    def close(self) -> None:
-        """Flush and release the staging writer."""
-        try:
-            self.flush()
-        finally:
-            if self._writer is not None:
-                self._writer.close()
-                self._writer = None
-
-    def __enter__(self) -> "ViewStager":
-        return self
-
-    def __exit__(self, exc_type: object, *exc: object) -> None:
-        if exc_type is None:
-            self.close()
-        elif self._writer is not None:
-            self._writer.close()
+def _decode_rows(rows: dict[str, bytes]) -> dict[str, Record]:
+    return {k: json.loads(v) for k, v in rows.items()}
 
 
 def register_scope_predicate(name: str, fn: Callable[[str], Any] | None = None) -> Any:
@@ -913,11 +837,6 @@ def resolve_predicate(name: str, *, view_id: str | None = None) -> Callable[[str
     return target
 
 
-def stager_name(seq: int) -> str:
-    """The printable id of the stager that wrote a staged batch (its batch sequence field)."""
-    return f"{seq:016x}"
-
-
 def _check_deletes(
     view_id: str, topic: str, diff: _Diff, target: dict[str, bytes | None],
     max_deletes: int | None, max_delete_fraction: float | None,
@@ -938,63 +857,3 @@ def _check_deletes(
             "nothing was published -- pass a higher max_deletes (or max_delete_fraction) if this is intended",
             deletes=deletes,
         )
-
-
-def _check_record(key: str, record: Record) -> None:
-    if not isinstance(key, str) or not key:
-        raise SerializationError(f"row key {key!r} must be a non-empty str")
-    if not isinstance(record, dict):
-        raise SerializationError(f"record of key {key!r} must be a dict of fields, got {type(record).__name__}")
-    for name, value in record.items():
-        if not isinstance(name, str):
-            raise SerializationError(f"record of key {key!r}: field name {name!r} is not a str")
-        if value is not None and not isinstance(value, (str, int, float, bool)):
-            raise SerializationError(
-                f"record of key {key!r}: field {name!r} holds {type(value).__name__}, not a JSON scalar"
-            )
-
-
-def _decode_staged(op: bytes, *, view_id: str, stager: str) -> tuple[str, bytes | None]:
-    """Decode and validate one staged row (same rules as :meth:`ViewStager.set`)."""
-
-    def bad(key: object, problem: str) -> ViewStagedRowError:
-        return ViewStagedRowError(
-            f"view {view_id!r}: staged row of key {key!r} from stager {stager}: {problem}; nothing was published"
-        )
-
-    try:
-        kind, raw_key, value = decode_key_op(op)
-    except FrameError as exc:
-        raise bad(op[:64], str(exc)) from None
-    try:
-        key = raw_key.decode()
-    except UnicodeDecodeError:
-        raise bad(raw_key[:64], "key is not valid UTF-8") from None
-    if kind != KEY_SET and kind != KEY_DELETE:
-        raise bad(key, f"unknown row kind {kind}")
-    if not key:
-        raise bad(key, "empty key")
-    if value is None:
-        return key, None
-    try:
-        record = json.loads(value)
-        _check_record(key, record)
-        if canonical(record) != value:
-            raise ValueError("value is not canonical JSON")
-    except (ValueError, SerializationError) as exc:
-        raise bad(key, f"value {value[:64]!r} is not the canonical JSON of a dict of JSON scalars ({exc})") from None
-    return key, value
-
-
-def _serialize_op(op: dict[str, Any]) -> bytes:
-    try:
-        return json.dumps(op, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
-    except (TypeError, ValueError) as exc:
-        raise SerializationError(f"cannot serialize table op for key {op.get('k')!r}: {exc}") from exc
-
-
-def _deserialize_op(data: bytes) -> dict[str, Any]:
-    op = json.loads(data)
-    if not isinstance(op, dict) or op.get("o") not in _OPS:
-        raise ValueError(f"unknown table op type {op.get('o') if isinstance(op, dict) else op!r}")
-    return op
