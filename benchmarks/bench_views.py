@@ -3,15 +3,20 @@
     .venv/bin/python benchmarks/bench_views.py                 # embedded log in a temp dir
     .venv/bin/python benchmarks/bench_views.py --rows 100000   # smaller
     .venv/bin/python benchmarks/bench_views.py --service-url pulsar://127.0.0.1:6650 --admin-url http://127.0.0.1:8080
+    .venv/bin/python benchmarks/bench_views.py --start-broker  # a throw-away Pulsar standalone
 
-Both sides run in child processes of their own, so each peak RSS is that side's alone:
+Every measurement runs in a child process of its own, so each peak RSS is that side's alone:
 
-* ours: a fresh StateTable bootstraps the committed table (1M keys), stages the new full table
-  into a view, and applies it (the minimal diff, one record);
-* baseline: build the old and the new table as two dicts and diff them with ``==``.
+* baseline: build the old and the new table as two dicts and diff them with ``==`` (only the
+  diff is timed);
+* load: version 0 of the table (all rows) through a view;
+* apply (versions 1, 5 and 20, the issue-11 targets): a fresh process bootstraps the table (from
+  its newest checkpoint and the records after it), stages the next full version into a view and
+  applies it; bootstrap and apply are timed, peak RSS is the process's;
+* versions in between are applied by a filler process, so version 20 has 20 versions of history.
 
-The published op count must equal the true diff (computed by the baseline); the script exits 1
-if it does not.
+The published op count must equal the true diff (computed by the baseline) in every run; the
+script exits 1 if it does not, or (with ``--check``) if a target is missed.
 """
 
 from __future__ import annotations
@@ -33,8 +38,9 @@ TOPIC = "persistent://public/default/bench-prices"
 
 
 def row(i: int, version: int) -> dict:
-    """The record of sku i in a version: 1% of prices change from one version to the next."""
-    bump = version if i % 100 == version % 100 else 0
+    """The record of sku i in a version: each version changes the price of 1% of the skus (slice i % 100)."""
+    k = i % 100 or 100
+    bump = (version - k) // 100 + 1 if version >= k else 0
     return {"price": round((i * 7919 % 10_000) / 100 + bump, 2), "currency": "EUR", "stock": i % 50}
 
 
@@ -56,7 +62,25 @@ def run_baseline(rows: int) -> dict:
     return {"diff_s": done - built, "total_s": done - start, "ops": len(sets) + len(deletes), "peak_rss_mb": peak_rss_mb()}
 
 
-def run_ours(rows: int, config: dict, *, load: bool) -> dict:
+def true_diff(rows: int, version: int) -> int:
+    """Ops between version-1 and version (without building the tables)."""
+    return sum(1 for i in range(rows) if row(i, version) != row(i, version - 1))
+
+
+def apply_version(state, rows: int, version: int) -> tuple[float, float, object]:
+    view = state.create_view()
+    t1 = time.perf_counter()
+    with state.stager(view.view_id, batch_rows=5000) as stager:
+        for i in range(rows):
+            stager.set(f"sku-{i:07d}", row(i, version))
+    state.seal(view.view_id, stagers=[stager])
+    t2 = time.perf_counter()
+    result = state.apply(view.view_id)
+    return t2 - t1, time.perf_counter() - t2, result
+
+
+def run_ours(rows: int, config: dict, versions: list[int]) -> dict:
+    """Bootstrap a fresh table instance, then apply ``versions`` in order (timing the last)."""
     from airflow_provider_pulsarstate import ConnectionConfig, open_backend
     from airflow_provider_pulsarstate.engine.recipes.table import StateTable
 
@@ -66,36 +90,38 @@ def run_ours(rows: int, config: dict, *, load: bool) -> dict:
     t0 = time.perf_counter()
     state.start()
     out["bootstrap_s"] = time.perf_counter() - t0
-    version = 0 if load else 1
-    view = state.create_view()
-    t1 = time.perf_counter()
-    with state.stager(view.view_id, batch_rows=5000) as stager:
-        for i in range(rows):
-            stager.set(f"sku-{i:07d}", row(i, version))
-    t2 = time.perf_counter()
-    result = state.apply(view.view_id)
-    t3 = time.perf_counter()
-    out.update(stage_s=t2 - t1, apply_s=t3 - t2, ops=result.set + result.delete, unchanged=result.unchanged,
-               commit_offset=result.commit_offset, peak_rss_mb=peak_rss_mb())
+    out["checkpoint_offset"] = state.manager.stats["checkpoint_loaded_offset"]
+    out["records_replayed"] = state.manager.stats["records_replayed"]
+    out["ops"] = []
+    for version in versions:
+        stage_s, apply_s, result = apply_version(state, rows, version)
+        out["ops"].append(result.set + result.delete)
+        logging.info("version %d: staged in %.1fs, applied in %.2fs: %d ops", version, stage_s, apply_s, out["ops"][-1])
+    out.update(stage_s=stage_s, apply_s=apply_s, unchanged=result.unchanged, commit_offset=result.commit_offset,
+               peak_rss_mb=peak_rss_mb(), views_kept=len(state.views()))
     state.close()
     backend.close()
     return out
 
 
 def child(args: list[str]) -> dict:
-    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, __file__, *args], stdout=subprocess.PIPE, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"child {args[:2]} failed:\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"child {args[:2]} failed (exit {proc.returncode})")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--versions", type=int, default=20, help="versions applied after the load (default 20)")
     parser.add_argument("--service-url", default="")
     parser.add_argument("--admin-url", default="")
+    parser.add_argument("--start-broker", action="store_true", help="start a throw-away Pulsar standalone")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument("--json", dest="json_out", default="")
-    parser.add_argument("--phase", choices=["baseline", "load", "ours"], help=argparse.SUPPRESS)
+    parser.add_argument("--phase", choices=["baseline", "ours"], help=argparse.SUPPRESS)
+    parser.add_argument("--apply", default="", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
@@ -103,10 +129,22 @@ def main() -> int:
     if args.phase == "baseline":
         print(json.dumps(run_baseline(args.rows)))
         return 0
-    if args.phase in ("load", "ours"):
-        print(json.dumps(run_ours(args.rows, json.loads(args.config), load=args.phase == "load")))
+    if args.phase == "ours":
+        print(json.dumps(run_ours(args.rows, json.loads(args.config), [int(v) for v in args.apply.split(",")])))
         return 0
+    if args.start_broker and not args.service_url:
+        from benchmarks.machine import broker_urls
 
+        with broker_urls(None, None) as (service_url, admin_url):
+            args.service_url, args.admin_url = service_url, admin_url
+            return run_all(args)
+    return run_all(args)
+
+
+def run_all(args: argparse.Namespace) -> int:
+    from benchmarks.machine import print_run_header
+
+    print_run_header()
     tmp = tempfile.mkdtemp(prefix="bench-views-")
     config = (
         {"url": args.service_url, "admin_url": args.admin_url, "operation_timeout": 600.0}
@@ -114,26 +152,46 @@ def main() -> int:
     )
     backend_name = "pulsar" if args.service_url else "embedded"
     common = ["--rows", str(args.rows), "--config", json.dumps(config)]
-    logging.info("loading the committed table: %d rows (%s back end)", args.rows, backend_name)
-    load = child(["--phase", "load", *common])
-    logging.info("loaded in %.1fs; applying version 1 (1%% changed) in a fresh process", load["stage_s"] + load["apply_s"])
-    ours = child(["--phase", "ours", *common])
     base = child(["--phase", "baseline", "--rows", str(args.rows)])
+    logging.info("loading the committed table: %d rows (%s back end)", args.rows, backend_name)
+    child(["--phase", "ours", "--apply", "0", *common])
+    measured = [v for v in (1, 5, 20) if v <= args.versions] or [args.versions]
+    runs: dict[int, dict] = {}
+    done = 0
+    for v in measured:
+        if v - 1 > done:
+            logging.info("applying versions %d..%d in a filler process", done + 1, v - 1)
+            child(["--phase", "ours", "--apply", ",".join(str(x) for x in range(done + 1, v)), *common])
+        logging.info("version %d: bootstrap + stage + apply in a fresh process", v)
+        runs[v] = child(["--phase", "ours", "--apply", str(v), *common])
+        done = v
+    ok_ops = all(r["ops"] == [true_diff(args.rows, v)] for v, r in runs.items()) and runs[measured[0]]["ops"][0] == base["ops"]
 
-    rows = [
-        ("diff + publish (s)", f"{ours['apply_s']:.2f}", f"{base['diff_s']:.2f}", f"{ours['apply_s'] / base['diff_s']:.1f}x"),
-        ("peak RSS (MB)", f"{ours['peak_rss_mb']:.0f}", f"{base['peak_rss_mb']:.0f}", f"{ours['peak_rss_mb'] / base['peak_rss_mb']:.2f}x"),
-        ("ops published / diff", str(ours["ops"]), str(base["ops"]), "equal" if ours["ops"] == base["ops"] else "DIFFERENT"),
+    print(f"\nview switch of {args.rows:,} keys, 1% changed per version, {backend_name} back end")
+    print(f"dict diff: {base['diff_s']:.2f}s, peak RSS {base['peak_rss_mb']:.0f} MB, {base['ops']:,} ops")
+    print(f"{'version':>7} {'bootstrap (s)':>13} {'replayed':>9} {'apply (s)':>9} {'x dict':>7} {'RSS (MB)':>9} {'x dict':>7} {'ops = diff':>10}")
+    passed = True
+    for v, r in runs.items():
+        ratio, rss = r["apply_s"] / base["diff_s"], r["peak_rss_mb"] / base["peak_rss_mb"]
+        ops_ok = r["ops"] == [true_diff(args.rows, v)]
+        print(f"{v:>7} {r['bootstrap_s']:>13.2f} {r['records_replayed']:>9} {r['apply_s']:>9.2f} {ratio:>6.2f}x "
+              f"{r['peak_rss_mb']:>9.0f} {rss:>6.2f}x {'yes' if ops_ok else 'NO':>10}")
+    last = runs[measured[-1]]
+    targets = [
+        ("apply <= 2x dict diff (every version)", all(r["apply_s"] <= 2 * base["diff_s"] for r in runs.values())),
+        ("peak RSS <= 1.3x dict diff (every version)", all(r["peak_rss_mb"] <= 1.3 * base["peak_rss_mb"] for r in runs.values())),
+        (f"bootstrap after {measured[-1]} versions <= 1.5 s", last["bootstrap_s"] <= 1.5),
+        ("published ops = true diff (every run)", ok_ops),
     ]
-    print(f"\nview switch of {args.rows:,} keys, 1% changed, {backend_name} back end")
-    print(f"{'':<22} {'ours (apply)':>14} {'dict diff':>12} {'ratio':>10}")
-    for name, a, b, r in rows:
-        print(f"{name:<22} {a:>14} {b:>12} {r:>10}")
-    print(f"ours also: bootstrap {ours['bootstrap_s']:.1f}s, staging {ours['stage_s']:.1f}s "
-          f"({args.rows / ours['stage_s']:,.0f} rows/s), unchanged {ours['unchanged']:,}, commit offset {ours['commit_offset']}")
+    for name, ok in targets:
+        print(f"  {'PASS' if ok else 'FAIL'}  {name}")
+        passed &= ok
+    print(f"staging: {args.rows / last['stage_s']:,.0f} rows/s from one process; views kept after {measured[-1]} versions: {last['views_kept']}")
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"rows": args.rows, "backend": backend_name, "ours": ours, "baseline": base, "load": load}, indent=2))
-    return 0 if ours["ops"] == base["ops"] else 1
+        Path(args.json_out).write_text(json.dumps({"rows": args.rows, "backend": backend_name, "runs": runs, "baseline": base}, indent=2))
+    if not ok_ops:
+        return 1
+    return 1 if args.check and not passed else 0
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ import heapq
 import json
 import logging
 import re
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -57,6 +58,7 @@ from typing import Any, Callable, Iterable, Mapping
 import msgspec
 
 from airflow_provider_pulsarstate.engine.backends.base import Backend
+from airflow_provider_pulsarstate.engine.checkpoint import CheckpointInfo
 from airflow_provider_pulsarstate.engine.config import DEFAULT_MAX_DELETE_FRACTION
 from airflow_provider_pulsarstate.engine.recipes.map import DEFAULT_CHECKPOINT_AFTER_BYTES
 from airflow_provider_pulsarstate.engine.errors import (
@@ -328,6 +330,9 @@ class StateTable(Recipe):
 
     :param backend: where the table's log (and the views' staging topics) live.
     :param topic: the table's topic.
+    :param checkpoint_after_bytes: log bytes between automatic checkpoints, written by the instance
+        holding the writer in the background (None: only :meth:`checkpoint`); a fresh instance then
+        bootstraps from the newest image and the records after it, whatever the history's length.
     :param manager_options: passed to :class:`SharedStateManager`.
     :raises ViewConflictError: apply found keys changed by someone else since the baseline.
     :raises ViewScopeError: a staged key is outside the view's scope.
@@ -340,6 +345,7 @@ class StateTable(Recipe):
     ) -> None:
         self.backend = backend
         self.topic = topic
+        self._cleaners: list[threading.Thread] = []
         manager_options.setdefault("operation_timeout", 120.0)
         self.manager: SharedStateManager[_TableState, dict[str, Any]] = SharedStateManager(
             backend, topic, initializer=_TableState, applier=self._apply,
@@ -654,7 +660,7 @@ class StateTable(Recipe):
                 "view %s applied to %s at offset %d in %.1fs: set=%d delete=%d unchanged=%d",
                 view_id, self.topic, result.commit_offset, time.monotonic() - start, result.set, result.delete, result.unchanged,
             )
-        self._delete_staging([view_id])
+        self._delete_staging_later(view_id)
         return result
 
     def drop(self, view_id: str, *, timeout: float | None = None, lease: Fence | None = None) -> bool:
@@ -671,6 +677,17 @@ class StateTable(Recipe):
             self._delete_staging([view_id])
             log.info("view %s on %s dropped", view_id, self.topic)
         return dropped[0]
+
+    def checkpoint(self) -> CheckpointInfo | None:
+        """Store an image of the table as of the tail now, from any instance (None: empty log).
+
+        The image holds the rows, the open and the newest closed views' metadata, the per-key
+        change offsets that conflict checks need while views are open, and the recorded source
+        offsets: a fresh instance loads it and replays only the records after it. Like every
+        checkpoint it is derived data, checked against the log before use; a defective one means a
+        full replay, never a different table (see :mod:`~airflow_provider_pulsarstate.engine.checkpoint`).
+        """
+        return self.manager.checkpoint()
 
     def expire_views(self) -> list[str]:
         """Drop every open view past its expiry time; returns their ids."""
@@ -739,10 +756,15 @@ class StateTable(Recipe):
             in_scope = info.in_scope()
             scope_rows = {k: v for k, v in rows.items() if in_scope(k)}
         sets = {k: v for k, v in target.items() if v is not None and rows.get(k) != v}
-        deletes = [k for k in scope_rows if target.get(k) is None]
         for key, value in sets.items():
             check_staged_value(info.view_id, key, value)
         replaced = sum(1 for k in sets if k in rows)
+        # The target's keys are distinct and all in scope: when none is staged as deleted and as
+        # many are committed rows as the scope holds, nothing is deleted (no pass over the rows).
+        if None not in target.values() and len(target) - (len(sets) - replaced) == len(scope_rows):
+            deletes: list[str] = []
+        else:
+            deletes = [k for k in scope_rows if target.get(k) is None]
         return _Diff(sets, deletes, len(scope_rows) - len(deletes) - replaced, len(scope_rows))
 
     @staticmethod
@@ -764,6 +786,22 @@ class StateTable(Recipe):
             return []
         touched = list(diff.sets) + diff.deletes
         return sorted(k for k in touched if changed.get(k, -1) > info.baseline)
+
+    def _delete_staging_later(self, view_id: str) -> None:
+        """Delete an applied view's staged rows on a thread of its own (:meth:`close` waits for it):
+        the switch is complete without it, and deleting a million staged rows takes a while."""
+        self._cleaners = [t for t in self._cleaners if t.is_alive()]
+        cleaner = threading.Thread(
+            target=self._delete_staging, args=([view_id],), name=f"pulsarstate-view-cleanup-{view_id}", daemon=True
+        )
+        cleaner.start()
+        self._cleaners.append(cleaner)
+
+    def close(self) -> None:
+        """Release the writer and the reader; waits for staging topics still being deleted."""
+        for cleaner in self._cleaners:
+            cleaner.join(timeout=self.manager.operation_timeout)
+        super().close()
 
     def _delete_staging(self, view_ids: list[str]) -> None:
         for vid in view_ids:
