@@ -75,6 +75,8 @@ _BAD_ROWS = [
     (bytes([KEY_SET]) + struct.pack(">I", 1000) + b"k-long", r"key b.*k-long.*key length of 1000 bytes but holds only 6", True),
     (b"\x03\x92\x01", r"key '\?'.*batch of rows does not decode", True),
     (b"\x03" + msgspec.msgpack.encode([["k-int", 5]]), r"key '\?'.*batch of rows does not decode", True),
+    (b"\x04" + msgspec.msgpack.encode({"k-int": 5}), r"key '\?'.*batch of rows does not decode", True),
+    (b"\x04" + msgspec.msgpack.encode({"": b"{}"}), r"key ''.*empty key", False),
 ]
 
 

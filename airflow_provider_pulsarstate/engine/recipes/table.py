@@ -23,13 +23,16 @@ is sonic-swss-common's create_temp_view / apply_temp_view, minus its weaknesses:
   (:class:`ViewSealMismatchError`: rows staged somewhere else, lost, or a stager missing). Only rows
   of the stagers named in the seal are applied: a failed or retried Spark task's partial rows are
   ignored. A view may be sealed again while open; the last seal wins.
-* **Validated staging.** Every staged row is checked at plan and apply (frame, UTF-8 key, row
-  kind, value the canonical JSON of a dict of JSON scalars): a foreign or corrupt row fails the
-  apply naming the key, the stager and the view, and nothing is published.
+* **Validated staging.** Every staged batch is checked at plan and apply (frame, stager, UTF-8
+  keys, row kinds, scope), and every staged value the diff would publish must be the canonical JSON
+  of a dict of JSON scalars; a value byte-identical to the committed row was checked when it was
+  committed. A foreign or corrupt row fails the apply naming the key and the view, and nothing is
+  published.
 * **Durable staging.** Rows are staged into a topic of the view's own, from any number of
   processes at once; the live table and its readers see nothing until apply.
-* **Canonical comparison.** Records are compared as canonical JSON (sorted fields, integral floats
-  as ints), so field order or ``1.0`` vs ``1`` never cause a spurious change. A changed record is
+* **Canonical comparison.** Rows are canonicalized once, when staged (sorted fields, integral
+  floats as ints), and kept as those bytes: apply compares bytes, so field order or ``1.0`` vs
+  ``1`` never cause a spurious change, and an unchanged row is never decoded. A changed record is
   published as one set of the full record (no del+set flicker).
 * **Change records.** Every published change carries its type (set/delete), the view id and the
   commit offset (:class:`TableChange`).
@@ -39,6 +42,12 @@ is sonic-swss-common's create_temp_view / apply_temp_view, minus its weaknesses:
   in the same commit record as the diff, and refuses (:class:`SourceOffsetsConflictError`) a view
   whose range does not start at the table's recorded offsets: the table's record
   (:meth:`StateTable.source_offsets`), not a subscription's cursor, says where the next run starts.
+* **Checkpoints.** An image of the table (rows, views, per-key change offsets, source offsets)
+  is stored after ``checkpoint_after_bytes`` of log, or on demand (:meth:`StateTable.checkpoint`,
+  any instance): a fresh instance loads the newest one and replays only the records after it.
+* **Bounded history.** Memory follows the table, not its history: per-key change offsets are
+  kept only while a view is open, and of the closed views only the newest
+  :data:`KEEP_CLOSED_VIEWS` (a re-apply of an older one raises :class:`ViewNotFoundError`).
 * **Expiry.** Views not applied or dropped within ``ttl`` seconds are dropped by the next
   create_view (or :meth:`StateTable.expire_views`), and their staging topics deleted.
 """

@@ -5,9 +5,10 @@ stagers at once (each Spark task opens one). A stager buffers rows and appends t
 every batch carries the stager's id (the write's sequence field), so apply can use exactly the
 rows of the stagers a seal names.
 
-Batch layout: one write whose single op is ``0x03 | msgpack [[key, canonical value or nil], ...]``
-(rows in staging order). Rows are canonicalized once, here: apply then compares them with the
-committed rows as bytes. Batches of the earlier layout (one keyed op per row) stay readable.
+Batch layout: one write whose single op is ``0x04 | msgpack {key: canonical value or nil}`` (a
+key staged twice into one batch keeps its last row). Rows are canonicalized once, here: apply then
+compares them with the committed rows as bytes. Batches of the earlier layouts (``0x03`` and a
+list of pairs; one keyed op per row) stay readable.
 
 Nothing in a staging topic is trusted: :func:`read_staged` checks the framing, the stager ids,
 the key types and the scope of every row, and :func:`check_staged_value` the value of every row
@@ -39,10 +40,11 @@ from airflow_provider_pulsarstate.engine.recipes.table_ops import Record, canoni
 log = logging.getLogger(__name__)
 
 _VIEW_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-PACKED_ROWS = 0x03
-_PACKED = b"\x03"
+_PAIRS = b"\x03"
+_MAP = b"\x04"
 _ENCODER = msgspec.msgpack.Encoder()
-_ROWS = msgspec.msgpack.Decoder(list[tuple[str, bytes | None]])
+_PAIRS_DECODER = msgspec.msgpack.Decoder(list[tuple[str, bytes | None]])
+_MAP_DECODER = msgspec.msgpack.Decoder(dict[str, bytes | None])
 
 
 def staging_topic(table_topic: str, view_id: str) -> str:
@@ -83,11 +85,12 @@ class ViewStager:
         self.batch_rows = batch_rows
         self.batch_bytes = batch_bytes
         self.rows_staged = 0
-        """Rows staged so far (buffered ones included; all durable after :meth:`close`)."""
+        """Rows staged so far (buffered ones included; all durable after :meth:`close`); a key
+        staged again before its batch was appended counts once."""
         self._seq = secrets.randbits(63) or 1
         self.stager_id = stager_name(self._seq)
         """This stager's id: every batch it appends carries it (errors and seals name it)."""
-        self._buffer: list[tuple[str, bytes | None]] = []
+        self._buffer: dict[str, bytes | None] = {}
         self._size = 0
         self._writer: RawWriter | None = None
 
@@ -114,9 +117,11 @@ class ViewStager:
         return n
 
     def _add(self, key: str, value: bytes | None) -> None:
-        self._buffer.append((key, value))
+        buffer = self._buffer
+        before = len(buffer)
+        buffer[key] = value
+        self.rows_staged += len(buffer) - before
         self._size += len(key) + (len(value) if value is not None else 0) + 4
-        self.rows_staged += 1
         if len(self._buffer) >= self.batch_rows or self._size >= self.batch_bytes:
             self.flush()
 
@@ -131,8 +136,8 @@ class ViewStager:
             return
         if self._writer is None:
             self._writer = self.backend.open_shared_writer(self.topic)
-        self._writer.append([encode_writes([(self._seq, [_PACKED + _ENCODER.encode(self._buffer)])])], timeout=120.0)
-        self._buffer, self._size = [], 0
+        self._writer.append([encode_writes([(self._seq, [_MAP + _ENCODER.encode(self._buffer)])])], timeout=120.0)
+        self._buffer, self._size = {}, 0
 
     def close(self) -> None:
         """Flush and release the staging writer."""
@@ -224,10 +229,10 @@ def _bad(view_id: str, stager: str, key: object, problem: str) -> ViewStagedRowE
     return ViewStagedRowError(f"view {view_id!r}: staged row of key {key!r}{who}: {problem}; nothing was published")
 
 
-def _decode_batch(ops: list[bytes], *, view_id: str, stager: str) -> list[tuple[str, bytes | None]]:
-    if len(ops) == 1 and ops[0][:1] == _PACKED:
+def _decode_batch(ops: list[bytes], *, view_id: str, stager: str) -> dict[str, bytes | None] | list[tuple[str, bytes | None]]:
+    if len(ops) == 1 and ops[0][:1] in (_MAP, _PAIRS):
         try:
-            return _ROWS.decode(memoryview(ops[0])[1:])
+            return (_MAP_DECODER if ops[0][:1] == _MAP else _PAIRS_DECODER).decode(memoryview(ops[0])[1:])
         except msgspec.DecodeError as exc:
             raise _bad(view_id, stager, "?", f"a batch of rows does not decode ({exc})") from None
     return [_decode_keyed(op, view_id=view_id, stager=stager) for op in ops]
