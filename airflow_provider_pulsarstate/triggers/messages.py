@@ -30,6 +30,12 @@ Settling a message after the watchers resolved it:
   negatively acknowledged and redelivered after ``redelivery_delay``; after ``max_redeliveries``
   such failures it is dead-lettered when a ``dead_letter_topic`` is set;
 * no watcher was listening: negatively acknowledged (not counted as a failure).
+
+Delivery is at least once per watcher: a message that comes again (the triggerer died before every
+watcher's event was stored, or one watcher timed out) reaches every watcher of the stream again,
+also those whose event for it was already stored; make downstream DAGs idempotent (the message id
+is in the event). The subscription is ``Failover``: run the watchers of one subscription in one
+triggerer (e.g. a trigger queue), since a second triggerer's consumer on it only stands by.
 """
 
 from __future__ import annotations
