@@ -218,3 +218,52 @@ def test_shared_stream_one_consumer_two_watchers_acks_only_after_persistence(bro
     finally:
         client.close()
     assert dead.data() == b"poison" and "rejected" in dead.properties()["pulsarstate-dead-letter-reason"]
+
+
+@pytest.mark.pulsar
+def test_an_event_never_stored_is_negatively_acknowledged_and_comes_again(broker_conn: tuple[str, Any]) -> None:
+    """Watcher 1's event is never confirmed stored: the ack timeout fails it, the producer nacks the
+    message instead of acknowledging it (watcher 2 had stored its event), and it comes again."""
+    from airflow.triggers.shared_stream import AckTimeout, SharedStreamManager
+
+    conn, broker = broker_conn
+    topic = _fresh()
+    _create(broker, topic)
+    common = dict(topics=[topic], subscription="timeouts", initial_position="earliest", redelivery_delay=0.2,
+                  pulsarstate_conn_id=conn)
+    never_stored = PulsarMessageTrigger(**common, payload_encoding="text")
+    stored = PulsarMessageTrigger(**common, payload_encoding="base64")
+    key = stored.shared_stream_key()
+
+    async def scenario() -> tuple[list, list, Any]:
+        manager = SharedStreamManager(ack_timeout=1.0)
+        got_1: list = []
+        got_2: list = []
+
+        async def confirming() -> None:
+            stream = manager.subscribe(trigger_id=2, trigger=stored, key=key)
+            try:
+                async for event in stored.filter_shared_stream(stream):
+                    got_2.append(event)
+                    manager.confirm_persisted([manager.bind_pending_event(trigger_id=2, key=key)])
+            finally:
+                await manager.unsubscribe(2, key)
+
+        first = asyncio.create_task(_runner(manager, 1, never_stored, key, got_1))
+        second = asyncio.create_task(confirming())
+        try:
+            await asyncio.to_thread(_publish, broker, topic, [b"once"])
+            await _until(lambda: first.done())  # force-failed by the ack timeout
+            await _until(lambda: len(got_2) == 2)  # redelivered after the nack
+            await _until(lambda: _sub_stats(broker, topic, "timeouts")["msgBacklog"] == 0)
+        finally:
+            second.cancel()
+            await asyncio.gather(first, second, return_exceptions=True)
+            await manager.stop_all()
+        return got_1, got_2, first.exception()
+
+    got_1, got_2, failure = asyncio.run(scenario())
+    assert isinstance(failure, AckTimeout), failure
+    assert len(got_1) == 1
+    ids = [e.payload["messages"][0]["message_id"] for e in got_2]
+    assert ids[0] == ids[1] and got_2[0].payload["messages"][0]["payload"] == "b25jZQ=="
