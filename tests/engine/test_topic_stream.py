@@ -42,7 +42,7 @@ def _make_topic(config: ConnectionConfig, topic: str, partitions: int = 0) -> No
         backend.close()
 
 
-def _publish(config: ConnectionConfig, topic: str, payloads: list[bytes], *, key_by_partition: bool = False) -> None:
+def _publish(config: ConnectionConfig, topic: str, payloads: list[bytes]) -> None:
     client = pulsar.Client(config.url)
     try:
         producer = client.create_producer(topic, batching_enabled=False)
