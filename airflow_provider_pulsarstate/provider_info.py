@@ -65,9 +65,14 @@ def provider_info() -> dict[str, Any]:
                 "python-modules": [
                     "airflow_provider_pulsarstate.triggers.offsets",
                     "airflow_provider_pulsarstate.triggers.leadership",
+                    # issue 12: topic messages
+                    "airflow_provider_pulsarstate.triggers.messages",
                 ],
             }
         ],
+        # issue 12: topic messages (PulsarMessageTrigger, common-messaging scheme "pulsar")
+        "queues": ["airflow_provider_pulsarstate.queues.pulsar.PulsarMessageQueueProvider"],
+        # end issue 12
         # issue 10: XCom backend
         "cli": ["airflow_provider_pulsarstate.cli.commands.get_cli_commands"],
         "config": {

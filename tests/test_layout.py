@@ -36,6 +36,10 @@ def test_layering_contracts_hold() -> None:
         ("sensors/offsets.py", "from airflow_provider_pulsarstate.engine.offsets.consumer import PullConsumer\n", "only through the hook"),
         ("triggers/leadership.py", "from airflow_provider_pulsarstate.engine.leadership import read_leadership\n", "only through the hook"),
         ("sensors/leadership.py", "from airflow_provider_pulsarstate.engine.recipes.lease import Leases\n", "only through the hook"),
+        # issue 12
+        ("triggers/messages.py", "from airflow_provider_pulsarstate.engine.backends.pulsar import client_options\n", "only through the hook"),
+        ("queues/pulsar.py", "from airflow_provider_pulsarstate.engine.backends import open_backend\n", "only through the hook"),
+        ("engine/topic_stream.py", "import airflow.triggers.base\n", "import nothing from Airflow"),
     ],
 )
 def test_a_violation_breaks_the_build(tmp_path: Path, module: str, line: str, contract: str) -> None:

@@ -57,6 +57,9 @@ from airflow_provider_pulsarstate.engine.recipes.state_store import (
 from airflow_provider_pulsarstate.engine.recipes.table import StateTable
 from airflow_provider_pulsarstate.engine.recipes.xcom_store import XComStore
 
+# issue 12: topic messages (PulsarMessageTrigger)
+from airflow_provider_pulsarstate.engine.topic_stream import TopicStream, open_topic_stream
+
 log = logging.getLogger(__name__)
 
 HEALTHCHECK_TOPIC = "__pulsarstate_healthcheck"
@@ -346,6 +349,40 @@ class PulsarStateHook(BaseHook):
         are full names (``config.topic_name(short)``).
         """
         return open_async_probe(config if config is not None else self.get_config())
+
+    # issue 12: topic messages (PulsarMessageTrigger) ------------------------------------------
+    def get_async_topic_stream(
+        self,
+        topics: str | list[str] | tuple[str, ...],
+        subscription: str,
+        *,
+        config: ConnectionConfig | None = None,
+        dead_letter_topic: str | None = None,
+        **options: Any,
+    ) -> TopicStream:
+        """A :class:`~airflow_provider_pulsarstate.engine.topic_stream.TopicStream`: messages of
+        ``topics`` on the durable ``subscription``, received and settled without blocking an event
+        loop (no I/O here: ``await stream.open()`` or ``async with``). The caller closes it.
+
+        :param topics: a name or a list; short names use the connection's tenant/namespace.
+        :param config: as :meth:`get_async_offset_probe` (pass ``await hook.aget_config()`` in a loop).
+        :param dead_letter_topic: a short or full name (see TopicStreamOptions).
+        :param options: ``initial_position``, ``receiver_queue_size``, ``redelivery_delay``,
+            ``max_redeliveries``, ``consumer_name``.
+        :raises ConfigurationError: the connection is embedded (named), or a topic name or option is invalid.
+        """
+        config = config if config is not None else self.get_config()
+        names = [topics] if isinstance(topics, str) else list(topics)
+        if config.kind != "pulsar":
+            return open_topic_stream(config, topics=names, subscription=subscription, conn_id=self.pulsarstate_conn_id)
+        return open_topic_stream(
+            config,
+            topics=[config.topic_name(t) for t in names],
+            subscription=subscription,
+            conn_id=self.pulsarstate_conn_id,
+            dead_letter_topic=config.topic_name(dead_letter_topic) if dead_letter_topic else None,
+            **options,
+        )
 
     def get_leadership(self, topic: str) -> list[Leadership]:
         """Who holds ``topic``'s exclusive writer now, per partition (read-only; see

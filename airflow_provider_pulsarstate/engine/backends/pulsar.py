@@ -66,6 +66,25 @@ _RECONNECTING = (pulsar.BrokerMetadataError, pulsar.NotConnected, pulsar.Connect
 """A reader's tail check while its consumer re-subscribes (after a broker restart): transient."""
 
 
+def client_options(cfg: ConnectionConfig) -> dict[str, Any]:
+    """The keyword arguments of ``pulsar.Client`` (and ``pulsar.asyncio.Client``) for ``cfg``:
+    time-outs, auth token, TLS trust and hostname verification; one place for every client."""
+    kwargs: dict[str, Any] = dict(
+        operation_timeout_seconds=max(1, round(cfg.operation_timeout)),
+        connection_timeout_ms=max(1, int(cfg.operation_timeout * 1000)),
+        # The client's own logger, not a Python one: a pulsar.Client holding a Python
+        # logger can abort the process at exit (apache/pulsar-client-python#256),
+        # which would fail an Airflow task that succeeded.
+        logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn),
+        tls_validate_hostname=cfg.tls_hostname_verification,
+    )
+    if cfg.auth_token:
+        kwargs["authentication"] = pulsar.AuthenticationToken(cfg.auth_token)
+    if cfg.tls_trust_certs_file_path:
+        kwargs["tls_trust_certs_file_path"] = cfg.tls_trust_certs_file_path
+    return kwargs
+
+
 class PulsarBackend(Backend):
     """A real Pulsar broker.
 
@@ -101,19 +120,7 @@ class PulsarBackend(Backend):
                 raise ClosedError(f"Pulsar back end {redact_url(self.config.url)} is closed")
             if self._client is None:
                 cfg = self.config
-                kwargs: dict[str, Any] = dict(
-                    operation_timeout_seconds=max(1, round(cfg.operation_timeout)),
-                    connection_timeout_ms=max(1, int(cfg.operation_timeout * 1000)),
-                    # The client's own logger, not a Python one: a pulsar.Client holding a Python
-                    # logger can abort the process at exit (apache/pulsar-client-python#256),
-                    # which would fail an Airflow task that succeeded.
-                    logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn),
-                    tls_validate_hostname=cfg.tls_hostname_verification,
-                )
-                if cfg.auth_token:
-                    kwargs["authentication"] = pulsar.AuthenticationToken(cfg.auth_token)
-                if cfg.tls_trust_certs_file_path:
-                    kwargs["tls_trust_certs_file_path"] = cfg.tls_trust_certs_file_path
+                kwargs = client_options(cfg)
                 try:
                     self._client = pulsar.Client(cfg.url, **kwargs)
                 except pulsar.PulsarException as exc:

@@ -1,0 +1,1 @@
+"""Message-queue providers of the common-messaging provider (``MessageQueueTrigger``)."""

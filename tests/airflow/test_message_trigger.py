@@ -1,0 +1,269 @@
+"""PulsarMessageTrigger against the real broker: serialization, events from real messages, the
+shared stream in ack mode (Airflow's own SharedStreamManager driving our producer, the runner's
+persist confirmations simulated), rejects dead-lettered, the loop never blocked."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import pulsar
+import pytest
+import requests
+
+from airflow_provider_pulsarstate.engine.errors import ConfigurationError
+from airflow_provider_pulsarstate.triggers.messages import PulsarMessageTrigger
+from tests.airflow.trigger_driver import LOOP_LAG_LIMIT, drive
+
+FUNCS = "tests.airflow.message_functions"
+
+
+def _fresh(prefix: str = "msgs") -> str:
+    return f"persistent://public/default/{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def broker_conn(request: pytest.FixtureRequest, env_connection: Any) -> tuple[str, Any]:
+    broker = request.getfixturevalue("pulsar_broker")
+    extra = {"service_url": broker.service_url, "admin_url": broker.admin_url, "operation_timeout": 15}
+    return env_connection("ps_msgs", extra=extra), broker
+
+
+def _create(broker: Any, topic: str, partitions: int = 0) -> None:
+    path = topic.replace("persistent://", "persistent/")
+    if partitions:
+        resp = requests.put(f"{broker.admin_url}/admin/v2/{path}/partitions", json=partitions, timeout=10)
+    else:
+        resp = requests.put(f"{broker.admin_url}/admin/v2/{path}", timeout=10)
+    assert resp.status_code in (204, 409), resp.text
+
+
+def _publish(broker: Any, topic: str, payloads: list[bytes]) -> None:
+    client = pulsar.Client(broker.service_url)
+    try:
+        producer = client.create_producer(topic, batching_enabled=False)
+        for payload in payloads:
+            producer.send(payload, partition_key="k")
+    finally:
+        client.close()
+
+
+def _sub_stats(broker: Any, topic: str, subscription: str) -> dict[str, Any]:
+    path = topic.replace("persistent://", "persistent/")
+    stats = requests.get(f"{broker.admin_url}/admin/v2/{path}/stats", timeout=10).json()
+    return stats["subscriptions"].get(subscription, {})
+
+
+# ---------------------------------------------------------------------------- no broker needed
+def test_serialize_round_trip_is_stable_and_does_no_io() -> None:
+    from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
+    from airflow.triggers.base import BaseEventTrigger
+
+    kwargs = dict(topics="orders", subscription="orders-dag", batch_size=10, batch_wait=0.5,
+                  filter_function=f"{FUNCS}.only_b", payload_encoding="json", dead_letter_topic="orders-dlq",
+                  pulsarstate_conn_id="not_defined_anywhere")  # no I/O: an undefined connection is fine here
+    classpath, serialized = PulsarMessageTrigger(**kwargs).serialize()
+    assert classpath == "airflow_provider_pulsarstate.triggers.messages.PulsarMessageTrigger"
+    assert serialized["topics"] == ["orders"] and json.loads(json.dumps(serialized)) == serialized
+    again = PulsarMessageTrigger(**serialized).serialize()
+    assert again == (classpath, serialized)
+    assert BaseEventTrigger.hash(*again) == BaseEventTrigger.hash(classpath, serialized)
+    assert MessageQueueTrigger(scheme="pulsar", **kwargs).serialize() == (classpath, serialized)
+    # watchers differing only in filter/apply/encoding share a consumer; other options do not
+    base = PulsarMessageTrigger(**serialized)
+    assert base.shared_stream_key() == PulsarMessageTrigger(**{**serialized, "filter_function": None,
+                                                              "payload_encoding": "text"}).shared_stream_key()
+    assert base.shared_stream_key() != PulsarMessageTrigger(**{**serialized, "subscription": "x"}).shared_stream_key()
+    assert base.shared_stream_key() != PulsarMessageTrigger(**{**serialized, "batch_size": 1}).shared_stream_key()
+
+
+@pytest.mark.parametrize(("bad", "field"), [
+    ({"topics": []}, "topics"),
+    ({"topics": ["a", "a"]}, "topics"),
+    ({"subscription": ""}, "subscription"),
+    ({"batch_size": 0}, "batch_size"),
+    ({"batch_size": True}, "batch_size"),
+    ({"batch_wait": -1}, "batch_wait"),
+    ({"filter_function": "lambda m: True"}, "filter_function"),
+    ({"apply_function": "nodots"}, "apply_function"),
+    ({"payload_encoding": "pickle"}, "payload_encoding"),
+    ({"initial_position": "middle"}, "initial_position"),
+    ({"max_redeliveries": -1}, "max_redeliveries"),
+    ({"dead_letter_topic": " "}, "dead_letter_topic"),
+])
+def test_bad_arguments_name_the_field(bad: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigurationError, match=field):
+        PulsarMessageTrigger(**{"topics": "t", "subscription": "s", **bad})
+
+
+def test_an_embedded_connection_is_refused_naming_it(env_connection: Any, tmp_path: Any) -> None:
+    conn = env_connection("ps_embedded_msgs", extra={"service_url": str(tmp_path / "state.db")})
+    trigger = PulsarMessageTrigger(topics="t", subscription="s", pulsarstate_conn_id=conn)
+
+    async def first() -> Any:
+        return await trigger.run().__anext__()
+
+    with pytest.raises(ConfigurationError, match="connection 'ps_embedded_msgs' uses the embedded back end"):
+        asyncio.run(first())
+
+
+# ---------------------------------------------------------------------------- real broker
+@pytest.mark.pulsar
+def test_run_yields_events_from_real_messages_without_blocking_the_loop(broker_conn: tuple[str, Any]) -> None:
+    conn, broker = broker_conn
+    topic = _fresh()
+    _create(broker, topic)
+    _publish(broker, topic, [b'{"sku": "a", "price": 9.5}', b'{"sku": "b"}'])
+    trigger = PulsarMessageTrigger(topics=topic, subscription="run", batch_size=5, batch_wait=0.3,
+                                   payload_encoding="json", initial_position="earliest", pulsarstate_conn_id=conn)
+    event, worst, ticks = asyncio.run(drive(trigger))
+    assert event.payload["topic"] == topic and event.payload["partition"] == -1
+    assert [m["payload"] for m in event.payload["messages"]] == [{"sku": "a", "price": 9.5}, {"sku": "b"}]
+    assert event.payload["messages"][0]["key"] == "k" and event.payload["messages"][0]["payload_encoding"] == "json"
+    assert worst < LOOP_LAG_LIMIT and ticks > 10, (worst, ticks)
+
+
+async def _runner(manager: Any, trigger_id: int, trigger: PulsarMessageTrigger, key: Any, out: list) -> None:
+    """What the triggerer's run_trigger does with a shared-stream trigger's events."""
+    stream = manager.subscribe(trigger_id=trigger_id, trigger=trigger, key=key)
+    try:
+        async for event in trigger.filter_shared_stream(stream):
+            out.append((event, manager.bind_pending_event(trigger_id=trigger_id, key=key)))
+    finally:
+        await manager.unsubscribe(trigger_id, key)
+
+
+async def _until(predicate: Any, timeout: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("timed out")
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.pulsar
+def test_shared_stream_one_consumer_two_watchers_acks_only_after_persistence(broker_conn: tuple[str, Any]) -> None:
+    """Two watchers of one topic (different filters) share one consumer; nothing is acknowledged
+    before both resolved and the runner confirmed the events stored; a poison message rejected by
+    one watcher goes to the dead-letter topic; the loop is never blocked."""
+    from airflow.triggers.shared_stream import SharedStreamManager
+
+    conn, broker = broker_conn
+    topic, dlq = _fresh(), _fresh("dlq")
+    _create(broker, topic, partitions=2)
+    _create(broker, dlq)
+    common = dict(topics=[topic], subscription="watchers", initial_position="earliest", dead_letter_topic=dlq,
+                  redelivery_delay=0.2, pulsarstate_conn_id=conn)
+    everything = PulsarMessageTrigger(**common, apply_function=f"{FUNCS}.explode_on_poison")
+    only_b = PulsarMessageTrigger(**common, filter_function=f"{FUNCS}.only_b", apply_function=f"{FUNCS}.upper")
+    key = everything.shared_stream_key()
+    assert key == only_b.shared_stream_key()
+
+    async def scenario() -> tuple[list, list, float, dict]:
+        manager = SharedStreamManager(ack_timeout=30)
+        got_a: list = []
+        got_b: list = []
+        worst = 0.0
+        stop = asyncio.Event()
+
+        async def ticker() -> None:
+            nonlocal worst
+            loop = asyncio.get_running_loop()
+            while not stop.is_set():
+                before = loop.time()
+                await asyncio.sleep(0.01)
+                worst = max(worst, loop.time() - before - 0.01)
+
+        tasks = [asyncio.create_task(ticker()),
+                 asyncio.create_task(_runner(manager, 1, everything, key, got_a)),
+                 asyncio.create_task(_runner(manager, 2, only_b, key, got_b))]
+        try:
+            await asyncio.to_thread(_publish, broker, f"{topic}-partition-0", [b"a1", b"b2", b"poison"])
+            await asyncio.to_thread(_publish, broker, f"{topic}-partition-1", [b"b3"])
+            await _until(lambda: len(got_a) == 3 and len(got_b) == 2)
+            stats0 = await asyncio.to_thread(_sub_stats, broker, f"{topic}-partition-0", "watchers")
+            stats1 = await asyncio.to_thread(_sub_stats, broker, f"{topic}-partition-1", "watchers")
+            consumers = [len(s.get("consumers", [])) for s in (stats0, stats1)]
+            await asyncio.sleep(0.5)  # time for a (wrong) early acknowledgement
+            before = [
+                (await asyncio.to_thread(_sub_stats, broker, f"{topic}-partition-{p}", "watchers"))["msgBacklog"]
+                for p in (0, 1)
+            ]
+            manager.confirm_persisted([seq for _, seq in got_a + got_b])
+            await _until(lambda: all(
+                _sub_stats(broker, f"{topic}-partition-{p}", "watchers")["msgBacklog"] == 0 for p in (0, 1)
+            ))
+        finally:
+            stop.set()
+            for task in tasks[1:]:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await manager.stop_all()
+        return got_a, got_b, worst, {"consumers": consumers, "backlog_before_confirm": before}
+
+    got_a, got_b, worst, seen = asyncio.run(scenario())
+    assert seen["consumers"] == [1, 1], seen  # one consumer (per partition) for both watchers
+    # a1, b2 (and the poison message behind them in its partition's order) | b3: nothing acknowledged
+    # before the events were stored
+    assert seen["backlog_before_confirm"] == [3, 1], seen
+    assert sorted(m["payload"] for e, _ in got_a for m in e.payload["messages"]) == ["a1", "b2", "b3"]
+    assert sorted(m["payload"] for e, _ in got_b for m in e.payload["messages"]) == ["B2", "B3"]
+    assert all(seq is not None for _, seq in got_a + got_b)  # every event was bound for ack mode
+    assert worst < LOOP_LAG_LIMIT, worst
+    client = pulsar.Client(broker.service_url)
+    try:
+        dead = client.create_reader(dlq, pulsar.MessageId.earliest).read_next(5000)
+    finally:
+        client.close()
+    assert dead.data() == b"poison" and "rejected" in dead.properties()["pulsarstate-dead-letter-reason"]
+
+
+@pytest.mark.pulsar
+def test_an_event_never_stored_is_negatively_acknowledged_and_comes_again(broker_conn: tuple[str, Any]) -> None:
+    """Watcher 1's event is never confirmed stored: the ack timeout fails it, the producer nacks the
+    message instead of acknowledging it (watcher 2 had stored its event), and it comes again."""
+    from airflow.triggers.shared_stream import AckTimeout, SharedStreamManager
+
+    conn, broker = broker_conn
+    topic = _fresh()
+    _create(broker, topic)
+    common = dict(topics=[topic], subscription="timeouts", initial_position="earliest", redelivery_delay=0.2,
+                  pulsarstate_conn_id=conn)
+    never_stored = PulsarMessageTrigger(**common, payload_encoding="text")
+    stored = PulsarMessageTrigger(**common, payload_encoding="base64")
+    key = stored.shared_stream_key()
+
+    async def scenario() -> tuple[list, list, Any]:
+        manager = SharedStreamManager(ack_timeout=1.0)
+        got_1: list = []
+        got_2: list = []
+
+        async def confirming() -> None:
+            stream = manager.subscribe(trigger_id=2, trigger=stored, key=key)
+            try:
+                async for event in stored.filter_shared_stream(stream):
+                    got_2.append(event)
+                    manager.confirm_persisted([manager.bind_pending_event(trigger_id=2, key=key)])
+            finally:
+                await manager.unsubscribe(2, key)
+
+        first = asyncio.create_task(_runner(manager, 1, never_stored, key, got_1))
+        second = asyncio.create_task(confirming())
+        try:
+            await asyncio.to_thread(_publish, broker, topic, [b"once"])
+            await _until(lambda: first.done())  # force-failed by the ack timeout
+            await _until(lambda: len(got_2) == 2)  # redelivered after the nack
+            await _until(lambda: _sub_stats(broker, topic, "timeouts")["msgBacklog"] == 0)
+        finally:
+            second.cancel()
+            await asyncio.gather(first, second, return_exceptions=True)
+            await manager.stop_all()
+        return got_1, got_2, first.exception()
+
+    got_1, got_2, failure = asyncio.run(scenario())
+    assert isinstance(failure, AckTimeout), failure
+    assert len(got_1) == 1
+    ids = [e.payload["messages"][0]["message_id"] for e in got_2]
+    assert ids[0] == ids[1] and got_2[0].payload["messages"][0]["payload"] == "b25jZQ=="

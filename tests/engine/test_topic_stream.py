@@ -1,0 +1,260 @@
+"""TopicStream against the real broker: batching, the per-partition floor, redelivery after a
+negative acknowledgement, dead letters, bad input. The embedded back end is refused (named)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import uuid
+from pathlib import Path
+
+import pulsar
+import pytest
+import requests
+
+from airflow_provider_pulsarstate import ConnectionConfig, open_backend
+from airflow_provider_pulsarstate.engine.errors import ConfigurationError
+from airflow_provider_pulsarstate.engine.offsets import create_topic
+from airflow_provider_pulsarstate.engine.topic_stream import (
+    DEAD_LETTER_PROPERTY_PREFIX,
+    PayloadDecodeError,
+    TopicMessage,
+    TopicStreamError,
+    open_topic_stream,
+)
+from tests.conftest import pulsar_config
+
+
+def _fresh(prefix: str = "stream") -> str:
+    return f"persistent://public/default/{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def config(pulsar_broker: object) -> ConnectionConfig:
+    return pulsar_config(pulsar_broker, operation_timeout=10.0)
+
+
+def _make_topic(config: ConnectionConfig, topic: str, partitions: int = 0) -> None:
+    backend = open_backend(config)
+    try:
+        create_topic(backend, topic, partitions=partitions)
+    finally:
+        backend.close()
+
+
+def _publish(config: ConnectionConfig, topic: str, payloads: list[bytes]) -> None:
+    client = pulsar.Client(config.url)
+    try:
+        producer = client.create_producer(topic, batching_enabled=False)
+        for i, payload in enumerate(payloads):
+            producer.send(payload, properties={"i": str(i)}, partition_key=f"k{i}")
+        producer.flush()
+    finally:
+        client.close()
+
+
+def _subscription_backlog(config: ConnectionConfig, topic: str, subscription: str) -> int:
+    path = topic.replace("persistent://", "persistent/")
+    stats = requests.get(f"{config.admin_url}/admin/v2/{path}/stats", timeout=10).json()
+    return int(stats["subscriptions"][subscription]["msgBacklog"])
+
+
+def run(coro):  # noqa: ANN001, ANN201
+    return asyncio.run(coro)
+
+
+@pytest.mark.pulsar
+def test_batches_respect_size_and_wait_and_carry_plain_data(config: ConnectionConfig) -> None:
+    topic = _fresh()
+    _make_topic(config, topic)
+    _publish(config, topic, [f"m{i}".encode() for i in range(7)] + [b"\xff\xfe"])
+
+    async def go() -> tuple[list[list[TopicMessage]], float]:
+        async with open_topic_stream(config, topics=[topic], subscription="s", initial_position="earliest") as stream:
+            batches = [await stream.receive_batch(max_messages=3, max_wait=2.0, timeout=10) for _ in range(3)]
+            started = asyncio.get_running_loop().time()
+            empty = await stream.receive_batch(max_messages=3, max_wait=0.2, timeout=0.3)
+            waited = asyncio.get_running_loop().time() - started
+            assert empty == []
+            await stream.acknowledge([m for b in batches for m in b])
+            return batches, waited
+
+    batches, waited = run(go())
+    assert [len(b) for b in batches] == [3, 3, 2]
+    assert 0.25 <= waited < 2.0
+    messages = [m for b in batches for m in b]
+    assert [m.payload for m in messages[:7]] == [f"m{i}".encode() for i in range(7)]
+    first = messages[0].as_json()
+    assert first["topic"] == topic and first["partition"] == -1 and first["payload"] == "m0"
+    assert first["payload_encoding"] == "text" and first["properties"] == {"i": "0"} and first["key"] == "k0"
+    assert pulsar.MessageId.deserialize(base64.b64decode(first["message_id"])).entry_id() == messages[0].entry_id
+    binary = messages[7].as_json()  # not UTF-8: base64 under "auto"
+    assert binary["payload_encoding"] == "base64" and base64.b64decode(binary["payload"]) == b"\xff\xfe"
+    with pytest.raises(PayloadDecodeError, match=messages[7].id_text):
+        messages[7].decode_payload("text")
+    with pytest.raises(PayloadDecodeError, match="not JSON"):
+        messages[0].decode_payload("json")
+    assert _subscription_backlog(config, topic, "s") == 0
+
+
+@pytest.mark.pulsar
+def test_a_failed_message_holds_the_floor_and_comes_again(config: ConnectionConfig) -> None:
+    """m1 fails, m0 and m2..m4 succeed: the cumulative ack stops below m1 (m2.. are acked one by
+    one); m1 is redelivered (only m1: duplicates of the in-flight rewind are dropped) and, once
+    acknowledged, nothing is left. Without the floor a cumulative ack of m4 would drop m1."""
+    topic = _fresh()
+    _make_topic(config, topic)
+    _publish(config, topic, [f"m{i}".encode() for i in range(5)])
+
+    async def go() -> tuple[list[bytes], dict]:
+        async with open_topic_stream(
+            config, topics=[topic], subscription="s", initial_position="earliest", redelivery_delay=0.2
+        ) as stream:
+            batch = await stream.receive_batch(max_messages=5, max_wait=2.0, timeout=10)
+            assert [m.payload for m in batch] == [f"m{i}".encode() for i in range(5)]
+            await stream.fail([batch[1]])
+            await stream.acknowledge([batch[0], *batch[2:]])
+            stats = dict(stream.stats)
+            again = [m.payload for m in await stream.receive_batch(max_messages=10, max_wait=1.0, timeout=10)]
+            assert list(stream.unsettled().values()) == [{"inflight": [batch[1].position], "failed": []}]
+            return again, stats
+
+    again, stats = run(go())
+    assert again == [b"m1"], again
+    assert stats["cumulative_acks"] == 1 and stats["individual_acks"] == 3 and stats["negative_acks"] == 1
+    # the consumer closed with m1 unacknowledged: the broker keeps exactly m1
+    assert _subscription_backlog(config, topic, "s") == 1
+
+    async def settle() -> list[bytes]:
+        async with open_topic_stream(config, topics=[topic], subscription="s") as stream:
+            batch = await stream.receive_batch(max_messages=10, max_wait=0.5, timeout=10)
+            await stream.acknowledge(batch)
+            return [m.payload for m in batch]
+
+    assert run(settle()) == [b"m1"]
+    assert _subscription_backlog(config, topic, "s") == 0
+
+
+@pytest.mark.pulsar
+def test_floor_is_per_partition(config: ConnectionConfig) -> None:
+    """A failure on one partition does not hold back cumulative acks on the other."""
+    topic = _fresh()
+    _make_topic(config, topic, partitions=2)
+    _publish(config, topic, [f"m{i}".encode() for i in range(20)])
+
+    async def go() -> tuple[dict, dict]:
+        async with open_topic_stream(
+            config, topics=[topic], subscription="s", initial_position="earliest", redelivery_delay=30.0
+        ) as stream:
+            batch = await stream.receive_batch(max_messages=20, max_wait=3.0, timeout=10)
+            assert len(batch) == 20
+            lanes = sorted({m.lane for m in batch})
+            assert len(lanes) == 2 and {m.partition for m in batch} == {0, 1}
+            p0 = [m for m in batch if m.lane == lanes[0]]
+            p1 = [m for m in batch if m.lane == lanes[1]]
+            await stream.fail([p0[0]])
+            await stream.acknowledge(p0[1:] + p1)
+            return dict(stream.stats), stream.unsettled()
+
+    stats, unsettled = run(go())
+    assert stats["cumulative_acks"] == 1  # partition 1 only: partition 0's floor is its failed head
+    assert list(unsettled) and all(v["failed"] and not v["inflight"] for v in unsettled.values())
+    assert sum(_subscription_backlog(config, f"{topic}-partition-{p}", "s") for p in (0, 1)) == 1
+
+
+@pytest.mark.pulsar
+def test_dead_letter_after_max_redeliveries_and_on_demand(config: ConnectionConfig) -> None:
+    topic, dlq = _fresh(), _fresh("dlq")
+    _make_topic(config, topic)
+    _make_topic(config, dlq)
+    _publish(config, topic, [b"poison", b"refused", b"fine"])
+
+    async def go() -> dict:
+        async with open_topic_stream(
+            config, topics=[topic], subscription="s", initial_position="earliest", redelivery_delay=0.1,
+            dead_letter_topic=dlq, max_redeliveries=1,
+        ) as stream:
+            poison, refused, fine = await stream.receive_batch(max_messages=3, max_wait=2.0, timeout=10)
+            await stream.dead_letter([refused], reason="refused by the filter")
+            await stream.acknowledge([fine])
+            await stream.fail([poison], reason="boom")  # failure 1: redelivered
+            again = await stream.receive(timeout=10)
+            assert again is not None and again.payload == b"poison"
+            await stream.fail([again], reason="boom")  # failure 2 > max_redeliveries: dead-lettered
+            nothing = await stream.receive(timeout=0.8)
+            assert nothing is None
+            return dict(stream.stats)
+
+    stats = run(go())
+    assert stats["dead_lettered"] == 2 and stats["negative_acks"] == 1
+    assert _subscription_backlog(config, topic, "s") == 0
+    client = pulsar.Client(config.url)
+    try:
+        reader = client.create_reader(dlq, pulsar.MessageId.earliest)
+        got = [reader.read_next(5000) for _ in range(2)]
+    finally:
+        client.close()
+    by_payload = {m.data(): m.properties() for m in got}
+    assert by_payload[b"refused"][f"{DEAD_LETTER_PROPERTY_PREFIX}reason"] == "refused by the filter"
+    assert by_payload[b"poison"][f"{DEAD_LETTER_PROPERTY_PREFIX}topic"] == topic
+    assert by_payload[b"poison"]["i"] == "0"  # the original properties are kept
+
+
+@pytest.mark.pulsar
+def test_bad_input_names_the_field(config: ConnectionConfig) -> None:
+    topic = _fresh()
+    cases = [
+        ({"topics": ["short-name"], "subscription": "s"}, "topics"),
+        ({"topics": [topic, topic], "subscription": "s"}, "names a topic twice"),
+        ({"topics": [], "subscription": "s"}, "topics"),
+        ({"topics": [topic], "subscription": " "}, "subscription"),
+        ({"topics": [topic], "subscription": "s", "initial_position": "middle"}, "initial_position"),
+        ({"topics": [topic], "subscription": "s", "redelivery_delay": -1}, "redelivery_delay"),
+        ({"topics": [topic], "subscription": "s", "max_redeliveries": 1.5}, "max_redeliveries"),
+        ({"topics": [topic], "subscription": "s", "receiver_queue_size": 0}, "receiver_queue_size"),
+        ({"topics": [topic], "subscription": "s", "dead_letter_topic": topic}, "dead_letter_topic"),
+        ({"topics": [topic], "subscription": "s", "dead_letter_topic": "x/y"}, "dead_letter_topic"),
+    ]
+    for kwargs, field in cases:
+        with pytest.raises(ConfigurationError, match=field):
+            open_topic_stream(config, **kwargs)
+
+    async def unknown() -> None:
+        async with open_topic_stream(config, topics=[topic], subscription="s"):
+            pass
+
+    with pytest.raises(ConfigurationError, match=f"topics: {topic} does not exist"):
+        run(unknown())
+
+    async def bad_batch() -> None:
+        _make_topic(config, topic)
+        async with open_topic_stream(config, topics=[topic], subscription="s") as stream:
+            with pytest.raises(ConfigurationError, match="max_messages"):
+                await stream.receive_batch(max_messages=0, max_wait=1)
+            with pytest.raises(ConfigurationError, match="max_wait"):
+                await stream.receive_batch(max_messages=1, max_wait=-1)
+
+    run(bad_batch())
+
+
+def test_embedded_back_end_is_refused_naming_the_connection(tmp_path: Path) -> None:
+    config = ConnectionConfig(url=str(tmp_path / "state.db"))
+    with pytest.raises(ConfigurationError, match=r"connection 'my_conn' uses the embedded back end .*pulsar://"):
+        open_topic_stream(config, topics=["persistent://public/default/t"], subscription="s", conn_id="my_conn")
+
+
+@pytest.mark.pulsar
+def test_settling_a_message_twice_or_from_elsewhere_is_refused(config: ConnectionConfig) -> None:
+    topic = _fresh()
+    _make_topic(config, topic)
+    _publish(config, topic, [b"a"])
+
+    async def go() -> None:
+        async with open_topic_stream(config, topics=[topic], subscription="s", initial_position="earliest") as stream:
+            message = await stream.receive(timeout=10)
+            assert message is not None
+            await stream.acknowledge([message])
+            with pytest.raises(TopicStreamError, match="already settled"):
+                await stream.acknowledge([message])
+
+    run(go())
