@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -217,3 +218,22 @@ def test_keys_under_a_prefix_fire_and_other_commits_only_move_the_watermark(stat
     one, two = asyncio.run(scenario())
     assert (one.payload["prefix_sets"], one.payload["matched"], one.payload["view_apply"]) == (1, ["keys"], False)
     assert (two.payload["prefix_deletes"], two.payload["offset"]) == (1, one.payload["offset"] + 1)
+
+
+def test_the_example_dag_parses_without_a_broker_and_watches_view_applies() -> None:
+    import importlib.util
+
+    from tests.airflow.dagruns import EXAMPLE_DAGS
+
+    spec = importlib.util.spec_from_file_location("price_table_changes", EXAMPLE_DAGS / "price_table_changes.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # what the dag-processor does: no broker, no I/O
+    (watcher,) = module.price_table_applies.watchers
+    assert isinstance(watcher.trigger, StateChangeTrigger)
+    assert watcher.trigger.serialize()[1]["on"] == ["view_apply"]
+    events = {"asset": [SimpleNamespace(extra={"payload": {"table": "t", "offset": 7}}),
+                        SimpleNamespace(extra={"payload": {"table": "t", "offset": 7}}),  # delivered twice
+                        SimpleNamespace(extra={"payload": {"table": "t", "offset": 5}}),
+                        SimpleNamespace(extra={"from_rest_api": True})]}
+    assert module.commits_of(events) == [("t", 5), ("t", 7)]
