@@ -65,6 +65,8 @@ def provider_info() -> dict[str, Any]:
                 "python-modules": [
                     "airflow_provider_pulsarstate.triggers.offsets",
                     "airflow_provider_pulsarstate.triggers.leadership",
+                    # issue 12: StateChangeTrigger
+                    "airflow_provider_pulsarstate.triggers.state_change",
                 ],
             }
         ],

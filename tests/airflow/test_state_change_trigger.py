@@ -237,3 +237,9 @@ def test_the_example_dag_parses_without_a_broker_and_watches_view_applies() -> N
                         SimpleNamespace(extra={"payload": {"table": "t", "offset": 5}}),
                         SimpleNamespace(extra={"from_rest_api": True})]}
     assert module.commits_of(events) == [("t", 5), ("t", 7)]
+
+
+def test_provider_info_lists_the_trigger() -> None:
+    from airflow_provider_pulsarstate.provider_info import provider_info
+
+    assert "airflow_provider_pulsarstate.triggers.state_change" in provider_info()["triggers"][0]["python-modules"]
