@@ -49,7 +49,8 @@ back. A downstream task that must not count a commit twice keys its work by the 
 (``extra["payload"]["offset"]``), which is the same for both copies. Two triggerers running the
 same trigger at once (a hand-over) may both deliver a commit. Changes committed before the watcher
 first ran are not events: on its first run (no watermark) the trigger starts at the table's last
-commit and stores that as its watermark before it reports anything.
+commit and stores that as its watermark before it reports anything (a table that does not exist
+yet is waited for, with watermark -1: its first commits are events).
 
 Parse-time identity: the serialized arguments are plain JSON, normalized in ``__init__`` (no time,
 uuid or I/O), so the trigger's hash is stable across parses.
@@ -293,6 +294,10 @@ class StateChangeProducer(SharedStreamProducer):
             except (*TRANSIENT, TableNotFoundError) as exc:
                 delay = backoff.next_delay()
                 _log.warning("reading table %s failed (%s: %s); retrying in %.1fs", topic, type(exc).__name__, exc, delay)
+                if isinstance(exc, TableNotFoundError) and start is None:
+                    # nothing committed yet: the table's first commits are changes too
+                    start = -1
+                    await self._watermark.write(start, topic)
                 # each read is bounded by the connection's operation time-out on the feed's thread;
                 # after a failure the feed opens again after what was handed out
                 await self._drop_feed()
@@ -307,21 +312,26 @@ class StateChangeProducer(SharedStreamProducer):
             await asyncio.sleep(poll_interval * random.uniform(0.75, 1.0))
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+        """Write the watermark of the batch's last item whose events were all stored, in order;
+        stop at the first that was not (and for good: a later batch never writes past it)."""
         if self._broken is not None:
             raise StateChangeError(self._broken)
         upto: int | None = None
+        failed: AdvanceItem | None = None
         for item in batch:
             if not item.outcome.is_clean:
-                self._broken = (
-                    f"the events of table {self._topic} commits up to offset {item.broker_payload} were not all stored "
-                    f"(acked {item.outcome.acked}, failed {item.outcome.failed}, rejected {item.outcome.rejected}); "
-                    f"the watermark stays at {self._watermark.value} and they are delivered again"
-                )
+                failed = item
                 break
             upto = item.broker_payload
         if upto is not None and self._topic is not None:
             await self._watermark.write(upto, self._topic)
-        if self._broken is not None:
+        if failed is not None:
+            outcome = failed.outcome
+            self._broken = (
+                f"the events of table {self._topic} commits up to offset {failed.broker_payload} were not all stored "
+                f"(acked {outcome.acked}, failed {outcome.failed}, rejected {outcome.rejected}); the watermark "
+                f"stays at {self._watermark.value} and they are delivered again"
+            )
             raise StateChangeError(self._broken)
 
     async def _drop_feed(self) -> None:
