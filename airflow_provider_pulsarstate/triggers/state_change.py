@@ -204,8 +204,7 @@ class StateChangeTrigger(BaseEventTrigger):
             if "keys" in self.on and (commit["prefix_sets"] or commit["prefix_deletes"]):
                 matched.append("keys")
             if matched:
-                shown = {k: v for k, v in commit.items() if self.key_prefix is not None or not k.startswith(("key_prefix", "prefix_"))}
-                out.append(TriggerEvent({"table": batch["table"], **shown, "matched": matched}))
+                out.append(TriggerEvent({"table": batch["table"], **commit, "matched": matched}))
         return out
 
 

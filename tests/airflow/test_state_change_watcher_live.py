@@ -134,7 +134,7 @@ def test_a_view_apply_runs_the_dag_once_even_when_the_triggerer_dies_before_stor
 
             # 2. received but not stored: freeze the supervisor (the trigger runner, its child, keeps
             #    polling), apply, let 5 poll intervals pass, kill the triggerer, start it again
-            supervisor = af._procs["triggerer"].pid
+            supervisor = af._procs["triggerer"].pid  # the `airflow triggerer` process itself, not its runner child
             os.kill(supervisor, signal.SIGSTOP)
             try:
                 second = apply_view(table, {**{f"sku-{i}": 10.0 + i for i in range(20)}, "sku-3": 99.0})
