@@ -217,6 +217,18 @@ def test_keys_under_a_prefix_fire_and_other_commits_only_move_the_watermark(stat
     assert (two.payload["prefix_deletes"], two.payload["offset"]) == (1, 2)
 
 
+def test_the_hook_hands_out_the_feed_and_one_commits_changes(state_backend: str) -> None:
+    table = f"state-change-{uuid.uuid4().hex[:8]}"
+    applied = apply_view(table, {"sku-1": {"p": 1}, "sku-2": {"p": 2}})
+    with PulsarStateHook() as hook:
+        feed = hook.get_table_feed(table, after=-1, key_prefix="sku-")
+        commits = feed.poll()
+        assert [c.offset for c in commits][-1] == applied.commit_offset and commits[-1].prefix_sets == 2
+        changes = hook.get_table_changes(table, applied.commit_offset)
+        assert sorted((c.type, c.key, c.value) for c in changes.changes) == [("set", "sku-1", {"p": 1}), ("set", "sku-2", {"p": 2})]
+    assert feed.stats == {}  # closed with the hook
+
+
 def test_a_batch_not_stored_stops_the_watermark_before_it() -> None:
     """An ack time-out or failed subscriber: nothing from that batch on is written; the stream
     ends with an error and the restarted trigger delivers it again (an edge of Airflow's ack mode,

@@ -54,6 +54,15 @@ def test_feed_reports_each_commit_after_the_watermark_in_counts(backend: Backend
     # the view's create and seal are commits too (no row counts), reported in log order
     assert [c.sets + c.deletes for c in commits] == [0, 0, 2, 1]
     assert apply.as_json()["view_id"] == result.view_id and apply.publish_time > 0
+    assert feed.stats == {}  # closed; while open its manager's state is None: no rows are held
+
+
+def test_the_feed_holds_no_rows(backend: Backend, topic: str, table: StateTable) -> None:
+    for i in range(50):
+        table.put(f"k{i}", {"v": i})
+    with TableFeed(backend, topic, after=-1) as feed:
+        assert len(feed.poll()) == 50
+        assert feed._manager is not None and feed._manager.read(lambda state: state) is None
 
 
 def test_a_restart_from_the_watermark_neither_misses_nor_repeats(backend: Backend, topic: str, table: StateTable) -> None:
