@@ -67,6 +67,8 @@ def provider_info() -> dict[str, Any]:
                     "airflow_provider_pulsarstate.triggers.leadership",
                     # issue 12: topic messages
                     "airflow_provider_pulsarstate.triggers.messages",
+                    # issue 12: StateChangeTrigger
+                    "airflow_provider_pulsarstate.triggers.state_change",
                 ],
             }
         ],

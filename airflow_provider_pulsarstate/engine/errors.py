@@ -376,3 +376,43 @@ class XComValueTooLargeError(XComError, ValueTooLargeError):
 class XComStoreUnavailableError(XComError):
     """The XCom map could not be read or written (broker or file unreachable, time-out); the
     message names the topic and the key. The value was not stored anywhere else."""
+
+
+# ---------------------------------------------------------------- table feeds (issue 12: StateChangeTrigger)
+class TableFeedError(PulsarStateError):
+    """Base of the table feed's errors (:mod:`~airflow_provider_pulsarstate.engine.recipes.table_feed`)."""
+
+
+class TableNotFoundError(TableFeedError, KeyError):
+    """The table's log holds nothing: the topic does not exist or no one ever wrote to the table.
+
+    :ivar topic: the table's topic.
+    """
+
+    def __init__(self, *, topic: str) -> None:
+        super().__init__(
+            f"table {topic!r} does not exist: its log is empty (no topic, or nothing was ever written to it)"
+        )
+        self.topic = topic
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class CommitNotFoundError(TableFeedError, KeyError):
+    """An offset that is not a commit of the table: past its last commit, negative, or a record
+    whose writes were all refused (fenced) or skipped as corrupt.
+
+    :ivar topic: the table's topic.
+    :ivar offset: the offset asked for.
+    :ivar last_offset: the table's last commit offset when it was looked up (-1: none).
+    """
+
+    def __init__(self, message: str, *, topic: str, offset: int, last_offset: int) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.offset = offset
+        self.last_offset = last_offset
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""

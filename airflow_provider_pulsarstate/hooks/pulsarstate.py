@@ -55,6 +55,7 @@ from airflow_provider_pulsarstate.engine.recipes.state_store import (
     TaskStateScope,
 )
 from airflow_provider_pulsarstate.engine.recipes.table import StateTable
+from airflow_provider_pulsarstate.engine.recipes.table_feed import AsyncTableFeed, CommitChanges, TableFeed, read_commit
 from airflow_provider_pulsarstate.engine.recipes.xcom_store import XComStore
 
 # issue 12: topic messages (PulsarMessageTrigger)
@@ -413,6 +414,48 @@ class PulsarStateHook(BaseHook):
         (``await observer.aclose()``)."""
         config = config if config is not None else self.get_config()
         return AsyncLeaseObserver(config, config.topic_name(topic or DEFAULT_LEASE_TOPIC))
+
+    # ------------------------------------------------------------------ table feeds (issue 12: StateChangeTrigger)
+    def get_table_feed(self, topic: str, *, after: int | None = None, key_prefix: str | None = None) -> TableFeed:
+        """A :class:`~airflow_provider_pulsarstate.engine.recipes.table_feed.TableFeed`: the commits
+        of table ``topic`` after commit offset ``after`` (None: from the tail on), in counts. Closed
+        by :meth:`close`.
+
+        :param topic: a short name or a full ``persistent://...``.
+        :param key_prefix: also count the rows set and deleted under this prefix.
+        """
+        config, backend = self._open()
+        return self._own(TableFeed(
+            backend, config.topic_name(topic), after=after, key_prefix=key_prefix,
+            operation_timeout=config.operation_timeout,
+        ))
+
+    def get_async_table_feed(
+        self, topic: str, *, after: int | None, key_prefix: str | None = None, config: ConnectionConfig | None = None,
+    ) -> AsyncTableFeed:
+        """:meth:`get_table_feed` for a trigger: read on the feed's own worker thread, never
+        blocking an event loop (no I/O here). Pass the config read by ``await hook.aget_config()``
+        inside a loop; the caller closes the feed (``await feed.aclose()``)."""
+        config = config if config is not None else self.get_config()
+        return AsyncTableFeed(config, config.topic_name(topic), after=after, key_prefix=key_prefix)
+
+    def get_table_changes(
+        self, topic: str, offset: int, *, key_prefix: str | None = None, timeout: float | None = None,
+    ) -> CommitChanges:
+        """The row changes of table ``topic``'s commit at ``offset`` (e.g. an asset event's
+        ``extra["offset"]`` from ``StateChangeTrigger``), under the table's acceptance rules.
+
+        :param key_prefix: keep only changes to keys under this prefix.
+        :raises TableNotFoundError: the table's log is empty.
+        :raises CommitNotFoundError: ``offset`` is not a commit of the table (named, with its last commit).
+        """
+        config, backend = self._open()
+        return read_commit(
+            backend, config.topic_name(topic), offset, key_prefix=key_prefix,
+            operation_timeout=config.operation_timeout, timeout=timeout,
+        )
+
+    # ------------------------------------------------------------------ end of table feeds
 
     # ------------------------------------------------------------------ task and asset state
     def get_state_store(self, *, topic: str | None = None, namespace: str | None = None) -> StateStore:

@@ -1,0 +1,342 @@
+"""``StateChangeTrigger``: schedule a DAG when a shared state table commits changes.
+
+Use it in an :class:`~airflow.sdk.AssetWatcher`: every commit of the table that matches ``on``
+(a view apply, and/or rows set or deleted under a key prefix) becomes one asset event whose
+``extra["payload"]`` carries the commit offset, the applied view's id, and the set/delete counts
+(also under the prefix). A downstream task reads exactly that commit's rows with
+``PulsarStateHook().get_table_changes(table, offset)``.
+
+How it reads the table: the table's log is read through the hook's table feed
+(:class:`~airflow_provider_pulsarstate.engine.recipes.table_feed.AsyncTableFeed`) on a worker
+thread of the feed's own, so a poll (or a replay from a checkpoint manifest) never blocks the
+triggerer's event loop nor asgiref's shared thread. The feed applies the log's acceptance rules
+(epochs, fenced writes), so an event stands for a change every replica of the table has.
+
+The watermark, and why a restart neither misses nor repeats a change
+--------------------------------------------------------------------
+
+The watermark is the last commit offset whose events are *stored*. It lives in the watched
+asset's state store (``self.asset_state_store``, Airflow 3.3), key
+``pulsarstate.state_change:<connection>:<table>:<on>:<prefix>``, value ``{"offset": n, "table": topic}``
+(several assets watched by one trigger each get it; a restart resumes from the lowest).
+
+A plain ``run()`` cannot know when an event it yielded is stored: the triggerer queues the
+event, resumes the generator at once and persists the event later from its supervisor. Writing
+the watermark when the generator resumes (or before yielding) would lose the change if the
+triggerer died in between. So the trigger uses Airflow 3.3's *ack mode* of shared streams, the
+only place where the triggerer tells a trigger that its events are stored:
+
+1. the stream's producer (:class:`StateChangeProducer`) polls the feed from the stored watermark
+   and yields one raw batch per poll that read new records: the commits (counts only) and the
+   offset read up to;
+2. this trigger's ``filter_shared_stream`` turns each matching commit into a ``TriggerEvent``;
+3. the triggerer stores those asset events, and only after its supervisor confirmed them
+   persisted (and the filter moved on) does it call the producer's ``advance``, which writes the
+   watermark: the offset of the last batch whose events are all stored.
+
+A triggerer killed before step 3 completes (the event received from the table, perhaps queued,
+not yet stored) has not moved the watermark: on restart the feed starts from the stored
+watermark and the same commits come again, are stored once, and nothing is lost. The watermark is
+written only for batches whose every event is confirmed; one that is not (ack time-out, a failed
+subscriber) ends the stream with an error before anything after it is written, and the restarted
+trigger delivers it again.
+
+What is guaranteed, honestly: **at-least-once**, with duplicates confined to one window. An event
+stored but whose watermark write did not land (a kill in the second or so between the supervisor's
+confirmation and the state-store write) is delivered again after a restart: there is no way, from
+a trigger, to store an asset event and a state-store value atomically, nor to read asset events
+back. A downstream task that must not count a commit twice keys its work by the commit offset
+(``extra["payload"]["offset"]``), which is the same for both copies. Two triggerers running the
+same trigger at once (a hand-over) may both deliver a commit. Changes committed before the watcher
+first ran are not events: on its first run (no watermark) the trigger starts at the table's last
+commit and stores that as its watermark before it reports anything (a table that does not exist
+yet is waited for, with watermark -1: its first commits are events).
+
+Parse-time identity: the serialized arguments are plain JSON, normalized in ``__init__`` (no time,
+uuid or I/O), so the trigger's hash is stable across parses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from collections.abc import AsyncIterator, Hashable, Sequence
+from typing import Any
+
+from airflow.triggers.base import BaseEventTrigger, TriggerEvent
+from airflow.triggers.shared_stream import AdvanceItem, AdvanceOutcome, SharedStreamProducer
+
+from airflow_provider_pulsarstate.engine.errors import ConfigurationError, PulsarStateError, TableNotFoundError
+from airflow_provider_pulsarstate.engine.retry import Backoff
+from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+from airflow_provider_pulsarstate.triggers.polling import TRANSIENT, check_timing
+
+ON_CHOICES = ("keys", "view_apply")
+"""What a commit must do to fire: apply a view, and/or set or delete rows under ``key_prefix``."""
+
+WATERMARK_KEY = "pulsarstate.state_change"
+"""Prefix of the asset state-store key holding a trigger's watermark."""
+
+# The stream key -> the watcher's asset state store. The triggerer builds the stream's producer
+# from the serialized kwargs only (a classmethod); the trigger registers its store under its
+# stream key when the triggerer asks for that key, right before it subscribes.
+_STORES: dict[Hashable, Any] = {}
+
+_log = logging.getLogger(__name__)
+
+
+class StateChangeError(PulsarStateError):
+    """The stream stopped before a batch's events were all stored: it is delivered again."""
+
+
+class StateChangeTrigger(BaseEventTrigger):
+    """Fire an asset event for every commit of ``table`` that matches ``on`` (see the module docstring).
+
+    Example::
+
+        from airflow.sdk import Asset, AssetWatcher, dag
+        from airflow_provider_pulsarstate.triggers.state_change import StateChangeTrigger
+
+        prices_applied = Asset("price-table-applies", watchers=[AssetWatcher(
+            name="price-table-view-apply", trigger=StateChangeTrigger(table="price-table", on=["view_apply"]),
+        )])
+
+        @dag(schedule=[prices_applied])
+        def price_changes(): ...
+
+    Event payload (the asset event's ``extra["payload"]``, plain JSON): ``table`` (full topic),
+    ``offset``, ``publish_time``, ``view_id`` / ``view_apply`` / ``applied_views``, ``sets``,
+    ``deletes``, and with ``key_prefix`` also ``key_prefix``, ``prefix_sets``, ``prefix_deletes``;
+    ``matched`` lists which of ``on`` the commit met.
+
+    :param table: the table's topic (short name or full ``persistent://...``).
+    :param on: ``"view_apply"`` (a commit that applies a view) and/or ``"keys"`` (a commit that
+        sets or deletes a row under ``key_prefix``).
+    :param key_prefix: the prefix for ``"keys"`` (``""``: any key); with ``view_apply`` alone it
+        only adds prefix counts to the events.
+    :param poll_interval: seconds between polls of the table's log.
+    :param pulsarstate_conn_id: the ``pulsarstate`` connection.
+    :raises ConfigurationError: an invalid argument (at parse time).
+    """
+
+    def __init__(
+        self,
+        *,
+        table: str,
+        on: Sequence[str] = ("view_apply",),
+        key_prefix: str | None = None,
+        poll_interval: float = 5.0,
+        pulsarstate_conn_id: str = PulsarStateHook.default_conn_name,
+    ) -> None:
+        super().__init__()
+        if not isinstance(table, str) or not table.strip():
+            raise ConfigurationError(f"StateChangeTrigger: table must be a topic name, got {table!r}")
+        if isinstance(on, str) or not isinstance(on, Sequence) or not on or any(o not in ON_CHOICES for o in on):
+            raise ConfigurationError(
+                f"StateChangeTrigger: on must be a non-empty list of {', '.join(map(repr, ON_CHOICES))}, got {on!r}"
+            )
+        if key_prefix is not None and not isinstance(key_prefix, str):
+            raise ConfigurationError(f"StateChangeTrigger: key_prefix must be a str or None, got {key_prefix!r}")
+        if "keys" in on and key_prefix is None:
+            raise ConfigurationError('StateChangeTrigger: on "keys" needs a key_prefix ("" for any key)')
+        check_timing(poll_interval, None, ConfigurationError)
+        if not isinstance(pulsarstate_conn_id, str) or not pulsarstate_conn_id:
+            raise ConfigurationError(f"StateChangeTrigger: pulsarstate_conn_id must be a str, got {pulsarstate_conn_id!r}")
+        self.table = table.strip()
+        self.on = sorted(set(on))
+        self.key_prefix = key_prefix
+        self.poll_interval = float(poll_interval)
+        self.pulsarstate_conn_id = pulsarstate_conn_id
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "table": self.table,
+                "on": list(self.on),
+                "key_prefix": self.key_prefix,
+                "poll_interval": self.poll_interval,
+                "pulsarstate_conn_id": self.pulsarstate_conn_id,
+            },
+        )
+
+    # ------------------------------------------------------------------ shared stream (ack mode)
+    @staticmethod
+    def _stream_key(kwargs: dict[str, Any]) -> Hashable:
+        return ("pulsarstate.StateChangeTrigger", json.dumps(kwargs, sort_keys=True))
+
+    def shared_stream_key(self) -> Hashable:
+        key = self._stream_key(self.serialize()[1])
+        _STORES[key] = self.asset_state_store
+        return key
+
+    @classmethod
+    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> "StateChangeProducer":
+        return StateChangeProducer(kwargs, _STORES.get(cls._stream_key(kwargs)))
+
+    async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
+        async for batch in shared_stream:
+            for event in self.events(batch):
+                yield event
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Outside the triggerer's shared streams (never for a watcher in Airflow 3.3): the same
+        events, with the watermark moved when the generator resumes, i.e. without waiting for the
+        event to be stored."""
+        producer = StateChangeProducer(self.serialize()[1], self.asset_state_store)
+        try:
+            async for batch, upto in producer.open_stream():
+                for event in self.events(batch):
+                    yield event
+                await producer.advance([AdvanceItem(upto, AdvanceOutcome(acked=1, failed=0))])
+        finally:
+            await producer.aclose()
+
+    def events(self, batch: dict[str, Any]) -> list[TriggerEvent]:
+        """The events of one raw batch: one per commit that matches ``on``."""
+        out = []
+        for commit in batch["commits"]:
+            matched = []
+            if "view_apply" in self.on and commit["view_apply"]:
+                matched.append("view_apply")
+            if "keys" in self.on and (commit["prefix_sets"] or commit["prefix_deletes"]):
+                matched.append("keys")
+            if matched:
+                out.append(TriggerEvent({"table": batch["table"], **commit, "matched": matched}))
+        return out
+
+
+def watermark_key(kwargs: dict[str, Any]) -> str:
+    """The state-store key of a trigger's watermark: what it watches, not how often it polls."""
+    prefix = kwargs.get("key_prefix")
+    return (
+        f"{WATERMARK_KEY}:{kwargs['pulsarstate_conn_id']}:{kwargs['table']}:{','.join(kwargs['on'])}:"
+        f"{'' if prefix is None else prefix}"
+    )
+
+
+class _Watermark:
+    """The stored watermark in every watched asset's state store (in memory without one)."""
+
+    def __init__(self, store: Any, key: str) -> None:
+        self.key = key
+        self.value: int | None = None
+        if store is None:
+            self._accessors: list[Any] = []
+        else:  # AssetStateStoreAccessors keeps one accessor per watched asset; anything else is one accessor
+            by_name, by_uri = getattr(store, "_by_name", None), getattr(store, "_by_uri", None)
+            self._accessors = [*by_name.values(), *by_uri.values()] if isinstance(by_name, dict) and isinstance(by_uri, dict) else [store]
+
+    async def read(self, topic: str) -> int | None:
+        found = []
+        for accessor in self._accessors:
+            stored = await accessor.aget(self.key)
+            if stored is None:
+                continue
+            if not isinstance(stored, dict) or isinstance(stored.get("offset"), bool) or not isinstance(stored.get("offset"), int):
+                raise ConfigurationError(
+                    f"asset state {self.key!r} of {accessor!r} holds {stored!r}, not a StateChangeTrigger watermark "
+                    '{"offset": int, "table": str}: delete it to start again from the table\'s tail'
+                )
+            if stored.get("table") != topic:
+                raise ConfigurationError(
+                    f"asset state {self.key!r} of {accessor!r} is the watermark of table {stored.get('table')!r}, "
+                    f"not {topic!r} (the connection's namespace changed?): delete it to start again from the tail"
+                )
+            found.append(stored["offset"])
+        if found:
+            self.value = min(found)
+        return self.value
+
+    async def write(self, offset: int, topic: str) -> None:
+        for accessor in self._accessors:
+            await accessor.aset(self.key, {"offset": offset, "table": topic})
+        self.value = offset
+
+
+class StateChangeProducer(SharedStreamProducer):
+    """The shared stream's producer: polls the table's feed from the stored watermark and writes
+    the watermark in :meth:`advance`, i.e. once the triggerer stored the batch's events.
+
+    :param kwargs: the trigger's serialized kwargs.
+    :param store: the watcher's ``asset_state_store`` (None: the watermark lives in memory).
+    """
+
+    def __init__(self, kwargs: dict[str, Any], store: Any) -> None:
+        self.kwargs = kwargs
+        self._watermark = _Watermark(store, watermark_key(kwargs))
+        self._feed: Any = None
+        self._topic: str | None = None
+        self._broken: str | None = None
+
+    async def open_stream(self) -> AsyncIterator[tuple[dict[str, Any], int]]:
+        kw = self.kwargs
+        poll_interval = float(kw["poll_interval"])
+        hook = PulsarStateHook(kw["pulsarstate_conn_id"])
+        config = await hook.aget_config()
+        topic = self._topic = config.topic_name(kw["table"])
+        start = await self._watermark.read(topic)
+        backoff = Backoff(initial=min(1.0, poll_interval), maximum=max(poll_interval, 30.0))
+        sent: int | None = None  # the offset read up to and handed out (None: the feed is not started)
+        while True:
+            try:
+                if self._feed is None:
+                    self._feed = hook.get_async_table_feed(topic, after=start, key_prefix=kw["key_prefix"], config=config)
+                if sent is None:
+                    sent = await self._feed.start()
+                    if start is None:  # first run: the tail is the watermark, stored before any event
+                        await self._watermark.write(sent, topic)
+                    _log.info("watching table %s after commit offset %d (stored watermark: %s)", topic, sent, start)
+                commits, upto = await self._feed.poll()
+            except (*TRANSIENT, TableNotFoundError) as exc:
+                delay = backoff.next_delay()
+                _log.warning("reading table %s failed (%s: %s); retrying in %.1fs", topic, type(exc).__name__, exc, delay)
+                if isinstance(exc, TableNotFoundError) and start is None:
+                    # nothing committed yet: the table's first commits are changes too
+                    start = -1
+                    await self._watermark.write(start, topic)
+                # each read is bounded by the connection's operation time-out on the feed's thread;
+                # after a failure the feed opens again after what was handed out
+                await self._drop_feed()
+                if sent is not None:
+                    start, sent = sent, None
+                await asyncio.sleep(delay)
+                continue
+            backoff = Backoff(initial=min(1.0, poll_interval), maximum=max(poll_interval, 30.0))
+            if upto > sent:
+                yield {"table": topic, "commits": [c.as_json() for c in commits], "upto": upto}, upto
+                sent = upto
+            await asyncio.sleep(poll_interval * random.uniform(0.75, 1.0))
+
+    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+        """Write the watermark of the batch's last item whose events were all stored, in order;
+        stop at the first that was not (and for good: a later batch never writes past it)."""
+        if self._broken is not None:
+            raise StateChangeError(self._broken)
+        upto: int | None = None
+        failed: AdvanceItem | None = None
+        for item in batch:
+            if not item.outcome.is_clean:
+                failed = item
+                break
+            upto = item.broker_payload
+        if upto is not None and self._topic is not None:
+            await self._watermark.write(upto, self._topic)
+        if failed is not None:
+            outcome = failed.outcome
+            self._broken = (
+                f"the events of table {self._topic} commits up to offset {failed.broker_payload} were not all stored "
+                f"(acked {outcome.acked}, failed {outcome.failed}, rejected {outcome.rejected}); the watermark "
+                f"stays at {self._watermark.value} and they are delivered again"
+            )
+            raise StateChangeError(self._broken)
+
+    async def _drop_feed(self) -> None:
+        feed, self._feed = self._feed, None
+        if feed is not None:
+            await feed.aclose()
+
+    async def aclose(self) -> None:
+        await self._drop_feed()

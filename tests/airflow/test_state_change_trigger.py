@@ -1,0 +1,287 @@
+"""StateChangeTrigger on both back ends, through Airflow's real shared-stream manager in ack mode
+(the triggerer's own machinery), with its watermark in the provider's real state-store backend:
+events from real view applies, a watermark written only after the events are stored, a restart
+that neither misses nor repeats, a stable serialized form, and a loop that never stalls."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from airflow.sdk.state import AssetScope
+from airflow.triggers.base import BaseEventTrigger
+from airflow.triggers.shared_stream import SharedStreamManager
+
+from airflow_provider_pulsarstate.engine.errors import ConfigurationError
+from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+from airflow_provider_pulsarstate.state_store.backend import PulsarStateStoreBackend
+from airflow_provider_pulsarstate.triggers.state_change import StateChangeTrigger, watermark_key
+from tests.airflow.trigger_driver import LOOP_LAG_LIMIT
+
+class BackendAccessor:
+    """What Airflow's ``AssetStateStoreAccessor`` does in a triggerer (aget/aset of one asset's
+    JSON values), over the provider's real state-store backend instead of the supervisor's API."""
+
+    def __init__(self, name: str) -> None:
+        self.scope = AssetScope(name=name)
+        self.backend = PulsarStateStoreBackend()
+        self.writes: list[Any] = []
+
+    async def aget(self, key: str, default: Any = None) -> Any:
+        stored = await self.backend.aget(self.scope, key)
+        return default if stored is None else json.loads(stored)
+
+    async def aset(self, key: str, value: Any) -> None:
+        self.writes.append(value)
+        await self.backend.aset(self.scope, key, json.dumps(value))
+
+
+def apply_view(table_name: str, rows: dict[str, dict]) -> Any:
+    with PulsarStateHook() as hook, hook.get_table(table_name, writer_idle_timeout=0.1) as table:
+        view = table.create_view(scope_prefix="sku-")
+        with table.stager(view.view_id) as stager:
+            for key, record in rows.items():
+                stager.set(key, record)
+        table.seal(view.view_id, stagers=[stager])
+        return table.apply(view.view_id, max_delete_fraction=None)
+
+
+class Watcher:
+    """One subscription as the triggerer runs it: subscribe, filter, bind each event, confirm it
+    persisted when the test says so (the supervisor's role)."""
+
+    def __init__(self, manager: SharedStreamManager, trigger: StateChangeTrigger, trigger_id: int) -> None:
+        self.manager, self.trigger, self.id = manager, trigger, trigger_id
+        self.key = trigger.shared_stream_key()
+        self.events = trigger.filter_shared_stream(manager.subscribe(trigger_id=trigger_id, trigger=trigger, key=self.key))
+        self.seqs: list[int] = []
+
+    async def next(self, timeout: float = 60) -> Any:
+        event = await asyncio.wait_for(self.events.__anext__(), timeout)
+        self.seqs.append(self.manager.bind_pending_event(trigger_id=self.id, key=self.key))
+        return event
+
+    async def stop(self, pending: Any = None) -> None:
+        """Leave as the triggerer does when it cancels the trigger (``pending``: its ``next()``)."""
+        if pending is not None:
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
+        await self.events.aclose()
+        await self.manager.unsubscribe(self.id, self.key)
+
+
+async def wait_for(predicate: Any, what: str, timeout: float = 30) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def test_serialized_form_is_plain_json_and_stable() -> None:
+    trigger = StateChangeTrigger(table=" price-table ", on=["view_apply", "keys", "view_apply"], key_prefix="sku-", poll_interval=2)
+    path, kwargs = trigger.serialize()
+    assert path == "airflow_provider_pulsarstate.triggers.state_change.StateChangeTrigger"
+    assert kwargs == {
+        "table": "price-table", "on": ["keys", "view_apply"], "key_prefix": "sku-", "poll_interval": 2.0,
+        "pulsarstate_conn_id": "pulsarstate_default",
+    }
+    assert json.loads(json.dumps(kwargs)) == kwargs
+    again = StateChangeTrigger(**kwargs)
+    assert again.serialize() == (path, kwargs)
+    assert BaseEventTrigger.hash(path, kwargs) == BaseEventTrigger.hash(*again.serialize())
+    assert watermark_key(kwargs) == "pulsarstate.state_change:pulsarstate_default:price-table:keys,view_apply:sku-"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"table": ""}, "table must be a topic name"),
+        ({"table": "t", "on": "view_apply"}, "on must be a non-empty list"),
+        ({"table": "t", "on": ["rows"]}, "on must be a non-empty list"),
+        ({"table": "t", "on": ["keys"]}, 'on "keys" needs a key_prefix'),
+        ({"table": "t", "poll_interval": 0}, "poll_interval must be a positive number"),
+    ],
+)
+def test_bad_arguments_fail_at_parse_time(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        StateChangeTrigger(**kwargs)
+
+
+def test_events_come_from_real_applies_and_the_watermark_follows_storage(state_backend: str) -> None:
+    table = f"state-change-{uuid.uuid4().hex[:8]}"
+    apply_view(table, {"sku-1": {"p": 1}, "sku-2": {"p": 2}})  # before the watcher: never an event
+    store = BackendAccessor(f"prices-{uuid.uuid4().hex[:6]}")
+    kwargs = StateChangeTrigger(table=table, on=["view_apply"], key_prefix="sku-", poll_interval=0.1).serialize()[1]
+    key = watermark_key(kwargs)
+
+    async def scenario() -> tuple[float, int]:
+        worst, ticks, stop = 0.0, 0, asyncio.Event()
+
+        async def ticker() -> None:
+            nonlocal worst, ticks
+            loop = asyncio.get_running_loop()
+            while not stop.is_set():
+                before = loop.time()
+                await asyncio.sleep(0.01)
+                worst, ticks = max(worst, loop.time() - before - 0.01), ticks + 1
+
+        ticking = asyncio.create_task(ticker())
+        try:
+            # 1. first run: the tail is stored as the watermark before any event
+            manager = SharedStreamManager(ack_timeout=60)
+            trigger = StateChangeTrigger(**kwargs)
+            trigger.asset_state_store = store
+            watcher = Watcher(manager, trigger, 1)
+            pending = asyncio.ensure_future(watcher.next())
+            await wait_for(lambda: store.writes, "the first watermark")
+            start = store.writes[0]["offset"]
+            # 2. an apply (blocking work off the loop) -> one event, carrying its commit
+            applied = await asyncio.to_thread(apply_view, table, {"sku-1": {"p": 1}, "sku-2": {"p": 20}, "sku-3": {"p": 3}})
+            event = await pending
+            payload = event.payload
+            assert payload["offset"] == applied.commit_offset > start
+            assert (payload["view_id"], payload["view_apply"], payload["sets"], payload["deletes"]) == (applied.view_id, True, 2, 0)
+            assert (payload["prefix_sets"], payload["matched"]) == (2, ["view_apply"])
+            assert payload["table"].endswith(table)
+            # 3. received, not yet stored: the watermark stays; a triggerer dying now (the group
+            #    dropped without confirmation) must deliver the commit again
+            nxt = asyncio.ensure_future(watcher.next())  # the filter moves past the event
+            await asyncio.sleep(1.0)
+            # (commits that fire nothing, e.g. the view's create, may move it: their batch is stored)
+            assert store.writes[-1]["offset"] < applied.commit_offset and await store.aget(key) == store.writes[-1]
+            await watcher.stop(nxt)
+
+            manager = SharedStreamManager(ack_timeout=60)
+            trigger = StateChangeTrigger(**kwargs)
+            trigger.asset_state_store = store
+            watcher = Watcher(manager, trigger, 2)
+            again = await watcher.next()
+            assert again.payload["offset"] == applied.commit_offset  # not lost
+            # 4. stored (the supervisor confirms): the watermark moves past it, once the filter moved on
+            nxt = asyncio.ensure_future(watcher.next())
+            manager.confirm_persisted(watcher.seqs)
+            await wait_for(lambda: store.writes[-1]["offset"] >= applied.commit_offset, "the watermark after storage")
+            await watcher.stop(nxt)
+
+            # 5. a restart after storage: no repeat, and the next apply is the next event
+            manager = SharedStreamManager(ack_timeout=60)
+            trigger = StateChangeTrigger(**kwargs)
+            trigger.asset_state_store = store
+            watcher = Watcher(manager, trigger, 3)
+            pending = asyncio.ensure_future(watcher.next())
+            await asyncio.sleep(0.5)
+            assert not pending.done()
+            later = await asyncio.to_thread(apply_view, table, {"sku-1": {"p": 1}, "sku-2": {"p": 20}})
+            assert (await pending).payload["offset"] == later.commit_offset
+            assert (await pending).payload["deletes"] == 1
+            await watcher.stop()
+        finally:
+            stop.set()
+            await ticking
+        return worst, ticks
+
+    worst, ticks = asyncio.run(scenario())
+    assert ticks >= 100 and worst < LOOP_LAG_LIMIT, (ticks, worst)
+
+
+def test_keys_under_a_prefix_fire_and_other_commits_only_move_the_watermark(state_backend: str) -> None:
+    table = f"state-change-{uuid.uuid4().hex[:8]}"  # does not exist yet: waited for, its first commits count
+    trigger = StateChangeTrigger(table=table, on=["keys"], key_prefix="sku-", poll_interval=0.1)
+
+    async def scenario() -> tuple[Any, Any]:
+        runner = trigger.run()  # the plain path (no store: the watermark lives in memory)
+        first = asyncio.ensure_future(runner.__anext__())
+        await asyncio.sleep(1.0)
+
+        def writes() -> None:
+            with PulsarStateHook() as hook, hook.get_table(table, writer_idle_timeout=0.1) as t:
+                t.put("eur-1", {"p": 1})
+                t.put("sku-1", {"p": 1})
+                t.delete("sku-1")
+
+        await asyncio.to_thread(writes)
+        one = await asyncio.wait_for(first, 60)
+        two = await asyncio.wait_for(runner.__anext__(), 60)
+        await runner.aclose()
+        return one, two
+
+    one, two = asyncio.run(scenario())
+    assert (one.payload["offset"], one.payload["prefix_sets"], one.payload["matched"], one.payload["view_apply"]) == (
+        1, 1, ["keys"], False,
+    )
+    assert (two.payload["prefix_deletes"], two.payload["offset"]) == (1, 2)
+
+
+def test_the_hook_hands_out_the_feed_and_one_commits_changes(state_backend: str) -> None:
+    table = f"state-change-{uuid.uuid4().hex[:8]}"
+    applied = apply_view(table, {"sku-1": {"p": 1}, "sku-2": {"p": 2}})
+    with PulsarStateHook() as hook:
+        feed = hook.get_table_feed(table, after=-1, key_prefix="sku-")
+        commits = feed.poll()
+        assert [c.offset for c in commits][-1] == applied.commit_offset and commits[-1].prefix_sets == 2
+        changes = hook.get_table_changes(table, applied.commit_offset)
+        assert sorted((c.type, c.key, c.value) for c in changes.changes) == [("set", "sku-1", {"p": 1}), ("set", "sku-2", {"p": 2})]
+    assert feed.stats == {}  # closed with the hook
+
+
+def test_a_batch_not_stored_stops_the_watermark_before_it() -> None:
+    """An ack time-out or failed subscriber: nothing from that batch on is written; the stream
+    ends with an error and the restarted trigger delivers it again (an edge of Airflow's ack mode,
+    driven directly with outcomes as the manager reports them)."""
+    from airflow.triggers.shared_stream import AdvanceItem, AdvanceOutcome
+
+    from airflow_provider_pulsarstate.triggers.state_change import StateChangeError, StateChangeProducer
+
+    class Memory:
+        def __init__(self) -> None:
+            self.values: dict[str, Any] = {}
+
+        async def aget(self, key: str, default: Any = None) -> Any:
+            return self.values.get(key, default)
+
+        async def aset(self, key: str, value: Any) -> None:
+            self.values[key] = value
+
+    kwargs = StateChangeTrigger(table="t").serialize()[1]
+    store = Memory()
+    producer = StateChangeProducer(kwargs, store)
+    producer._topic = "persistent://public/default/t"
+    ok, failed = AdvanceOutcome(acked=1, failed=0), AdvanceOutcome(acked=0, failed=1)
+    asyncio.run(producer.advance([AdvanceItem(3, ok), AdvanceItem(4, ok)]))
+    assert store.values[watermark_key(kwargs)]["offset"] == 4
+    with pytest.raises(StateChangeError, match="up to offset 6 were not all stored .*stays at 5"):
+        asyncio.run(producer.advance([AdvanceItem(5, ok), AdvanceItem(6, failed), AdvanceItem(7, ok)]))
+    assert store.values[watermark_key(kwargs)]["offset"] == 5
+    with pytest.raises(StateChangeError):
+        asyncio.run(producer.advance([AdvanceItem(8, ok)]))
+    assert store.values[watermark_key(kwargs)]["offset"] == 5
+
+
+def test_the_example_dag_parses_without_a_broker_and_watches_view_applies() -> None:
+    import importlib.util
+
+    from tests.airflow.dagruns import EXAMPLE_DAGS
+
+    spec = importlib.util.spec_from_file_location("price_table_changes", EXAMPLE_DAGS / "price_table_changes.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # what the dag-processor does: no broker, no I/O
+    (watcher,) = module.price_table_applies.watchers
+    assert isinstance(watcher.trigger, StateChangeTrigger)
+    assert watcher.trigger.serialize()[1]["on"] == ["view_apply"]
+    events = {"asset": [SimpleNamespace(extra={"payload": {"table": "t", "offset": 7}}),
+                        SimpleNamespace(extra={"payload": {"table": "t", "offset": 7}}),  # delivered twice
+                        SimpleNamespace(extra={"payload": {"table": "t", "offset": 5}}),
+                        SimpleNamespace(extra={"from_rest_api": True})]}
+    assert module.commits_of(events) == [("t", 5), ("t", 7)]
+
+
+def test_provider_info_lists_the_trigger() -> None:
+    from airflow_provider_pulsarstate.provider_info import provider_info
+
+    assert "airflow_provider_pulsarstate.triggers.state_change" in provider_info()["triggers"][0]["python-modules"]
