@@ -90,7 +90,7 @@ from airflow_provider_pulsarstate.engine.recipes.table_ops import (
     Record,
     canonical,
     check_record,
-    decode_op,
+    decode_checked_op,
     decode_row,
     del_op,
     encode_op,
@@ -314,16 +314,6 @@ def _deserialize_image(data: bytes) -> _TableState:
     return state
 
 
-def _deserialize_op(data: bytes) -> dict[str, Any]:
-    op = decode_op(data)
-    kind = op["o"]
-    if (kind == "set" or kind == "del") and not isinstance(op.get("k"), str):
-        raise ValueError(f"table {kind} op without a str key: {op.get('k')!r}")
-    if kind == "set" and not isinstance(op.get("v"), bytes):
-        raise ValueError(f"table set op of key {op['k']!r} holds no record")
-    return op
-
-
 class StateTable(Recipe):
     """A replicated table ``key -> record`` (a dict of JSON scalar fields) with temp views.
 
@@ -358,7 +348,7 @@ class StateTable(Recipe):
         manager_options.setdefault("operation_timeout", 120.0)
         self.manager: SharedStateManager[_TableState, dict[str, Any]] = SharedStateManager(
             backend, topic, initializer=_TableState, applier=self._apply,
-            op_serializer=encode_op, op_deserializer=_deserialize_op,
+            op_serializer=encode_op, op_deserializer=decode_checked_op,
             state_serializer=_serialize_image, state_deserializer=_deserialize_image,
             checkpoint_after_bytes=checkpoint_after_bytes, **manager_options,
         )

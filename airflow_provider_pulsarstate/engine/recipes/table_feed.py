@@ -43,8 +43,8 @@ from airflow_provider_pulsarstate.engine.errors import (
 from airflow_provider_pulsarstate.engine.genesis import read_beginning
 from airflow_provider_pulsarstate.engine.log import CorruptPolicy
 from airflow_provider_pulsarstate.engine.manager import Change, SharedStateManager
-from airflow_provider_pulsarstate.engine.recipes.table import TableChange, _deserialize_op
-from airflow_provider_pulsarstate.engine.recipes.table_ops import decode_row, encode_op
+from airflow_provider_pulsarstate.engine.recipes.table import TableChange
+from airflow_provider_pulsarstate.engine.recipes.table_ops import decode_checked_op, decode_row, encode_op
 from airflow_provider_pulsarstate.engine.worker_thread import WorkerThread
 
 __all__ = ["AsyncTableFeed", "CommitChanges", "TableCommit", "TableFeed", "read_commit"]
@@ -213,7 +213,7 @@ def _open_manager(
     """A manager of the table's log with no state: the table's op decoder, its acceptance rules,
     started from the newest manifest at or before ``limit`` (None: the newest)."""
     manager: SharedStateManager[None, dict[str, Any]] = SharedStateManager(
-        backend, topic, initializer=_nothing, applier=_ignore, op_serializer=encode_op, op_deserializer=_deserialize_op,
+        backend, topic, initializer=_nothing, applier=_ignore, op_serializer=encode_op, op_deserializer=decode_checked_op,
         state_deserializer=_no_rows, operation_timeout=operation_timeout, on_corrupt=on_corrupt,
     )
     manager.checkpoints = _ManifestsOnly(manager.checkpoints, limit)

@@ -126,3 +126,15 @@ def decode_op(data: bytes) -> dict[str, Any]:
     if op["o"] == "set" and isinstance(op.get("v"), dict):  # written before the binary layout
         op["v"] = canonical(op["v"])
     return op
+
+
+def decode_checked_op(data: bytes) -> dict[str, Any]:
+    """:func:`decode_op`, also refusing row ops without a str key or a set without a record
+    (the deserializer every reader of a table log uses)."""
+    op = decode_op(data)
+    kind = op["o"]
+    if (kind == "set" or kind == "del") and not isinstance(op.get("k"), str):
+        raise ValueError(f"table {kind} op without a str key: {op.get('k')!r}")
+    if kind == "set" and not isinstance(op.get("v"), bytes):
+        raise ValueError(f"table set op of key {op['k']!r} holds no record")
+    return op
