@@ -15,7 +15,7 @@ import requests
 
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError
 from airflow_provider_pulsarstate.triggers.messages import PulsarMessageTrigger
-from tests.airflow.trigger_driver import LOOP_LAG_LIMIT, drive
+from tests.airflow.trigger_driver import LOOP_LAG_LIMIT, LoopLag, drive
 
 FUNCS = "tests.airflow.message_functions"
 
@@ -165,19 +165,9 @@ def test_shared_stream_one_consumer_two_watchers_acks_only_after_persistence(bro
         manager = SharedStreamManager(ack_timeout=30)
         got_a: list = []
         got_b: list = []
-        worst = 0.0
-        stop = asyncio.Event()
-
-        async def ticker() -> None:
-            nonlocal worst
-            loop = asyncio.get_running_loop()
-            while not stop.is_set():
-                before = loop.time()
-                await asyncio.sleep(0.01)
-                worst = max(worst, loop.time() - before - 0.01)
-
-        tasks = [asyncio.create_task(ticker()),
-                 asyncio.create_task(_runner(manager, 1, everything, key, got_a)),
+        lag = LoopLag()
+        await lag.__aenter__()
+        tasks = [asyncio.create_task(_runner(manager, 1, everything, key, got_a)),
                  asyncio.create_task(_runner(manager, 2, only_b, key, got_b))]
         try:
             await asyncio.to_thread(_publish, broker, f"{topic}-partition-0", [b"a1", b"b2", b"poison"])
@@ -196,12 +186,12 @@ def test_shared_stream_one_consumer_two_watchers_acks_only_after_persistence(bro
                 _sub_stats(broker, f"{topic}-partition-{p}", "watchers")["msgBacklog"] == 0 for p in (0, 1)
             ))
         finally:
-            stop.set()
-            for task in tasks[1:]:
+            await lag.__aexit__()
+            for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await manager.stop_all()
-        return got_a, got_b, worst, {"consumers": consumers, "backlog_before_confirm": before}
+        return got_a, got_b, lag.worst, {"consumers": consumers, "backlog_before_confirm": before}
 
     got_a, got_b, worst, seen = asyncio.run(scenario())
     assert seen["consumers"] == [1, 1], seen  # one consumer (per partition) for both watchers

@@ -20,7 +20,7 @@ from airflow_provider_pulsarstate.engine.errors import ConfigurationError
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.state_store.backend import PulsarStateStoreBackend
 from airflow_provider_pulsarstate.triggers.state_change import StateChangeTrigger, watermark_key
-from tests.airflow.trigger_driver import LOOP_LAG_LIMIT
+from tests.airflow.trigger_driver import LOOP_LAG_LIMIT, LoopLag
 
 class BackendAccessor:
     """What Airflow's ``AssetStateStoreAccessor`` does in a triggerer (aget/aset of one asset's
@@ -120,18 +120,7 @@ def test_events_come_from_real_applies_and_the_watermark_follows_storage(state_b
     key = watermark_key(kwargs)
 
     async def scenario() -> tuple[float, int]:
-        worst, ticks, stop = 0.0, 0, asyncio.Event()
-
-        async def ticker() -> None:
-            nonlocal worst, ticks
-            loop = asyncio.get_running_loop()
-            while not stop.is_set():
-                before = loop.time()
-                await asyncio.sleep(0.01)
-                worst, ticks = max(worst, loop.time() - before - 0.01), ticks + 1
-
-        ticking = asyncio.create_task(ticker())
-        try:
+        async with LoopLag() as lag:
             # 1. first run: the tail is stored as the watermark before any event
             manager = SharedStreamManager(ack_timeout=60)
             trigger = StateChangeTrigger(**kwargs)
@@ -180,10 +169,7 @@ def test_events_come_from_real_applies_and_the_watermark_follows_storage(state_b
             assert (await pending).payload["offset"] == later.commit_offset
             assert (await pending).payload["deletes"] == 1
             await watcher.stop()
-        finally:
-            stop.set()
-            await ticking
-        return worst, ticks
+        return lag.worst, lag.ticks
 
     worst, ticks = asyncio.run(scenario())
     assert ticks >= 100 and worst < LOOP_LAG_LIMIT, (ticks, worst)

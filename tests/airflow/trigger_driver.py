@@ -10,44 +10,41 @@ LOOP_LAG_LIMIT = 0.6
 adds, below the 1 s a blocking control call costs (see test_the_ticker_detects_a_blocking_probe)."""
 
 
+class LoopLag:
+    """``async with LoopLag() as lag:`` ticks every ``tick`` seconds on the running loop meanwhile;
+    ``lag.worst`` is the largest lateness of a tick (blocking work on the loop shows up there)."""
+
+    def __init__(self, tick: float = 0.01) -> None:
+        self.tick, self.worst, self.ticks = tick, 0.0, 0
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._stop.is_set():
+            before = loop.time()
+            await asyncio.sleep(self.tick)
+            self.worst = max(self.worst, loop.time() - before - self.tick)
+            self.ticks += 1
+
+    async def __aenter__(self) -> "LoopLag":
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._stop.set()
+        assert self._task is not None
+        await self._task
+
+
 async def drive(trigger: Any, *, during: Any = None, tick: float = 0.01, limit: float = 120) -> tuple[Any, float, int]:
     """Run ``trigger`` to its first event while ``during()`` runs and a coroutine ticks every
     ``tick`` seconds; return the event, the ticker's worst lateness and its tick count."""
-    worst, ticks, stop = 0.0, 0, asyncio.Event()
-
-    async def ticker() -> None:
-        nonlocal worst, ticks
-        loop = asyncio.get_running_loop()
-        while not stop.is_set():
-            before = loop.time()
-            await asyncio.sleep(tick)
-            worst = max(worst, loop.time() - before - tick)
-            ticks += 1
-
-    ticking = asyncio.create_task(ticker())
-    side = asyncio.create_task(during()) if during else None
-    try:
+    async with LoopLag(tick) as lag:
+        side = asyncio.create_task(during()) if during else None
         runner = trigger.run()
         event = await asyncio.wait_for(runner.__anext__(), limit)
         await runner.aclose()
         if side:
             await side
-    finally:
-        stop.set()
-        await ticking
-    return event, worst, ticks
-
-
-async def cancel_midway(trigger: Any, *, after: float = 0.5) -> None:
-    """Start ``trigger``, cancel it after ``after`` seconds (a triggerer shutting down), expect the cancellation."""
-    runner = trigger.run()
-    task = asyncio.ensure_future(runner.__anext__())
-    await asyncio.sleep(after)
-    task.cancel()
-    try:
-        await task
-    except asyncio.CancelledError:
-        pass
-    else:
-        raise AssertionError("the trigger fired instead of being cancelled")
-    await runner.aclose()
+    return event, lag.worst, lag.ticks

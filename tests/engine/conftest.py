@@ -29,3 +29,22 @@ def maps(backend: Backend, topic: str, map_defaults: dict[str, Any]) -> Iterator
     yield make
     for m in made:
         m.close()
+
+
+@pytest.fixture
+def tables(backend: Backend, topic: str) -> Iterator[Any]:
+    """``tables(**options)``: a StateTable on the test's topic (closed at the end)."""
+    from airflow_provider_pulsarstate.engine.recipes.table import StateTable
+
+    made: list[StateTable] = []
+
+    def make(**options: Any) -> StateTable:
+        options.setdefault("acquire_timeout", 30.0)
+        options.setdefault("writer_idle_timeout", 0.1)
+        t = StateTable(backend, topic, **options)
+        made.append(t)
+        return t
+
+    yield make
+    for t in made:
+        t.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -20,22 +20,6 @@ from airflow_provider_pulsarstate.engine.manager import SharedStateManager
 from airflow_provider_pulsarstate.engine.recipes import table as table_module
 from airflow_provider_pulsarstate.engine.recipes.table import SourceRange, StateTable
 from airflow_provider_pulsarstate.engine.recipes.table_ops import decode_op, encode_op
-
-
-@pytest.fixture
-def tables(backend: Backend, topic: str) -> Iterator[Any]:
-    made: list[StateTable] = []
-
-    def make(**options: Any) -> StateTable:
-        options.setdefault("acquire_timeout", 30.0)
-        options.setdefault("writer_idle_timeout", 0.1)
-        t = StateTable(backend, topic, **options)
-        made.append(t)
-        return t
-
-    yield make
-    for t in made:
-        t.close()
 
 
 def switch(table: StateTable, rows: dict[str, dict], *, sources: list[SourceRange] | None = None, **view: Any) -> str:

@@ -10,11 +10,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
-from airflow_provider_pulsarstate import ConnectionConfig, open_backend
+from airflow_provider_pulsarstate import ConnectionConfig
 from airflow_provider_pulsarstate.engine.backends.base import Backend
 from airflow_provider_pulsarstate.engine.errors import (
     ConfigurationError,
@@ -36,22 +36,6 @@ from airflow_provider_pulsarstate.engine.recipes.table import (
 from tests.engine.test_conformance import records
 
 APPLY_WORKER = Path(__file__).with_name("view_apply_worker.py")
-
-
-@pytest.fixture
-def tables(backend: Backend, topic: str) -> Iterator[Any]:
-    made: list[StateTable] = []
-
-    def make(**options: Any) -> StateTable:
-        options.setdefault("acquire_timeout", 30.0)
-        options.setdefault("writer_idle_timeout", 0.1)
-        t = StateTable(backend, topic, **options)
-        made.append(t)
-        return t
-
-    yield make
-    for t in made:
-        t.close()
 
 
 def switch(table: StateTable, rows: dict[str, dict], **view_options: Any) -> Any:
