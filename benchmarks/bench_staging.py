@@ -10,8 +10,8 @@ Per back end, in the same run:
   per partition) into an open view. Timed: the ``write_view`` call alone (every partition opens
   its back end, converts and stages its rows through a ViewStager, closes it -- every batch
   acknowledged -- and the driver seals the view). Not timed: JVM start-up, building and caching
-  the DataFrame, and starting the Python workers (a warm-up job that only iterates the rows,
-  whose rate is printed as the Spark floor: what Spark alone costs to hand the rows to Python).
+  the DataFrame, and starting the Python workers (warm-up jobs that only count the rows, whose
+  time is printed as the Spark floor: what Spark alone costs to hand the rows to Python).
 * **raw Pulsar producer**: 4 processes (the same parallelism as the 4 Spark Python workers),
   each with its own pulsar-client Client and producer on a fresh topic of the same broker,
   sending the very payloads ViewStager writes for its quarter of the rows (the same packed
@@ -84,14 +84,14 @@ def _raw_pulsar_worker(service_url: str, topic: str, payloads_args: tuple, barri
             failures.append(res)
 
     barrier.wait()
-    t0 = time.time()
+    t0, c0 = time.time(), time.process_time()
     for payload in payloads:
         producer.send_async(payload, done)
     producer.flush()
-    t1 = time.time()
+    t1, c1 = time.time(), time.process_time()
     producer.close()
     client.close()
-    out.put((t0, t1, len(payloads), sum(map(len, payloads)), len(failures)))
+    out.put((t0, t1, len(payloads), sum(map(len, payloads)), len(failures), c1 - c0))
 
 
 def _raw_sqlite_worker(path: str, payloads_args: tuple, barrier: Any, out: Any) -> None:
@@ -100,14 +100,14 @@ def _raw_sqlite_worker(path: str, payloads_args: tuple, barrier: Any, out: Any) 
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     barrier.wait()
-    t0 = time.time()
+    t0, c0 = time.time(), time.process_time()
     for payload in payloads:
         conn.execute("BEGIN IMMEDIATE")
         conn.execute("INSERT INTO entries(payload, publish_time) VALUES (?, ?)", (payload, time.time()))
         conn.execute("COMMIT")
-    t1 = time.time()
+    t1, c1 = time.time(), time.process_time()
     conn.close()
-    out.put((t0, t1, len(payloads), sum(map(len, payloads)), 0))
+    out.put((t0, t1, len(payloads), sum(map(len, payloads)), 0, c1 - c0))
 
 
 def run_raw(kind: str, target: str, *, rows: int, partitions: int, batch_rows: int) -> dict[str, Any]:
@@ -128,7 +128,7 @@ def run_raw(kind: str, target: str, *, rows: int, partitions: int, batch_rows: i
         proc.join()
     seconds = max(r[1] for r in results) - min(r[0] for r in results)
     return {"seconds": seconds, "batches": sum(r[2] for r in results), "bytes": sum(r[3] for r in results),
-            "failures": sum(r[4] for r in results), "rows_per_s": rows / seconds}
+            "failures": sum(r[4] for r in results), "rows_per_s": rows / seconds, "cpu_s": sum(r[5] for r in results)}
 
 
 # ---------------------------------------------------------------------------------- Spark
@@ -161,19 +161,73 @@ def make_frame(spark: Any, rows: int, partitions: int) -> Any:
     return df
 
 
-def spark_floor(df: Any) -> float:
-    """Seconds Spark takes to hand every row to the Python workers (which only count them); also the warm-up."""
-    def count(rows: Any) -> Any:
+def spark_floor(df: Any, *, arrow: bool) -> float:
+    """Seconds Spark takes to hand every row to the Python workers, which only count them (also the warm-up).
+
+    ``arrow``: as Arrow columns turned into Python lists (what write_view reads); else as Row objects (``df.rdd``).
+    """
+    def count_rows(rows: Any) -> Any:
         import airflow_provider_pulsarstate.spark.views  # noqa: F401  (imports paid here, not in the timed run)
         import pulsar  # noqa: F401
 
         yield sum(1 for _ in rows)
 
+    def count_columns(batches: Any) -> Any:
+        import pyarrow as pa
+
+        import airflow_provider_pulsarstate.spark.views  # noqa: F401
+        import pulsar  # noqa: F401
+
+        n = 0
+        for batch in batches:
+            columns = [column.to_pylist() for column in batch.columns]
+            n += sum(1 for _ in zip(*columns))
+        yield pa.RecordBatch.from_pydict({"n": [n]})
+
     t0 = time.perf_counter()
-    total = sum(df.rdd.mapPartitions(count).collect())
+    if arrow:
+        total = sum(r["n"] for r in df.mapInArrow(count_columns, "n long").collect())
+    else:
+        total = sum(df.rdd.mapPartitions(count_rows).collect())
     seconds = time.perf_counter() - t0
     assert total == df.count()
     return seconds
+
+
+def partition_cpu(df: Any, config: dict[str, Any], *, batch_rows: int, table_topic: str) -> dict[str, Any]:
+    """write_view's executor side once more, instrumented: CPU seconds (all threads) and wall seconds per partition.
+
+    The machine's load moves wall times a lot on 2 cores; the CPU the 4 writer processes burn
+    moves much less. Stages into a view of its own (the rows are the same).
+    """
+    from dataclasses import asdict
+
+    from airflow_provider_pulsarstate import ConnectionConfig, open_backend
+    from airflow_provider_pulsarstate.engine.recipes.table import StateTable
+    from airflow_provider_pulsarstate.spark import views
+
+    if not hasattr(views, "_stage_batches"):  # write_view before Arrow (for before/after runs)
+        return {"cpu_s": float("nan"), "wall_s": []}
+    cfg = views.portable_config(config)
+    topic = cfg.topic_name(table_topic)
+    key_index, plan = views._plan_columns(df.schema, "key")
+    backend = open_backend(cfg)
+    table = StateTable(backend, topic, operation_timeout=600.0)
+    view_id = table.create_view().view_id
+    table.close()
+    backend.close()
+    config_dict = asdict(cfg)
+
+    def stage(batches: Any) -> Any:
+        import pyarrow as pa
+
+        t0, c0 = time.perf_counter(), time.process_time()
+        views._stage_batches(batches, config_dict=config_dict, topic=topic, view_id=view_id, batch_rows=batch_rows,
+                             key_column="key", key_index=key_index, field_plan=plan)
+        yield pa.RecordBatch.from_pydict({"wall": [time.perf_counter() - t0], "cpu": [time.process_time() - c0]})
+
+    parts = df.mapInArrow(stage, "wall double, cpu double").collect()
+    return {"cpu_s": sum(r["cpu"] for r in parts), "wall_s": [r["wall"] for r in parts]}
 
 
 def run_ours(df: Any, config: dict[str, Any], *, rows: int, batch_rows: int, table_topic: str) -> dict[str, Any]:
@@ -185,9 +239,11 @@ def run_ours(df: Any, config: dict[str, Any], *, rows: int, batch_rows: int, tab
     backend = open_backend(ConnectionConfig(**config))
     table = StateTable(backend, table_topic, operation_timeout=600.0)
     view = table.create_view()
+    table.close()  # as the operator that opens the view does: else the driver's seal waits for this writer to idle out
     t0 = time.perf_counter()
     staged = write_view(df, config=config, table_topic=table_topic, view_id=view.view_id, key_column="key", batch_rows=batch_rows)
     seconds = time.perf_counter() - t0
+    table = StateTable(backend, table_topic, operation_timeout=600.0)
     sealed = table.view_info(view.view_id).sealed or {}
     batches = 0
     reader = backend.create_reader(staging_topic(table.topic, view.view_id))
@@ -223,11 +279,12 @@ def main() -> int:
     spark = spark_session(args.partitions)
     spark.sparkContext.setLogLevel("ERROR")
     df = make_frame(spark, args.rows, args.partitions)
-    floor = min(spark_floor(df) for _ in range(2))
-    log.info("Spark floor: %.2fs for %d rows", floor, args.rows)
+    row_floor = min(spark_floor(df, arrow=False) for _ in range(2))
+    floor = min(spark_floor(df, arrow=True) for _ in range(2))
+    log.info("Spark floor: %.2fs for %d rows (as Row objects: %.2fs)", floor, args.rows, row_floor)
     tmp = tempfile.mkdtemp(prefix="bench-staging-")
     results: dict[str, Any] = {"rows": args.rows, "partitions": args.partitions, "batch_rows": batch_rows,
-                               "spark_floor_s": floor}
+                               "spark_floor_s": floor, "spark_row_floor_s": row_floor}
     ok = True
     backends = ["embedded", "pulsar"] if args.backend == "both" else [args.backend]
     with broker_urls(args.service_url or None, args.admin_url or None) if "pulsar" in backends else _no_broker() as urls:
@@ -246,6 +303,7 @@ def main() -> int:
                         conn.execute("CREATE TABLE entries(pos INTEGER PRIMARY KEY, payload BLOB NOT NULL, publish_time REAL)")
                 log.info("%s: write_view of %d rows (run %d)", name, args.rows, attempt + 1)
                 ours.append(run_ours(df, config, rows=args.rows, batch_rows=batch_rows, table_topic=topic))
+                ours[-1].update(partition_cpu(df, config, batch_rows=batch_rows, table_topic=f"{topic}-cpu"))
                 log.info("%s: ours %.2fs; raw writers of the same payloads", name, ours[-1]["seconds"])
                 raw.append(run_raw(name, raw_target, rows=args.rows, partitions=args.partitions, batch_rows=batch_rows))
                 log.info("%s: raw %.2fs", name, raw[-1]["seconds"])
@@ -259,7 +317,8 @@ def main() -> int:
 
     print(f"\nstaging {args.rows:,} rows from {args.partitions} Spark partitions (local[{args.partitions}]), "
           f"{batch_rows} rows per batch, best of {args.repeat}")
-    print(f"Spark floor (rows handed to Python and counted, no staging): {floor:.2f}s = {args.rows / floor:,.0f} rows/s")
+    print(f"Spark floor (rows handed to Python and counted, no staging): {floor:.2f}s = {args.rows / floor:,.0f} rows/s "
+          f"as Arrow columns to lists (write_view's way); {row_floor:.2f}s = {args.rows / row_floor:,.0f} rows/s as Row objects")
     print(f"{'back end':<10} {'ours (write_view)':>20} {'raw writer':>22} {'ratio raw/ours':>15}")
     for name in backends:
         o, r = results[name]["ours"], results[name]["raw"]
@@ -267,6 +326,11 @@ def main() -> int:
         print(f"{name:<10} {o['rows_per_s']:>11,.0f} rows/s {r['rows_per_s']:>11,.0f} rows/s ({raw_name}) "
               f"{o['seconds'] / r['seconds']:>6.2f}x   ({o['seconds']:.2f}s vs {r['seconds']:.2f}s, "
               f"{r['batches']} batches, {r['bytes'] / 1e6:.1f} MB)")
+    print(f"CPU seconds in the {args.partitions} writer processes (executor side of write_view, instrumented run; raw: send loop)")
+    for name in backends:
+        o, r = results[name]["ours"], results[name]["raw"]
+        print(f"{name:<10} {o['cpu_s']:>13.2f} s cpu {r['cpu_s']:>17.2f} s cpu {' ':>18} {o['cpu_s'] / r['cpu_s']:>6.2f}x   "
+              f"(ours per row {o['cpu_s'] / args.rows * 1e6:.2f} us, raw {r['cpu_s'] / args.rows * 1e6:.2f} us)")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(results, indent=2))
     return 0 if ok else 1

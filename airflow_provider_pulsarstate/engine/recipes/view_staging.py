@@ -120,7 +120,7 @@ class ViewStager:
 
     def __init__(
         self, backend: Backend, table_topic: str, view_id: str, *,
-        batch_rows: int = 1000, batch_bytes: int = 1 << 20, max_pending: int = 8,
+        batch_rows: int = 1000, batch_bytes: int = 1 << 20, max_pending: int = 16,
     ) -> None:
         self.backend = backend
         self.topic = staging_topic(table_topic, check_view_id(view_id))
