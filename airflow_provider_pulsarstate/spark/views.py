@@ -133,7 +133,8 @@ def write_view(
 ) -> int:
     """Stage every row of ``df`` into the open view ``view_id`` of ``table_topic``, then seal it; returns the row count.
 
-    Each non-empty partition opens its own back end from ``config`` and a
+    The executors read their rows as Arrow batches (``DataFrame.mapInArrow``: whole columns, no
+    Row object per row). Each non-empty partition opens its own back end from ``config`` and a
     :class:`~airflow_provider_pulsarstate.engine.recipes.table.ViewStager`, and stages its rows in
     batches of ``batch_rows``. When every partition succeeded, the driver seals the view with the
     row count of each successful partition's stager (:meth:`StateTable.seal`): apply uses only
