@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import decimal
+import itertools
 import json
 import math
 import os
@@ -31,7 +32,7 @@ from airflow_provider_pulsarstate.engine.errors import ConfigurationError, Seria
 
 if TYPE_CHECKING:
     from airflow_provider_pulsarstate.engine.recipes.table import SourceRange
-    from pyspark.sql import DataFrame, Row, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import DataType, StructType
 
 AUTH_TOKEN_ENV = "PULSARSTATE_AUTH_TOKEN"
@@ -132,7 +133,8 @@ def write_view(
 ) -> int:
     """Stage every row of ``df`` into the open view ``view_id`` of ``table_topic``, then seal it; returns the row count.
 
-    Each non-empty partition opens its own back end from ``config`` and a
+    The executors read their rows as Arrow batches (``DataFrame.mapInArrow``: whole columns, no
+    Row object per row). Each non-empty partition opens its own back end from ``config`` and a
     :class:`~airflow_provider_pulsarstate.engine.recipes.table.ViewStager`, and stages its rows in
     batches of ``batch_rows``. When every partition succeeded, the driver seals the view with the
     row count of each successful partition's stager (:meth:`StateTable.seal`): apply uses only
@@ -172,22 +174,24 @@ def write_view(
     key_index, field_plan = _plan_columns(df.schema, key_column)
     config_dict = asdict(cfg)
 
-    def stage_partition(rows: Iterator["Row"]) -> Iterator[tuple[str, int]]:
-        first = next(rows, None)
-        if first is None:
-            return  # no back end for an empty partition
-        yield _stage_rows(
-                _chain(first, rows),
-                config_dict=config_dict,
-                topic=topic,
-                view_id=view_id,
-                batch_rows=batch_rows,
-                key_column=key_column,
-                key_index=key_index,
-                field_plan=field_plan,
-            )
+    def stage_partition(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
 
-    counts = dict(df.rdd.mapPartitions(stage_partition).collect())  # only the attempts Spark kept
+        staged = _stage_batches(
+            batches,
+            config_dict=config_dict,
+            topic=topic,
+            view_id=view_id,
+            batch_rows=batch_rows,
+            key_column=key_column,
+            key_index=key_index,
+            field_plan=field_plan,
+        )
+        if staged is not None:  # no back end for an empty partition
+            yield pa.RecordBatch.from_pydict({"stager": [staged[0]], "rows": [staged[1]]})
+
+    # Arrow hands the executors whole columns (no Row object per row); only the attempts Spark kept.
+    counts = {r["stager"]: r["rows"] for r in df.mapInArrow(stage_partition, "stager string, rows long").collect()}
     _seal(cfg, topic, view_id, counts, list(source_offsets))
     return sum(counts.values())
 
@@ -210,13 +214,8 @@ def _seal(
         backend.close()
 
 
-def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
-    yield first
-    yield from rest
-
-
-def _stage_rows(
-    rows: Iterable["Row"],
+def _stage_batches(
+    batches: Iterable[Any],
     *,
     config_dict: dict[str, Any],
     topic: str,
@@ -225,31 +224,62 @@ def _stage_rows(
     key_column: str,
     key_index: int,
     field_plan: list[tuple[str, int, Callable[[Any], Any] | None]],
-) -> tuple[str, int]:
-    """Stage one partition (runs on an executor); returns its stager's id and how many rows it staged."""
+) -> tuple[str, int] | None:
+    """Stage one partition's Arrow batches (runs on an executor); its stager's id and row count, None if it had no rows."""
     from airflow_provider_pulsarstate.engine.backends import open_backend
-    from airflow_provider_pulsarstate.engine.recipes.table import ViewStager
+    from airflow_provider_pulsarstate.engine.recipes.view_staging import ViewStager
 
+    filled = (batch for batch in batches if batch.num_rows)
+    first = next(filled, None)
+    if first is None:
+        return None
     backend = open_backend(ConnectionConfig(**config_dict))
     try:
         with ViewStager(backend, topic, view_id, batch_rows=batch_rows) as stager:
-            for row in rows:
-                key = row[key_index]
-                if key is None:
-                    raise SerializationError(f"key column {key_column!r} is null in a row of view {view_id!r}")
-                record: dict[str, Any] = {}
-                for name, index, convert in field_plan:
-                    value = row[index]
-                    if value is not None and convert is not None:
-                        try:
-                            value = convert(value)
-                        except ValueError as exc:
-                            raise SerializationError(f"column {name!r}, key {str(key)!r}: {exc}") from None
-                    record[name] = value
-                stager.set(str(key), record)
+            for batch in itertools.chain((first,), filled):
+                _stage_batch(stager, batch, view_id=view_id, key_column=key_column, key_index=key_index, field_plan=field_plan)
         return stager.stager_id, stager.rows_staged
     finally:
         backend.close()
+
+
+def _stage_batch(
+    stager: Any, batch: Any, *, view_id: str, key_column: str, key_index: int,
+    field_plan: list[tuple[str, int, Callable[[Any], Any] | None]],
+) -> None:
+    """Stage the rows of one Arrow record batch, column by column (the fields converted as in :func:`_converter`)."""
+    columns = batch.columns
+    if columns[key_index].null_count:
+        raise SerializationError(f"key column {key_column!r} is null in a row of view {view_id!r}")
+    keys = columns[key_index].to_pylist()
+    if keys and type(keys[0]) is not str:
+        keys = [str(key) for key in keys]
+    names = [name for name, _, _ in field_plan]
+    values = []
+    for name, index, convert in field_plan:
+        column = columns[index].to_pylist()
+        if convert is not None:
+            column = _convert_column(column, convert, name, keys)
+        values.append(column)
+    stage = stager.set
+    if not values:
+        for key in keys:
+            stage(key, {})
+        return
+    for key, *row in zip(keys, *values):
+        stage(key, dict(zip(names, row)))
+
+
+def _convert_column(column: list[Any], convert: Callable[[Any], Any], name: str, keys: list[str]) -> list[Any]:
+    out = []
+    for at, value in enumerate(column):
+        if value is not None:
+            try:
+                value = convert(value)
+            except ValueError as exc:
+                raise SerializationError(f"column {name!r}, key {keys[at]!r}: {exc}") from None
+        out.append(value)
+    return out
 
 
 def _plan_columns(
@@ -294,7 +324,9 @@ def _converter(name: str, data_type: "DataType") -> Callable[[Any], Any] | None:
         return _finite
     if isinstance(data_type, T.DecimalType):
         return _decimal
-    if isinstance(data_type, (T.DateType, T.TimestampType, T.TimestampNTZType)):
+    if isinstance(data_type, T.TimestampType):
+        return _iso_local
+    if isinstance(data_type, (T.DateType, T.TimestampNTZType)):
         return _iso
     if isinstance(data_type, T.DayTimeIntervalType):
         return _seconds
@@ -317,6 +349,14 @@ def _decimal(value: decimal.Decimal) -> int | float:
 
 
 def _iso(value: _dt.date) -> str:
+    return value.isoformat()
+
+
+def _iso_local(value: _dt.datetime) -> str:
+    """A TIMESTAMP as the executor's local wall time, as PySpark's Row conversion gives it (Arrow
+    gives it in the session time zone)."""
+    if value.tzinfo is not None:
+        value = value.astimezone().replace(tzinfo=None)
     return value.isoformat()
 
 

@@ -46,9 +46,9 @@ class ForwardingBackend(Backend):
         self.check("current_epoch", topic)
         return self.inner.current_epoch(topic)
 
-    def open_shared_writer(self, topic: str, *, compress: bool = False) -> RawWriter:
+    def open_shared_writer(self, topic: str, *, compress: bool = False, batching: bool = True) -> RawWriter:
         self.check("open_shared_writer", topic)
-        return self.inner.open_shared_writer(topic, compress=compress)
+        return self.inner.open_shared_writer(topic, compress=compress, batching=batching)
 
     def delete_topic(self, topic: str) -> None:
         self.check("delete_topic", topic)

@@ -98,13 +98,16 @@ def test_write_view_converts_values_to_json_scalars(spark: Any, tmp_path: Path) 
             T.StructField("whole", T.DecimalType(10, 0)),
             T.StructField("day", T.DateType()),
             T.StructField("at", T.TimestampNTZType()),
+            T.StructField("at_local", T.TimestampType()),
+            T.StructField("wait", T.DayTimeIntervalType()),
             T.StructField("ratio", T.FloatType()),
             T.StructField("name", T.StringType()),
             T.StructField("missing", T.StringType()),
         ]
     )
     df = spark.createDataFrame(
-        [(7, decimal.Decimal("12.34"), decimal.Decimal("5"), dt.date(2026, 1, 2), dt.datetime(2026, 1, 2, 3, 4, 5), 0.5, "x", None)],
+        [(7, decimal.Decimal("12.34"), decimal.Decimal("5"), dt.date(2026, 1, 2), dt.datetime(2026, 1, 2, 3, 4, 5),
+          dt.datetime(2026, 7, 2, 3, 4, 5, 250000), dt.timedelta(minutes=1, seconds=30, microseconds=500000), 0.5, "x", None)],
         schema,
     )
     backend = open_backend(config)
@@ -114,6 +117,7 @@ def test_write_view_converts_values_to_json_scalars(spark: Any, tmp_path: Path) 
         t.apply(view.view_id)
         assert t.get("7", latest=True) == {
             "price": 12.34, "whole": 5, "day": "2026-01-02", "at": "2026-01-02T03:04:05",
+            "at_local": "2026-07-02T03:04:05.250000", "wait": 90.5,  # a TIMESTAMP in local wall time, as Row gives it
             "ratio": 0.5, "name": "x", "missing": None,
         }
     backend.close()

@@ -27,7 +27,7 @@ import enum
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 
 class AcquireMode(str, enum.Enum):
@@ -86,6 +86,16 @@ class RawWriter(ABC):
         :raises UnknownOutcomeError: some entries may or may not have landed.
         """
 
+    def append_async(self, payloads: Sequence[bytes], *, timeout: float) -> Callable[[], list[Any]]:
+        """Start appending entries; the returned function waits as :meth:`append` does and returns its positions.
+
+        Entries of successive calls land in call order (a later call's entries never before an
+        earlier call's). Nothing is durable until the returned function returned; call it exactly
+        once. The errors of :meth:`append` may come from either call. The default appends at once.
+        """
+        positions = self.append(payloads, timeout=timeout)
+        return lambda: positions
+
     @abstractmethod
     def close(self) -> None:
         """Release the writer (idempotent)."""
@@ -136,7 +146,7 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def open_shared_writer(self, topic: str, *, compress: bool = False) -> RawWriter:
+    def open_shared_writer(self, topic: str, *, compress: bool = False, batching: bool = True) -> RawWriter:
         """A non-exclusive appender (many at once, from many processes; ``epoch`` is -1).
 
         For staging and checkpoint topics, whose entries are not ordered by a single writer.
@@ -144,6 +154,9 @@ class Backend(ABC):
 
         :param compress: the payloads are large and compressible; the back end may compress
             them in transit and at rest (readers see the same bytes).
+        :param batching: the back end may hold payloads back briefly to send several together
+            (many small payloads per append); False sends each at once (one large payload per
+            append, where waiting for company only adds latency).
         """
 
     @abstractmethod

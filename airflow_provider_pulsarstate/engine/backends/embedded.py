@@ -275,7 +275,7 @@ class EmbeddedBackend(Backend):
             log.warning("removing stale writer locks of %s: %s", self.topic_url(topic), exc)
         return EmbeddedWriter(self, conn, topic, new_epoch, fd)
 
-    def open_shared_writer(self, topic: str, *, compress: bool = False) -> RawWriter:
+    def open_shared_writer(self, topic: str, *, compress: bool = False, batching: bool = True) -> RawWriter:
         # A local file: compressing would cost more CPU than the disk reads it saves.
         return self._track(EmbeddedWriter(self, self.connect(), topic, -1, None))
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import pulsar
 
@@ -291,12 +291,13 @@ class PulsarBackend(Backend):
         epoch = self.admin.topic_stats(topic).get("topicEpoch")
         return -1 if epoch is None else int(epoch)
 
-    def open_shared_writer(self, topic: str, *, compress: bool = False) -> RawWriter:
+    def open_shared_writer(self, topic: str, *, compress: bool = False, batching: bool = True) -> RawWriter:
         try:
             producer = self.client.create_producer(
                 topic,
                 access_mode=pulsar.ProducerAccessMode.Shared,
-                batching_enabled=True,
+                # A batching producer holds a lone send back up to 10 ms for company.
+                batching_enabled=batching,
                 # LZ4 in the client's C++ threads: several times fewer bytes through the broker,
                 # decompressed off the Python thread.
                 compression_type=pulsar.CompressionType.LZ4 if compress else pulsar.CompressionType.NONE,
@@ -409,6 +410,9 @@ class PulsarWriter(RawWriter):
         )
 
     def append(self, payloads: Sequence[bytes], *, timeout: float) -> list[Any]:
+        return self.append_async(payloads, timeout=timeout)()
+
+    def append_async(self, payloads: Sequence[bytes], *, timeout: float) -> Callable[[], list[Any]]:
         producer = self._producer
         if producer is None:
             raise WriterFencedError(f"writer of {self.topic} at epoch {self.epoch} is closed", topic=self.topic, epoch=self.epoch)
@@ -436,18 +440,23 @@ class PulsarWriter(RawWriter):
         except pulsar.PulsarException as exc:
             self.close()
             raise UnknownOutcomeError(f"send to {self.topic} failed part-way ({type(exc).__name__}: {exc})") from exc
-        if not done.wait(timeout + 5.0):
-            self.close()
-            raise UnknownOutcomeError(f"no acknowledgement from {self.topic} within {timeout:.1f}s")
-        positions = []
-        for res, msg_id in results:
-            if res == pulsar.Result.ProducerFenced:
-                raise self._fenced("the broker rejected the send")
-            if res != pulsar.Result.Ok:
+        deadline = time.monotonic() + timeout + 5.0
+
+        def wait() -> list[Any]:
+            if not done.wait(max(0.0, deadline - time.monotonic())):
                 self.close()
-                raise UnknownOutcomeError(f"send to {self.topic} ended with {res}; it may or may not have landed")
-            positions.append(msg_id)
-        return positions
+                raise UnknownOutcomeError(f"no acknowledgement from {self.topic} within {timeout:.1f}s")
+            positions = []
+            for res, msg_id in results:
+                if res == pulsar.Result.ProducerFenced:
+                    raise self._fenced("the broker rejected the send")
+                if res != pulsar.Result.Ok:
+                    self.close()
+                    raise UnknownOutcomeError(f"send to {self.topic} ended with {res}; it may or may not have landed")
+                positions.append(msg_id)
+            return positions
+
+        return wait
 
     def close(self) -> None:
         producer, self._producer = self._producer, None

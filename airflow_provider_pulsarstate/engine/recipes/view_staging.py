@@ -6,9 +6,10 @@ every batch carries the stager's id (the write's sequence field), so apply can u
 rows of the stagers a seal names.
 
 Batch layout: one write whose single op is ``0x04 | msgpack {key: canonical value or nil}`` (a
-key staged twice into one batch keeps its last row). Rows are canonicalized once, here: apply then
-compares them with the committed rows as bytes. Batches of the earlier layouts (``0x03`` and a
-list of pairs; one keyed op per row) stay readable.
+key staged twice into one batch keeps its last row; the earlier ``0x03 | msgpack [[key, value],
+...]`` layout stays readable)
+(rows in staging order). Rows are canonicalized once, here: apply then compares them with the
+committed rows as bytes. Batches of the earlier layout (one keyed op per row) stay readable.
 
 Nothing in a staging topic is trusted: :func:`read_staged` checks the framing, the stager ids,
 the key types and the scope of every row, and :func:`check_staged_value` the value of every row
@@ -18,6 +19,7 @@ already checked one).
 
 from __future__ import annotations
 
+import collections
 import logging
 import re
 import secrets
@@ -45,6 +47,9 @@ _MAP = b"\x04"
 _ENCODER = msgspec.msgpack.Encoder()
 _PAIRS_DECODER = msgspec.msgpack.Decoder(list[tuple[str, bytes | None]])
 _MAP_DECODER = msgspec.msgpack.Decoder(dict[str, bytes | None])
+_SORTED_JSON = msgspec.json.Encoder(order="sorted")
+_INT_LOW, _INT_HIGH = -(2**63), 2**63
+_FLOAT_PLAIN = (1e-4, 1e16)  # where msgspec and repr() spell a non-integral float alike (no exponent)
 
 
 def staging_topic(table_topic: str, view_id: str) -> str:
@@ -56,6 +61,41 @@ def check_view_id(view_id: str) -> str:
     if not isinstance(view_id, str) or not _VIEW_ID.match(view_id):
         raise ConfigurationError(f"view id {view_id!r} must be 1-64 characters of [A-Za-z0-9_-]")
     return view_id
+
+
+def fast_canonical(record: Record) -> bytes | None:
+    """``table_ops.canonical(record)``, byte for byte, for the common record; None for any other.
+
+    The common record: a plain dict of str fields whose values are exactly ``str``, ``bool``,
+    ``None``, ``int`` within 64 bits, or ``float`` that is integral (within 64 bits) or has a
+    magnitude in [1e-4, 1e16) -- where msgspec's sorted JSON spells everything as
+    ``json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)`` does. Anything
+    else (subclasses, NaN, infinities, tiny floats spelled with an exponent, huge ints, lone
+    surrogates) returns None: the caller then checks and encodes it the slow, exact way.
+    """
+    integral = False
+    for name, value in record.items():
+        kind = type(value)
+        if kind is float:
+            if value.is_integer():
+                if not _INT_LOW <= value < _INT_HIGH:
+                    return None
+                integral = True
+            elif not _FLOAT_PLAIN[0] <= abs(value) < _FLOAT_PLAIN[1]:  # NaN fails this too
+                return None
+        elif kind is int:
+            if not _INT_LOW <= value < _INT_HIGH:
+                return None
+        elif kind is not str and kind is not bool and value is not None:
+            return None
+        if type(name) is not str:
+            return None
+    if integral:
+        record = {k: int(v) if type(v) is float and v.is_integer() else v for k, v in record.items()}
+    try:
+        return _SORTED_JSON.encode(record)
+    except (UnicodeEncodeError, TypeError, ValueError, OverflowError):
+        return None
 
 
 def stager_name(seq: int) -> str:
@@ -76,14 +116,21 @@ class ViewStager:
     :param view_id: the view, from ``StateTable.create_view``.
     :param batch_rows: rows per appended batch.
     :param batch_bytes: flush a batch early once it holds this many bytes.
+    :param max_pending: batches appended but not yet acknowledged at most (the back end sends
+        them in order while rows keep coming); :meth:`flush` and :meth:`close` wait for all.
+        After a failed append the stager refuses every further row with the same error.
     """
 
-    def __init__(self, backend: Backend, table_topic: str, view_id: str, *, batch_rows: int = 1000, batch_bytes: int = 1 << 20) -> None:
+    def __init__(
+        self, backend: Backend, table_topic: str, view_id: str, *,
+        batch_rows: int = 1000, batch_bytes: int = 1 << 20, max_pending: int = 16,
+    ) -> None:
         self.backend = backend
         self.topic = staging_topic(table_topic, check_view_id(view_id))
         self.view_id = view_id
         self.batch_rows = batch_rows
         self.batch_bytes = batch_bytes
+        self.max_pending = max_pending
         self.rows_staged = 0
         """Rows staged so far (buffered ones included; all durable after :meth:`close`); a key
         staged again before its batch was appended counts once."""
@@ -93,15 +140,34 @@ class ViewStager:
         self._buffer: dict[str, bytes | None] = {}
         self._size = 0
         self._writer: RawWriter | None = None
+        self._pending: collections.deque[Callable[[], list[Any]]] = collections.deque()
+        self._failed: BaseException | None = None
 
     def set(self, key: str, record: Record) -> None:
-        """Stage ``record`` as the view's row for ``key``."""
+        """Stage ``record`` as the view's row for ``key``.
+
+        :raises SerializationError: ``key`` is not a non-empty str, or ``record`` not a dict of JSON
+            scalars (finite numbers).
+        """
+        if self._failed is not None:
+            raise self._failed
+        value = fast_canonical(record) if type(key) is str and key and type(record) is dict else None
+        if value is None:
+            value = self._canonical(key, record)
+        buffer = self._buffer
+        before = len(buffer)
+        buffer[key] = value
+        self.rows_staged += len(buffer) - before
+        self._size += len(key) + len(value) + 4
+        if len(self._buffer) >= self.batch_rows or self._size >= self.batch_bytes:
+            self._send()
+
+    def _canonical(self, key: str, record: Record) -> bytes:
         check_record(key, record)
         try:
-            value = canonical(record)
+            return canonical(record)
         except (TypeError, ValueError) as exc:
             raise SerializationError(f"view {self.view_id!r}: record of key {key!r} is not JSON: {exc}") from exc
-        self._add(key, value)
 
     def delete(self, key: str) -> None:
         """Stage the absence of ``key`` (undo an earlier set in this view)."""
@@ -117,27 +183,54 @@ class ViewStager:
         return n
 
     def _add(self, key: str, value: bytes | None) -> None:
+        if self._failed is not None:
+            raise self._failed
         buffer = self._buffer
         before = len(buffer)
         buffer[key] = value
         self.rows_staged += len(buffer) - before
         self._size += len(key) + (len(value) if value is not None else 0) + 4
         if len(self._buffer) >= self.batch_rows or self._size >= self.batch_bytes:
-            self.flush()
+            self._send()
 
     @property
     def pending(self) -> int:
         """Rows buffered and not yet appended."""
         return len(self._buffer)
 
-    def flush(self) -> None:
-        """Append the buffered rows (durable when this returns)."""
-        if not self._buffer:
-            return
+    def _send(self) -> None:
+        """Start appending the buffered rows as one batch; at most ``max_pending`` batches stay unacknowledged."""
+        if self._failed is not None:
+            raise self._failed
         if self._writer is None:
-            self._writer = self.backend.open_shared_writer(self.topic)
-        self._writer.append([encode_writes([(self._seq, [_MAP + _ENCODER.encode(self._buffer)])])], timeout=120.0)
+            self._writer = self.backend.open_shared_writer(self.topic, batching=False)
+        payload = encode_writes([(self._seq, [_MAP + _ENCODER.encode(self._buffer)])])
         self._buffer, self._size = {}, 0
+        try:
+            self._pending.append(self._writer.append_async([payload], timeout=120.0))
+            while len(self._pending) > self.max_pending:
+                self._pending.popleft()()
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+
+    def _fail(self, exc: BaseException) -> None:
+        """A batch may be lost: this stager takes no more rows (its count can no longer be trusted)."""
+        self._failed = exc
+        self._pending.clear()
+
+    def flush(self) -> None:
+        """Append the buffered rows; returns once every batch of this stager is acknowledged (durable)."""
+        if self._buffer:
+            self._send()
+        elif self._failed is not None:
+            raise self._failed
+        try:
+            while self._pending:
+                self._pending.popleft()()
+        except BaseException as exc:
+            self._fail(exc)
+            raise
 
     def close(self) -> None:
         """Flush and release the staging writer."""
