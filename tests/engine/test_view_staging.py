@@ -95,7 +95,7 @@ def test_stager_bytes_equal_canonical_on_edge_values(value: Any) -> None:
     stager = ViewStager(_NullBackend(), "persistent://public/default/t", "v1")
     if isinstance(expected, bytes):
         stager.set("k", record)
-        assert stager._buffer == [("k", expected)]
+        assert stager._buffer == {"k": expected}
         assert record["A"] == 2.0  # the caller's record is not changed
     else:
         with pytest.raises(SerializationError, match="key 'k'"):
