@@ -79,13 +79,13 @@ def apply_version(state, rows: int, version: int) -> tuple[float, float, object]
     return t2 - t1, time.perf_counter() - t2, result
 
 
-def run_ours(rows: int, config: dict, versions: list[int]) -> dict:
+def run_ours(rows: int, config: dict, versions: list[int], topic: str = TOPIC) -> dict:
     """Bootstrap a fresh table instance, then apply ``versions`` in order (timing the last)."""
     from airflow_provider_pulsarstate import ConnectionConfig, open_backend
     from airflow_provider_pulsarstate.engine.recipes.table import StateTable
 
     backend = open_backend(ConnectionConfig(**config))
-    state = StateTable(backend, TOPIC, operation_timeout=600.0)
+    state = StateTable(backend, topic, operation_timeout=600.0)
     out: dict = {}
     t0 = time.perf_counter()
     state.start()
@@ -123,6 +123,7 @@ def main() -> int:
     parser.add_argument("--phase", choices=["baseline", "ours"], help=argparse.SUPPRESS)
     parser.add_argument("--apply", default="", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
+    parser.add_argument("--topic", default=TOPIC, help=argparse.SUPPRESS)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
 
@@ -130,7 +131,7 @@ def main() -> int:
         print(json.dumps(run_baseline(args.rows)))
         return 0
     if args.phase == "ours":
-        print(json.dumps(run_ours(args.rows, json.loads(args.config), [int(v) for v in args.apply.split(",")])))
+        print(json.dumps(run_ours(args.rows, json.loads(args.config), [int(v) for v in args.apply.split(",")], args.topic)))
         return 0
     if args.start_broker and not args.service_url:
         from benchmarks.machine import broker_urls
@@ -151,7 +152,8 @@ def run_all(args: argparse.Namespace) -> int:
         if args.service_url else {"url": f"{tmp}/state.db", "operation_timeout": 600.0}
     )
     backend_name = "pulsar" if args.service_url else "embedded"
-    common = ["--rows", str(args.rows), "--config", json.dumps(config)]
+    topic = f"{TOPIC}-{int(time.time())}"  # a fresh table per run (a broker keeps earlier runs' tables)
+    common = ["--rows", str(args.rows), "--config", json.dumps(config), "--topic", topic]
     base = child(["--phase", "baseline", "--rows", str(args.rows)])
     logging.info("loading the committed table: %d rows (%s back end)", args.rows, backend_name)
     child(["--phase", "ours", "--apply", "0", *common])
