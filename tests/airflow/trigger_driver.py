@@ -48,3 +48,18 @@ async def drive(trigger: Any, *, during: Any = None, tick: float = 0.01, limit: 
         if side:
             await side
     return event, lag.worst, lag.ticks
+
+
+async def cancel_midway(trigger: Any, *, after: float = 0.5) -> None:
+    """Start ``trigger``, cancel it after ``after`` seconds (a triggerer shutting down), expect the cancellation."""
+    runner = trigger.run()
+    task = asyncio.ensure_future(runner.__anext__())
+    await asyncio.sleep(after)
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    else:
+        raise AssertionError("the trigger fired instead of being cancelled")
+    await runner.aclose()
