@@ -15,7 +15,8 @@ from airflow_provider_pulsarstate.engine.backends.base import Backend, RawWriter
 from airflow_provider_pulsarstate.engine.errors import SerializationError, UnknownOutcomeError
 from airflow_provider_pulsarstate.engine.recipes.table import StateTable
 from airflow_provider_pulsarstate.engine.recipes.table_ops import canonical, check_record
-from airflow_provider_pulsarstate.engine.recipes.view_staging import ViewStager, fast_canonical, read_staged, staging_topic
+from airflow_provider_pulsarstate.engine.recipes.table_ops import fast_canonical
+from airflow_provider_pulsarstate.engine.recipes.view_staging import ViewStager, read_staged, staging_topic
 from airflow_provider_pulsarstate.testing.harness import ForwardingBackend
 
 # ---------------------------------------------------------------------------------- canonical bytes

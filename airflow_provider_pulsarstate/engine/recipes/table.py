@@ -73,7 +73,6 @@ from airflow_provider_pulsarstate.engine.recipes.map import DEFAULT_CHECKPOINT_A
 from airflow_provider_pulsarstate.engine.errors import (
     BackendUnavailableError,
     ConfigurationError,
-    SerializationError,
     SourceOffsetsConflictError,
     ViewClosedError,
     ViewConflictError,
@@ -89,11 +88,11 @@ from airflow_provider_pulsarstate.engine.recipes.base import Recipe
 from airflow_provider_pulsarstate.engine.recipes.table_ops import (
     Record,
     canonical,
-    check_record,
     decode_checked_op,
     decode_row,
     del_op,
     encode_op,
+    record_bytes,
     set_op,
 )
 from airflow_provider_pulsarstate.engine.recipes.view_staging import (
@@ -431,11 +430,7 @@ class StateTable(Recipe):
 
     def put(self, key: str, record: Record, *, timeout: float | None = None, lease: Fence | None = None) -> None:
         """Set one row directly (not through a view)."""
-        check_record(key, record)
-        try:
-            value = canonical(record)
-        except (TypeError, ValueError) as exc:
-            raise SerializationError(f"{self.topic}: record of key {key!r} is not JSON: {exc}") from exc
+        value = record_bytes(key, record, where=self.topic)
         self.manager.write(lambda s: [set_op(key, value)], timeout=timeout, lease=lease)
 
     def delete(self, key: str, *, timeout: float | None = None, lease: Fence | None = None) -> None:

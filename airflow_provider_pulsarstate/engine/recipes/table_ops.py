@@ -23,6 +23,8 @@ import json
 import struct
 from typing import Any
 
+import msgspec
+
 from airflow_provider_pulsarstate.engine.errors import SerializationError
 
 Record = dict[str, Any]
@@ -34,6 +36,9 @@ _VIEW_LEN = struct.Struct(">H")
 _KEY_LEN = struct.Struct(">I")
 
 _canonical_json = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+_SORTED_JSON = msgspec.json.Encoder(order="sorted")
+_INT_LOW, _INT_HIGH = -(2**63), 2**63
+_FLOAT_PLAIN = (1e-4, 1e16)  # where msgspec and repr() spell a non-integral float alike (no exponent)
 
 
 def canonical(record: Record) -> bytes:
@@ -43,6 +48,58 @@ def canonical(record: Record) -> bytes:
             record = {k: int(x) if type(x) is float and x.is_integer() else x for k, x in record.items()}
             break
     return _canonical_json(record).encode()
+
+
+def fast_canonical(record: Record) -> bytes | None:
+    """``canonical(record)``, byte for byte, for the common record; None for any other.
+
+    The common record: a plain dict of str fields whose values are exactly ``str``, ``bool``,
+    ``None``, ``int`` within 64 bits, or ``float`` that is integral (within 64 bits) or has a
+    magnitude in [1e-4, 1e16) -- where msgspec's sorted JSON spells everything as
+    ``json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)`` does. Anything
+    else (subclasses, NaN, infinities, tiny floats spelled with an exponent, huge ints, lone
+    surrogates) returns None: the caller then checks and encodes it the slow, exact way.
+    """
+    integral = False
+    for name, value in record.items():
+        kind = type(value)
+        if kind is float:
+            if value.is_integer():
+                if not _INT_LOW <= value < _INT_HIGH:
+                    return None
+                integral = True
+            elif not _FLOAT_PLAIN[0] <= abs(value) < _FLOAT_PLAIN[1]:  # NaN fails this too
+                return None
+        elif kind is int:
+            if not _INT_LOW <= value < _INT_HIGH:
+                return None
+        elif kind is not str and kind is not bool and value is not None:
+            return None
+        if type(name) is not str:
+            return None
+    if integral:
+        record = {k: int(v) if type(v) is float and v.is_integer() else v for k, v in record.items()}
+    try:
+        return _SORTED_JSON.encode(record)
+    except (UnicodeEncodeError, TypeError, ValueError, OverflowError):
+        return None
+
+
+def record_bytes(key: str, record: Record, *, where: str) -> bytes:
+    """The canonical bytes of a row about to be written (staged or put): the fast spelling for
+    the common record, the checked exact one for any other.
+
+    :raises SerializationError: ``key`` is not a non-empty str or ``record`` not a dict of JSON
+        scalars (finite numbers); the message starts with ``where`` and names the key.
+    """
+    value = fast_canonical(record) if type(key) is str and key and type(record) is dict else None
+    if value is None:
+        check_record(key, record)
+        try:
+            value = canonical(record)
+        except (TypeError, ValueError) as exc:
+            raise SerializationError(f"{where}: record of key {key!r} is not JSON: {exc}") from exc
+    return value
 
 
 def check_record(key: str, record: Record) -> None:

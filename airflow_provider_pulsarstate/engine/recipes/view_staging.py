@@ -37,7 +37,7 @@ from airflow_provider_pulsarstate.engine.errors import (
     ViewStagedRowError,
 )
 from airflow_provider_pulsarstate.engine.progress import Progress
-from airflow_provider_pulsarstate.engine.recipes.table_ops import Record, canonical, check_canonical, check_record
+from airflow_provider_pulsarstate.engine.recipes.table_ops import Record, check_canonical, record_bytes
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +47,6 @@ _MAP = b"\x04"
 _ENCODER = msgspec.msgpack.Encoder()
 _PAIRS_DECODER = msgspec.msgpack.Decoder(list[tuple[str, bytes | None]])
 _MAP_DECODER = msgspec.msgpack.Decoder(dict[str, bytes | None])
-_SORTED_JSON = msgspec.json.Encoder(order="sorted")
-_INT_LOW, _INT_HIGH = -(2**63), 2**63
-_FLOAT_PLAIN = (1e-4, 1e16)  # where msgspec and repr() spell a non-integral float alike (no exponent)
 
 
 def staging_topic(table_topic: str, view_id: str) -> str:
@@ -61,41 +58,6 @@ def check_view_id(view_id: str) -> str:
     if not isinstance(view_id, str) or not _VIEW_ID.match(view_id):
         raise ConfigurationError(f"view id {view_id!r} must be 1-64 characters of [A-Za-z0-9_-]")
     return view_id
-
-
-def fast_canonical(record: Record) -> bytes | None:
-    """``table_ops.canonical(record)``, byte for byte, for the common record; None for any other.
-
-    The common record: a plain dict of str fields whose values are exactly ``str``, ``bool``,
-    ``None``, ``int`` within 64 bits, or ``float`` that is integral (within 64 bits) or has a
-    magnitude in [1e-4, 1e16) -- where msgspec's sorted JSON spells everything as
-    ``json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)`` does. Anything
-    else (subclasses, NaN, infinities, tiny floats spelled with an exponent, huge ints, lone
-    surrogates) returns None: the caller then checks and encodes it the slow, exact way.
-    """
-    integral = False
-    for name, value in record.items():
-        kind = type(value)
-        if kind is float:
-            if value.is_integer():
-                if not _INT_LOW <= value < _INT_HIGH:
-                    return None
-                integral = True
-            elif not _FLOAT_PLAIN[0] <= abs(value) < _FLOAT_PLAIN[1]:  # NaN fails this too
-                return None
-        elif kind is int:
-            if not _INT_LOW <= value < _INT_HIGH:
-                return None
-        elif kind is not str and kind is not bool and value is not None:
-            return None
-        if type(name) is not str:
-            return None
-    if integral:
-        record = {k: int(v) if type(v) is float and v.is_integer() else v for k, v in record.items()}
-    try:
-        return _SORTED_JSON.encode(record)
-    except (UnicodeEncodeError, TypeError, ValueError, OverflowError):
-        return None
 
 
 def stager_name(seq: int) -> str:
@@ -128,6 +90,7 @@ class ViewStager:
         self.backend = backend
         self.topic = staging_topic(table_topic, check_view_id(view_id))
         self.view_id = view_id
+        self._where = f"view {view_id!r}"
         self.batch_rows = batch_rows
         self.batch_bytes = batch_bytes
         self.max_pending = max_pending
@@ -151,23 +114,7 @@ class ViewStager:
         """
         if self._failed is not None:
             raise self._failed
-        value = fast_canonical(record) if type(key) is str and key and type(record) is dict else None
-        if value is None:
-            value = self._canonical(key, record)
-        buffer = self._buffer
-        before = len(buffer)
-        buffer[key] = value
-        self.rows_staged += len(buffer) - before
-        self._size += len(key) + len(value) + 4
-        if len(self._buffer) >= self.batch_rows or self._size >= self.batch_bytes:
-            self._send()
-
-    def _canonical(self, key: str, record: Record) -> bytes:
-        check_record(key, record)
-        try:
-            return canonical(record)
-        except (TypeError, ValueError) as exc:
-            raise SerializationError(f"view {self.view_id!r}: record of key {key!r} is not JSON: {exc}") from exc
+        self._add(key, record_bytes(key, record, where=self._where))
 
     def delete(self, key: str) -> None:
         """Stage the absence of ``key`` (undo an earlier set in this view)."""
