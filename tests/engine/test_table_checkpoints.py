@@ -20,15 +20,11 @@ from airflow_provider_pulsarstate.engine.manager import SharedStateManager
 from airflow_provider_pulsarstate.engine.recipes import table as table_module
 from airflow_provider_pulsarstate.engine.recipes.table import SourceRange, StateTable
 from airflow_provider_pulsarstate.engine.recipes.table_ops import decode_op, encode_op
+from tests.engine.test_views import switch as staged_view
 
 
 def switch(table: StateTable, rows: dict[str, dict], *, sources: list[SourceRange] | None = None, **view: Any) -> str:
-    info = table.create_view(**view)
-    with table.stager(info.view_id) as stager:
-        for key, record in rows.items():
-            stager.set(key, record)
-    table.seal(info.view_id, stagers=[stager], source_offsets=sources or [])
-    return info.view_id
+    return staged_view(table, rows, sources=sources or [], **view).view_id
 
 
 def everything(table: StateTable) -> tuple[Any, ...]:

@@ -17,6 +17,7 @@ from airflow_provider_pulsarstate.engine.recipes.lease import Lease
 from airflow_provider_pulsarstate.engine.recipes.table import StateTable
 from airflow_provider_pulsarstate.engine.recipes.table_feed import TableFeed, read_commit
 from airflow_provider_pulsarstate.engine.recipes.table_ops import canonical, encode_op, set_op
+from tests.engine.test_views import switch
 
 
 @pytest.fixture
@@ -27,12 +28,7 @@ def table(backend: Backend, topic: str) -> Iterator[StateTable]:
 
 
 def apply_view(table: StateTable, rows: dict[str, dict], **options: Any) -> Any:
-    view = table.create_view(**options)
-    with table.stager(view.view_id) as stager:
-        for key, record in rows.items():
-            stager.set(key, record)
-    table.seal(view.view_id, stagers=[stager])
-    return table.apply(view.view_id, max_delete_fraction=None)
+    return table.apply(switch(table, rows, **options).view_id, max_delete_fraction=None)
 
 
 def test_feed_reports_each_commit_after_the_watermark_in_counts(backend: Backend, topic: str, table: StateTable) -> None:

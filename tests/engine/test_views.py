@@ -38,12 +38,13 @@ from tests.engine.test_conformance import records
 APPLY_WORKER = Path(__file__).with_name("view_apply_worker.py")
 
 
-def switch(table: StateTable, rows: dict[str, dict], **view_options: Any) -> Any:
+def switch(table: StateTable, rows: dict[str, dict], *, sources: Any = (), **view_options: Any) -> Any:
+    """Open a view, stage ``rows`` into it and seal it (with ``sources`` as its source ranges)."""
     view = table.create_view(**view_options)
     with table.stager(view.view_id) as stager:
         for key, record in rows.items():
             stager.set(key, record)
-    table.seal(view.view_id, stagers=[stager])
+    table.seal(view.view_id, stagers=[stager], source_offsets=sources)
     return view
 
 
