@@ -183,6 +183,25 @@ def test_max_deletes_guards_against_an_empty_or_partial_view(tables: Any) -> Non
     assert table.apply(partial.view_id, max_deletes=3).delete == 2
 
 
+def test_an_applied_views_staged_rows_are_deleted_by_the_time_the_table_closes(tables: Any, backend: Backend) -> None:
+    """The staging topic is deleted after the switch on a thread of its own; close() waits for it."""
+    def staged_entries(topic: str) -> int:
+        reader, n = backend.create_reader(topic), 0
+        try:
+            while reader.has_next() and reader.read_next(timeout=10) is not None:
+                n += 1
+        finally:
+            reader.close()
+        return n
+
+    table = tables()
+    view = switch(table, {f"k{i}": {"v": i} for i in range(50)})
+    assert staged_entries(staging_topic(table.topic, view.view_id)) == 1
+    assert table.apply(view.view_id).set == 50
+    table.close()
+    assert staged_entries(staging_topic(table.topic, view.view_id)) == 0
+
+
 def test_drop_and_expiry(tables: Any, backend: Backend) -> None:
     table = tables()
     view = switch(table, {"a": {"v": 1}})
