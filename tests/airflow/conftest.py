@@ -68,6 +68,21 @@ def airflow_db(airflow_home: Path) -> Path:
     return airflow_home / "airflow.db"
 
 
+@pytest.fixture(autouse=True)
+def _check_airflow_db(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail the first test after which the session's shared metadata DB no longer passes
+    ``PRAGMA quick_check``: a damaged DB otherwise shows up tests later as runs that two
+    processes see differently. Copy it with ``metadata_db.copy_airflow_db``, never as a file."""
+    yield
+    db = _HOME / "airflow.db"
+    if not db.exists():
+        return
+    from tests.airflow.metadata_db import db_problems
+
+    if problems := db_problems(db):
+        pytest.fail(f"the shared metadata DB {db} is damaged after {request.node.nodeid}: {problems[:5]}")
+
+
 @pytest.fixture
 def env_connection(monkeypatch: pytest.MonkeyPatch) -> Callable[..., str]:
     """Define an Airflow connection for one test through ``AIRFLOW_CONN_<ID>`` (JSON form).

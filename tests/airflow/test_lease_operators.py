@@ -281,10 +281,10 @@ def test_two_deployments_never_run_the_example_spark_job_at_once(
     together; one runs the Spark job while the other waits, and the table counts every event once."""
     import json
     import os
-    import shutil
     import subprocess
     import sys
 
+    from tests.airflow.metadata_db import copy_airflow_db
     from tests.airflow.dagruns import EXAMPLE_DAGS
     from tests.airflow.test_ingest_pipeline import EVENTS, SKUS, _names, _state, _topic_fold
 
@@ -297,7 +297,7 @@ def test_two_deployments_never_run_the_example_spark_job_at_once(
     for deployment, batch in (("deployment-a", 1), ("deployment-b", 2)):
         home = tmp_path / deployment
         home.mkdir()
-        shutil.copy(airflow_db, home / "airflow.db")
+        copy_airflow_db(airflow_db, home / "airflow.db")
         child = {**env, "AIRFLOW_HOME": str(home), "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
                  "AIRFLOW_VAR_PULSARSTATE_DEPLOYMENT": deployment}
         conf = {"batch": batch, "events": EVENTS, "skus": SKUS, **names}
