@@ -78,6 +78,17 @@ def pulsar_config(broker: object, **options: object) -> ConnectionConfig:
     return ConnectionConfig(url=broker.service_url, admin_url=broker.admin_url, **opts)  # type: ignore[attr-defined]
 
 
+def count_entries(backend: Backend, topic: str) -> int:
+    """How many raw entries ``topic`` holds now, read with a fresh reader."""
+    reader, n = backend.create_reader(topic), 0
+    try:
+        while reader.has_next() and reader.read_next(timeout=10) is not None:
+            n += 1
+    finally:
+        reader.close()
+    return n
+
+
 @pytest.fixture(params=["embedded", pytest.param("pulsar", marks=pytest.mark.pulsar)])
 def backend_config(request: pytest.FixtureRequest, tmp_path: Path) -> ConnectionConfig:
     """Each test using this runs once per back end."""

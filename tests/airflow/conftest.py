@@ -18,6 +18,8 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+from tests.airflow.metadata_db import db_problems
+
 AIRFLOW_BIN = str(Path(sys.executable).with_name("airflow"))
 
 _HOME = Path(tempfile.mkdtemp(prefix="pulsarstate-airflow-home-"))
@@ -77,8 +79,6 @@ def _check_airflow_db(request: pytest.FixtureRequest) -> Iterator[None]:
     db = _HOME / "airflow.db"
     if not db.exists():
         return
-    from tests.airflow.metadata_db import db_problems
-
     if problems := db_problems(db):
         pytest.fail(f"the shared metadata DB {db} is damaged after {request.node.nodeid}: {problems[:5]}")
 

@@ -30,6 +30,7 @@ from airflow_provider_pulsarstate.engine.recipes.table import (
 from airflow_provider_pulsarstate.spark import AUTH_TOKEN_ENV, load_config
 
 from tests.airflow.dagruns import EXAMPLE_DAGS, TEST_DAGS, load_dag, load_job, run_dag
+from tests.conftest import count_entries
 
 ROWS = 5000
 SPARK_LOCAL = json.dumps({"conn_type": "spark", "host": "local[*]"})
@@ -74,19 +75,6 @@ def _seed(hook: PulsarStateHook, topic: str, rows: dict[str, dict]) -> None:
     table.apply(view.view_id)
 
 
-def _staged_entries(hook: PulsarStateHook, topic: str) -> int:
-    reader = hook.get_conn().create_reader(topic)
-    try:
-        n = 0
-        while reader.has_next():
-            if reader.read_next(timeout=5.0) is None:
-                break
-            n += 1
-        return n
-    finally:
-        reader.close()
-
-
 # ---------------------------------------------------------------------------------- end to end
 def test_example_pipeline_second_run_publishes_exactly_the_changed_rows(dag_bundles: None, state_backend: str) -> None:
     dag = load_dag(EXAMPLE_DAGS, "price_table_pipeline")
@@ -128,7 +116,7 @@ def test_example_pipeline_second_run_publishes_exactly_the_changed_rows(dag_bund
                 assert change.value == v2[change.key]
         info = table.view_info(result["view_id"])
         assert info is not None and info.status == "applied"
-        assert _staged_entries(hook, info.staging_topic) == 0  # staging rows deleted after apply
+        assert count_entries(hook.get_conn(), info.staging_topic) == 0  # staging rows deleted after apply
 
 
 def test_failing_spark_job_drops_the_view_and_leaves_the_table(
@@ -156,7 +144,7 @@ def test_failing_spark_job_drops_the_view_and_leaves_the_table(
         assert table.to_dict(latest=True) == before
         info = table.view_info(view_id)
         assert info is not None and info.status == "dropped"
-        assert _staged_entries(hook, staging_topic(table.topic, view_id)) == 0
+        assert count_entries(hook.get_conn(), staging_topic(table.topic, view_id)) == 0
 
 
 def test_dry_run_publishes_nothing_and_drops_the_view(dag_bundles: None, state_backend: str) -> None:

@@ -39,13 +39,14 @@ def _one(backend: Backend, topic: str) -> Leadership:
 def _leaders_within(backend: Backend, topic: str, *, seconds: float) -> list[tuple[str | None, int]]:
     """(leader, epoch) as read until a leader is listed or ``seconds`` pass: a writer dropped by
     an unload is listed again once it has reconnected."""
-    seen = [(one.leader, one.epoch) for one in [_one(backend, topic)]]
+    seen: list[tuple[str | None, int]] = []
     deadline = time.monotonic() + seconds
-    while seen[-1][0] is None and time.monotonic() < deadline:
-        time.sleep(0.1)
+    while True:
         one = _one(backend, topic)
         seen.append((one.leader, one.epoch))
-    return seen
+        if one.leader is not None or time.monotonic() >= deadline:
+            return seen
+        time.sleep(0.1)
 
 
 def test_leader_no_leader_and_the_epoch_grows_with_each_new_exclusive_writer(backend: Backend, topic: str) -> None:

@@ -33,6 +33,7 @@ from airflow_provider_pulsarstate.engine.recipes.table import (
     register_scope_predicate,
     staging_topic,
 )
+from tests.conftest import count_entries
 from tests.engine.test_conformance import records
 
 APPLY_WORKER = Path(__file__).with_name("view_apply_worker.py")
@@ -185,21 +186,12 @@ def test_max_deletes_guards_against_an_empty_or_partial_view(tables: Any) -> Non
 
 def test_an_applied_views_staged_rows_are_deleted_by_the_time_the_table_closes(tables: Any, backend: Backend) -> None:
     """The staging topic is deleted after the switch on a thread of its own; close() waits for it."""
-    def staged_entries(topic: str) -> int:
-        reader, n = backend.create_reader(topic), 0
-        try:
-            while reader.has_next() and reader.read_next(timeout=10) is not None:
-                n += 1
-        finally:
-            reader.close()
-        return n
-
     table = tables()
     view = switch(table, {f"k{i}": {"v": i} for i in range(50)})
-    assert staged_entries(staging_topic(table.topic, view.view_id)) == 1
+    assert count_entries(backend, staging_topic(table.topic, view.view_id)) == 1
     assert table.apply(view.view_id).set == 50
     table.close()
-    assert staged_entries(staging_topic(table.topic, view.view_id)) == 0
+    assert count_entries(backend, staging_topic(table.topic, view.view_id)) == 0
 
 
 def test_drop_and_expiry(tables: Any, backend: Backend) -> None:
