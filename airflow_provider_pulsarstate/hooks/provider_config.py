@@ -8,6 +8,7 @@ declares (``airflow config list`` shows it); :func:`load_settings` reads and che
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -15,15 +16,21 @@ from airflow_provider_pulsarstate.engine.errors import ConfigurationError
 
 SECTION = "pulsarstate"
 
+LEGACY_KEY_NAMESPACE = "airflow"
+"""The key namespace of earlier versions' default: entries written under it stay readable."""
+
 OPTIONS: dict[str, dict[str, Any]] = {
     "conn_id": {
         "description": "The pulsarstate connection the XCom and state-store backends use.\n",
         "type": "string", "example": "pulsarstate_default", "default": "pulsarstate_default",
     },
     "key_namespace": {
-        "description": "Prefix of every key the XCom and state-store backends write, so that several\n"
-        "Airflow deployments can share one topic without seeing each other's entries.\n",
-        "type": "string", "example": "prod", "default": "airflow",
+        "description": "Name of this deployment's XCom and state entries (part of every key and run-map\n"
+        "topic), so that several Airflow deployments can share a Pulsar namespace without seeing or\n"
+        "cleaning up each other's entries. Empty (the default): derived from the metadata DB's address\n"
+        "([database] sql_alchemy_conn), which every component of one deployment shares; set it\n"
+        "explicitly (the same everywhere) where workers do not see that address.\n",
+        "type": "string", "example": "prod", "default": "",
     },
     "xcom_topic": {
         "description": "Topic of the PulsarMap that holds XCom values (a short name uses the connection's\n"
@@ -40,8 +47,9 @@ OPTIONS: dict[str, dict[str, Any]] = {
         "type": "string", "example": "error", "default": "db",
     },
     "xcom_preview_chars": {
-        "description": "Characters of a small value shown in the reference the metadata DB (and UI) keep.\n",
-        "type": "integer", "example": "80", "default": "80",
+        "description": "Characters of a small value shown in the reference the metadata DB (and UI) keep;\n"
+        "0 (the default) keeps no value text in the metadata DB.\n",
+        "type": "integer", "example": "80", "default": "0",
     },
     "state_store_topic": {
         "description": "Topic of the PulsarMap that holds task and asset state.\n",
@@ -64,11 +72,11 @@ class ProviderSettings:
     """The checked ``[pulsarstate]`` options (see :data:`OPTIONS` for their meaning)."""
 
     conn_id: str = "pulsarstate_default"
-    key_namespace: str = "airflow"
+    key_namespace: str = LEGACY_KEY_NAMESPACE
     xcom_topic: str = "airflow-xcom"
     xcom_max_value_bytes: int = 1048576
     xcom_oversize: Literal["db", "error"] = "db"
-    xcom_preview_chars: int = 80
+    xcom_preview_chars: int = 0
     state_store_topic: str = "airflow-state-store"
     state_store_max_value_bytes: int = 1048576
     state_store_writer_idle_timeout: float = 0.2
@@ -90,8 +98,9 @@ def load_settings(conf: Any = None) -> ProviderSettings:
                 values[name] = int(raw)
             except ValueError:
                 raise ConfigurationError(f"[{SECTION}] {name} must be an integer, not {raw!r}") from None
-            if values[name] <= 0:
-                raise ConfigurationError(f"[{SECTION}] {name} must be positive, not {raw!r}")
+            least = 0 if name == "xcom_preview_chars" else 1
+            if values[name] < least:
+                raise ConfigurationError(f"[{SECTION}] {name} must be >= {least}, not {raw!r}")
         elif spec["type"] == "float":
             try:
                 values[name] = float(raw)
@@ -101,11 +110,32 @@ def load_settings(conf: Any = None) -> ProviderSettings:
                 raise ConfigurationError(f"[{SECTION}] {name} must be a finite number >= 0, not {raw!r}")
         else:
             values[name] = raw
+    if not values["key_namespace"]:
+        values["key_namespace"] = derived_key_namespace(conf)
     if values["xcom_oversize"] not in ("db", "error"):
         raise ConfigurationError(f"[{SECTION}] xcom_oversize must be 'db' or 'error', not {values['xcom_oversize']!r}")
     if "/" in values["key_namespace"]:
         raise ConfigurationError(f"[{SECTION}] key_namespace must not contain '/': {values['key_namespace']!r}")
     return ProviderSettings(**values)
+
+
+def derived_key_namespace(conf: Any) -> str:
+    """``airflow-`` and a digest of ``[database] sql_alchemy_conn``: unique per metadata DB, the
+    same on every component that reads that address.
+
+    :raises ConfigurationError: the address is not configured here (then key_namespace must be set).
+    """
+    try:
+        address = conf.get("database", "sql_alchemy_conn", fallback="")
+    except Exception:
+        address = ""
+    if not address or not str(address).strip():
+        raise ConfigurationError(
+            f"[{SECTION}] key_namespace is not set and [database] sql_alchemy_conn is not configured in this "
+            "process to derive one: set key_namespace to a name unique to this deployment, the same on every "
+            "component (AIRFLOW__PULSARSTATE__KEY_NAMESPACE)"
+        )
+    return "airflow-" + hashlib.sha256(str(address).strip().encode()).hexdigest()[:12]
 
 
 _cached: list[ProviderSettings] = []

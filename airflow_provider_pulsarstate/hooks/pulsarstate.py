@@ -8,13 +8,14 @@ managers and maps, so a connection means the same thing everywhere, including th
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import math
 import os
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
@@ -22,6 +23,7 @@ from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow_provider_pulsarstate.engine.backends import Backend, open_backend
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig, redact_url, url_secrets
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError
+from airflow_provider_pulsarstate.hooks import shared_objects
 from airflow_provider_pulsarstate.hooks.connection_form import (
     CONN_TYPE,
     FIELD_NAMES,
@@ -56,7 +58,7 @@ from airflow_provider_pulsarstate.engine.recipes.state_store import (
 )
 from airflow_provider_pulsarstate.engine.recipes.table import StateTable
 from airflow_provider_pulsarstate.engine.recipes.table_feed import AsyncTableFeed, CommitChanges, TableFeed, read_commit
-from airflow_provider_pulsarstate.engine.recipes.xcom_store import XComStore
+from airflow_provider_pulsarstate.engine.recipes.xcom_store import XComStore, run_topic
 
 # issue 12: topic messages (PulsarMessageTrigger)
 from airflow_provider_pulsarstate.engine.topic_stream import TopicStream, open_topic_stream
@@ -282,6 +284,46 @@ class PulsarStateHook(BaseHook):
         config, backend = self._open()
         options.setdefault("operation_timeout", config.operation_timeout)
         return self._own(XComStore(backend, config.topic_name(topic), namespace=namespace, **options))
+
+    def cached_config(self) -> ConnectionConfig:
+        """:meth:`get_config`, read once per process for this connection id (in a task process
+        reading a connection is a round trip to the execution API); :func:`close_shared_state_maps`
+        forgets it."""
+        by_id = ("config", self.pulsarstate_conn_id)
+        pid = os.getpid()
+        with _shared_lock:
+            held = _shared_by_conn_id.get(by_id)
+        if held is not None and held[0] == pid:
+            return held[1]
+        config = self.get_config()
+        with _shared_lock:
+            _shared_by_conn_id[by_id] = (pid, config)
+        return config
+
+    def cached_topic_name(self, topic: str) -> str:
+        """:meth:`topic_name` with the connection read once per process (:meth:`cached_config`)."""
+        return self.cached_config().topic_name(topic)
+
+    @contextlib.contextmanager
+    def xcom_run_store(
+        self, topic: str, *, namespace: str, dag_id: str, run_id: str, **options: Any
+    ) -> Iterator[XComStore]:
+        """The process-wide :class:`~airflow_provider_pulsarstate.engine.recipes.xcom_store.XComStore`
+        of one DAG run (its own map, topic ``run_topic(topic, namespace, dag_id, run_id)``), opened on
+        demand and kept open for the next caller until idle or evicted (at most
+        ``shared_objects.DEFAULT_MAX_OPEN`` per process), never closed while in use.
+
+        :param topic: the base XCom topic (``[pulsarstate] xcom_topic``): short or full name.
+        :param options: ``max_value_bytes`` and PulsarMap / manager options.
+        """
+        config = self.cached_config()
+        full_topic = run_topic(config.topic_name(topic), namespace, dag_id, run_id)
+        options.setdefault("operation_timeout", config.operation_timeout)
+        key = ("xcom-run", full_topic, namespace, tuple(sorted(options.items())))
+        with shared_objects.borrow(
+            config, key, lambda backend: XComStore(backend, full_topic, namespace=namespace, **options)
+        ) as store:
+            yield store
 
     def get_leases(self, topic: str | None = None, **options: Any) -> Leases:
         """:class:`~airflow_provider_pulsarstate.engine.recipes.lease.Leases` (durable leases with
@@ -589,47 +631,24 @@ def _settings() -> Any:
 
 
 _shared_lock = threading.Lock()
-_shared_backends: dict[ConnectionConfig, tuple[int, Backend]] = {}
-_shared_recipes: dict[tuple[ConnectionConfig, tuple[Any, ...]], tuple[int, Any]] = {}
-_shared_by_conn_id: dict[tuple[Any, ...], tuple[int, Any]] = {}  # the same objects, found without reading the connection
+_shared_by_conn_id: dict[tuple[Any, ...], tuple[int, Any]] = {}  # shared objects, found without reading the connection
 
 
 def _shared(config: ConnectionConfig, key: tuple[Any, ...], factory: Callable[[Backend], Any]) -> Any:
-    """The process-wide object ``factory(backend)`` made for (connection, ``key``); made once per
-    process (opening a map replays its log). A forked child makes its own: the parent's client
-    is not fork-safe, so it is left alone, not closed. Closed at exit."""
-    pid = os.getpid()
-    with _shared_lock:
-        held = _shared_recipes.get((config, key))
-        if held is not None and held[0] == pid:
-            return held[1]
-        backend_held = _shared_backends.get(config)
-        if backend_held is None or backend_held[0] != pid:
-            backend_held = (pid, open_backend(config))
-            _shared_backends[config] = backend_held
-        made = factory(backend_held[1])
-        _shared_recipes[(config, key)] = (pid, made)
-        return made
+    """The process-wide pinned object ``factory(backend)`` made for (connection, ``key``)
+    (see :mod:`~airflow_provider_pulsarstate.hooks.shared_objects`)."""
+    return shared_objects.shared(config, key, factory)
 
 
 @atexit.register
 def close_shared_state_maps() -> None:
     """Close this process's shared state maps and their back ends (also run at exit)."""
-    pid = os.getpid()
     with _shared_lock:
-        maps = [t for p, t in _shared_recipes.values() if p == pid]
-        backends = [b for p, b in _shared_backends.values() if p == pid]
-        _shared_recipes.clear()
         _shared_by_conn_id.clear()
-        _shared_backends.clear()
-        from airflow_provider_pulsarstate.hooks.provider_config import forget_settings
+    from airflow_provider_pulsarstate.hooks.provider_config import forget_settings
 
-        forget_settings()
-    for obj in [*maps, *backends]:
-        try:
-            obj.close()
-        except Exception:
-            log.warning("closing %r failed", obj, exc_info=True)
+    forget_settings()
+    shared_objects.close_all()
 
 
 def _test_embedded_file(config: ConnectionConfig) -> tuple[bool, str]:

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 from airflow.sdk import BaseOperator
 
-from airflow_provider_pulsarstate.xcom.cleanup import run_cleanup
+from airflow_provider_pulsarstate.xcom.cleanup import RunStatus, RunStatuses, run_cleanup
 
 _BATCH = 50  # run ids per execution-API call (they travel in the query string)
 
@@ -27,12 +27,14 @@ class XComCleanupOperator(BaseOperator):
 
         XComCleanupOperator(task_id="xcom_cleanup", older_than_days=30)  # e.g. in a daily DAG
 
-    :param older_than_days: also delete runs whose newest entry is older than this (None: keep them).
+    :param older_than_days: also delete finished runs whose newest entry is older than this (None: keep
+        them); runs that are not finished are never deleted.
     :param remove_missing_runs: delete runs the metadata DB no longer holds (default True).
     :param dry_run: report what would be deleted, delete nothing.
     :param dag_id: only this DAG's entries (default: all DAGs of ``[pulsarstate] key_namespace``).
     :return: (XCom) the counts: ``runs_scanned``, ``entries_scanned``, ``runs_missing``,
-        ``runs_expired``, ``entries_deleted``, ``bytes_deleted``, ``dry_run``.
+        ``runs_expired``, ``runs_live``, ``runs_changed``, ``maps_foreign``, ``entries_deleted``,
+        ``bytes_deleted``, ``dry_run``.
     """
 
     template_fields: Sequence[str] = ("older_than_days", "dry_run", "dag_id_filter")
@@ -54,13 +56,25 @@ class XComCleanupOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         ti = context["ti"]
-        existing = _existing_runs_via_api(ti.get_dr_count) if self.remove_missing_runs else None
         days = None if self.older_than_days in (None, "", "None") else float(self.older_than_days)
         report = run_cleanup(
-            existing_runs=existing, older_than_days=days, dry_run=str(self.dry_run) == "True",
-            dag_id=self.dag_id_filter or None, log=self.log,
+            run_statuses=_run_statuses_via_api(ti.get_dr_count, ti.get_dagrun_state),
+            remove_missing_runs=self.remove_missing_runs, older_than_days=days,
+            dry_run=str(self.dry_run) == "True", dag_id=self.dag_id_filter or None, log=self.log,
         )
         return report.as_dict()
+
+
+def _run_statuses_via_api(count: Callable[..., int], state_of: Callable[[str, str], str]) -> RunStatuses:
+    """``run_statuses`` for :func:`run_cleanup` from the execution API: which runs exist (counted,
+    narrowed by halving) and their states. End dates are not given to tasks: retention then uses the
+    newest value's write time."""
+    existing = _existing_runs_via_api(count)
+
+    def statuses(dag_id: str, run_ids: list[str]) -> dict[str, RunStatus]:
+        return {run_id: RunStatus(str(state_of(dag_id, run_id))) for run_id in sorted(existing(dag_id, run_ids))}
+
+    return statuses
 
 
 def _existing_runs_via_api(count: Callable[..., int]) -> Callable[[str, list[str]], set[str]]:

@@ -54,6 +54,10 @@ class ForwardingBackend(Backend):
         self.check("delete_topic", topic)
         self.inner.delete_topic(topic)
 
+    def list_topics(self, prefix: str) -> list[str]:
+        self.check("list_topics", prefix)
+        return self.inner.list_topics(prefix)
+
     def create_reader(self, topic: str, *, start: Any = EARLIEST) -> RawReader:
         self.check("create_reader", topic)
         return self.inner.create_reader(topic, start=start)

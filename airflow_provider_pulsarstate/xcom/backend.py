@@ -1,4 +1,4 @@
-"""PulsarXComBackend: XCom values in a PulsarMap, a small readable reference in the metadata DB.
+"""PulsarXComBackend: XCom values in one PulsarMap per DAG run, a small reference in the metadata DB.
 
 Configure it on every worker (and wherever tasks run)::
 
@@ -7,50 +7,62 @@ Configure it on every worker (and wherever tasks run)::
 
     [pulsarstate]
     conn_id = pulsarstate_default      # the pulsarstate connection (embedded file when undefined)
-    xcom_topic = airflow-xcom
-    key_namespace = airflow            # keys: <ns>/xcom/<dag>/<run>/<task>/<map_index>/<key>
+    xcom_topic = airflow-xcom          # run maps: <xcom_topic>-<namespace>-r<digest of dag and run>
+    key_namespace = ...                # default: derived from the metadata DB's address (unique per deployment)
     xcom_max_value_bytes = 1048576
     xcom_oversize = db                 # or: error
-    xcom_preview_chars = 80
+    xcom_preview_chars = 0             # > 0 puts a short preview of each value in the reference
 
-What the metadata DB (and so the UI) keeps for a value stored in the map::
+What the metadata DB (and so the UI) keeps for a value stored in a run map::
 
-    {"__pulsarstate_xcom__": 1, "topic": "persistent://public/default/airflow-xcom",
-     "key": "airflow/xcom/my_dag/manual__2026.../extract/-1/return_value",
-     "size": 57, "type": "dict", "written_at": "2026-11-23T20:01:02.123456+00:00",
-     "preview": "{'rows': 3, 'day': datetime.date(2026, 11, 23)}"}
+    {"__pulsarstate_xcom__": 2, "topic": "persistent://public/default/airflow-xcom-prod-r3f2...",
+     "key": "prod/xcom/my_dag/manual__2026.../extract/-1/return_value",
+     "size": 57, "type": "dict", "written_at": "2026-11-23T20:01:02.123456+00:00"}
 
 Guarantees:
 
+* Bounded per-process cost: a task process opens only the run maps it touches (its own run's, and
+  those of the runs it pulls from), so its memory and start-up do not grow with the rest of the
+  deployment's XComs; long-lived processes keep at most a bounded number of run maps open
+  (:mod:`~airflow_provider_pulsarstate.hooks.shared_objects`). Cleanup deletes a run's map whole.
 * Values round-trip with their types as with Airflow's default backend: the map holds the JSON text
   of ``airflow.sdk.serde.serialize(value)`` and reading applies ``airflow.sdk.serde.deserialize``
   (the same ``[core] allowed_deserialization_classes`` policy).
-* A value over ``xcom_max_value_bytes`` stays in the DB (``xcom_oversize = db``), or fails the task
-  with :class:`XComValueTooLargeError` naming the limit and the size (``error``).
+* A value over ``xcom_max_value_bytes`` stays in the DB, wrapped so that it can never be taken for
+  a reference (``xcom_oversize = db``), or fails the task with :class:`XComValueTooLargeError`
+  naming the limit and the size (``error``).
 * An unreachable store (broker down, time-out) fails the task with
   :class:`XComStoreUnavailableError` naming topic and key: the value is never put in the DB instead.
-* A reference is checked before it is followed: a topic other than the configured one, a key outside
-  ``<key_namespace>/xcom/``, or a missing entry raises an error naming the key; nothing in a reference
-  is imported or executed.
+* Isolation: a reference is bound to its row. It names its own dag, run, task, map index and key
+  (in its map key) and the run map those give; when it is read or purged through Airflow
+  (``get_one``, ``get_all``, ``delete``) it must name the very row Airflow was asked for, or
+  :class:`XComReferenceError` names the key and nothing is read or deleted. A task may push only
+  its own XComs: a push for another task instance while a task context is active is refused.
+  Nothing in a reference is imported or executed.
 * Reads use ``latest=True``: a value pushed by another task process is seen.
+* No value text in the metadata DB by default (``xcom_preview_chars = 0``).
 * Retries: at the start of every try Airflow calls :meth:`purge` for each XCom the DB holds for the
-  task instance (``xcom_keys_to_clear`` of the execution API's ``ti_run``), which deletes the map entry.
-  Entries that never reached the DB (the process died between the map write and the DB write) are
-  removed when the next try stores its first value (entries record the try that wrote them).
-* One open map per process and settings (reopened after a fork), closed at exit.
+  task instance, which deletes the map entry. Entries that never reached the DB (the process died
+  between the map write and the DB write) are removed when the next try stores its first value.
+* References written by the earlier single-map layout (version 1) stay readable, from that map.
 
 Airflow never calls ``purge`` when a run is deleted, cleared through the REST API, or removed by
 ``airflow db clean``: run ``airflow pulsarstate xcom-cleanup`` or ``XComCleanupOperator`` for those.
+What the backends cannot isolate: every worker holds the connection's Pulsar role, so code running
+in a task can open any topic the role may read; per-team roles (one deployment namespace each) are
+the defence.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import datetime
 import json
 import logging
 import sys
 import threading
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 from airflow.sdk.bases.xcom import BaseXCom
@@ -62,21 +74,89 @@ from airflow_provider_pulsarstate.engine.errors import (
     XComStoreUnavailableError,
     XComValueTooLargeError,
 )
-from airflow_provider_pulsarstate.hooks.provider_config import ProviderSettings, settings as provider_settings
+from airflow_provider_pulsarstate.engine.recipes.xcom_store import XComStore, run_topic
+from airflow_provider_pulsarstate.hooks.provider_config import (
+    LEGACY_KEY_NAMESPACE,
+    ProviderSettings,
+    settings as provider_settings,
+)
 
 log = logging.getLogger(__name__)
 
 REFERENCE_MARKER = "__pulsarstate_xcom__"
-REFERENCE_VERSION = 1
+REFERENCE_VERSION = 2
+LEGACY_REFERENCE_VERSION = 1
+"""References of the earlier layout: one map for the whole deployment (still read, never written)."""
+DB_VALUE_MARKER = "__pulsarstate_db_value__"
+"""Wraps a value kept in the metadata DB, so that no stored value can look like a reference."""
 _PREVIEW_MAX_SIZE = 64 * 1024  # bigger values get no preview (repr of a large value costs time)
 
 _lock = threading.Lock()
 _swept: set[tuple[Any, ...]] = set()  # task tries whose older tries' entries were removed here
 
 
+@dataclass(frozen=True)
+class _Row:
+    """The XCom row Airflow was asked for (None: any)."""
+
+    dag_id: str | None
+    run_id: str | None
+    task_id: str | None
+    map_index: int | None
+    key: str | None
+
+    def mismatch(self, dag_id: str, run_id: str, task_id: str, map_index: int, key: str) -> str | None:
+        for name, want, got in (
+            ("dag_id", self.dag_id, dag_id), ("run_id", self.run_id, run_id), ("task_id", self.task_id, task_id),
+            ("map_index", self.map_index, map_index), ("key", self.key, key),
+        ):
+            if want is not None and want != got:
+                return f"{name} {got!r} (the row is {name} {want!r})"
+        return None
+
+
+_asked: contextvars.ContextVar[_Row | None] = contextvars.ContextVar("pulsarstate_xcom_row", default=None)
+
+
+@contextlib.contextmanager
+def _asking(row: _Row) -> Iterator[None]:
+    token = _asked.set(row)
+    try:
+        yield
+    finally:
+        _asked.reset(token)
+
+
+@contextlib.contextmanager
+def run_store(settings: ProviderSettings, dag_id: str, run_id: str) -> Iterator[XComStore]:
+    """This process's open XComStore of one DAG run (opened on demand, shared while in use).
+
+    :raises XComStoreUnavailableError: the connection is invalid or the store cannot be opened.
+    """
+    from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+
+    try:
+        cm = PulsarStateHook(settings.conn_id).xcom_run_store(
+            settings.xcom_topic, namespace=settings.key_namespace, dag_id=dag_id, run_id=run_id,
+            max_value_bytes=settings.xcom_max_value_bytes,
+        )
+        store = cm.__enter__()
+    except XComError:
+        raise
+    except Exception as exc:
+        raise XComStoreUnavailableError(
+            f"cannot open the XCom store of run {run_id!r} of {dag_id!r} (connection {settings.conn_id!r}, "
+            f"topic {settings.xcom_topic!r}): {type(exc).__name__}: {exc}"
+        ) from exc
+    try:
+        yield store
+    finally:
+        cm.__exit__(None, None, None)
+
+
 def get_store(settings: ProviderSettings | None = None) -> Any:
-    """This process's open XComStore for ``settings`` (default: ``[pulsarstate]``); opened once
-    per process (the hook's shared stores), closed at exit.
+    """This process's open store of the earlier single-map layout (``xcom_topic`` itself), where
+    version-1 references point; opened once per process, closed at exit.
 
     :raises XComStoreUnavailableError: the connection is invalid or the store cannot be opened.
     """
@@ -110,13 +190,23 @@ def _type_name(value: Any) -> str:
 
 
 def _preview(value: Any, size: int, chars: int) -> str | None:
-    if size > _PREVIEW_MAX_SIZE:
+    if chars <= 0 or size > _PREVIEW_MAX_SIZE:
         return None
     try:
         text = repr(value)
     except Exception:
         return None
     return text if len(text) <= chars else text[: max(chars - 1, 0)] + "\u2026"
+
+
+def _running_ti() -> Any:
+    """The task instance of the active task context, or None outside one."""
+    try:
+        from airflow.sdk import get_current_context
+
+        return get_current_context()["ti"]
+    except Exception:
+        return None
 
 
 def _current_try(dag_id: str, run_id: str, task_id: str, map_index: int) -> int | None:
@@ -135,14 +225,9 @@ def _current_try(dag_id: str, run_id: str, task_id: str, map_index: int) -> int 
             pass
         return None
 
-    try:
-        from airflow.sdk import get_current_context
-
-        found = matches(get_current_context()["ti"])
-        if found is not None:
-            return found
-    except Exception:
-        pass
+    ti = _running_ti()
+    if ti is not None and (found := matches(ti)) is not None:
+        return found
     frame = sys._getframe(1)
     for _ in range(8):
         frame = frame.f_back  # type: ignore[assignment]
@@ -152,6 +237,19 @@ def _current_try(dag_id: str, run_id: str, task_id: str, map_index: int) -> int 
         if ti is not None and (found := matches(ti)) is not None:
             return found
     return None
+
+
+def _refuse_foreign_push(dag_id: str, run_id: str, task_id: str, map_index: int, where: str) -> None:
+    """A task pushes only its own XComs: while a task context is active, another identity is refused."""
+    ti = _running_ti()
+    if ti is None:
+        return
+    own = (ti.dag_id, ti.run_id, ti.task_id, -1 if ti.map_index is None else ti.map_index)
+    if own != (dag_id, run_id, task_id, map_index):
+        raise XComReferenceError(
+            f"{where}: task {own[0]}.{own[2]} (run {own[1]!r}, map index {own[3]}) may push only its own XComs; "
+            f"nothing was written"
+        )
 
 
 def _where(dag_id: Any, run_id: Any, task_id: Any, map_index: Any, key: Any) -> str:
@@ -171,9 +269,52 @@ def _reaching_the_map(message: str, *, note: str = "") -> Iterator[None]:
         raise XComStoreUnavailableError(f"{message}: {type(exc).__name__}: {exc}{note}") from exc
 
 
-class PulsarXComBackend(BaseXCom):
-    """Airflow XCom backend keeping values in a PulsarMap (see the module docstring)."""
+@dataclass(frozen=True)
+class _Target:
+    """Where a checked reference points: the run map's topic (None: the legacy map) and the key."""
 
+    topic: str | None
+    map_key: str
+    identity: tuple[str, str, str, int, str]
+
+
+class PulsarXComBackend(BaseXCom):
+    """Airflow XCom backend keeping values in one PulsarMap per DAG run (see the module docstring)."""
+
+    # -------------------------------------------------------------- the row Airflow was asked for
+    @classmethod
+    def get_one(cls, *, key: str, dag_id: str, task_id: str, run_id: str, map_index: int | None = None,
+                include_prior_dates: bool = False) -> Any | None:
+        with _asking(_Row(dag_id, None if include_prior_dates else run_id, task_id, map_index, key)):
+            return super().get_one(key=key, dag_id=dag_id, task_id=task_id, run_id=run_id, map_index=map_index,
+                                   include_prior_dates=include_prior_dates)
+
+    @classmethod
+    async def aget_one(cls, *, key: str, dag_id: str, task_id: str, run_id: str, map_index: int | None = None,
+                       include_prior_dates: bool = False) -> Any | None:
+        with _asking(_Row(dag_id, None if include_prior_dates else run_id, task_id, map_index, key)):
+            return await super().aget_one(key=key, dag_id=dag_id, task_id=task_id, run_id=run_id,
+                                          map_index=map_index, include_prior_dates=include_prior_dates)
+
+    @classmethod
+    def get_all(cls, *, key: str, dag_id: str, task_id: str, run_id: str, include_prior_dates: bool = False) -> Any:
+        with _asking(_Row(dag_id, None if include_prior_dates else run_id, task_id, None, key)):
+            return super().get_all(key=key, dag_id=dag_id, task_id=task_id, run_id=run_id,
+                                   include_prior_dates=include_prior_dates)
+
+    @classmethod
+    async def aget_all(cls, *, key: str, dag_id: str, task_id: str, run_id: str,
+                       include_prior_dates: bool = False) -> Any:
+        with _asking(_Row(dag_id, None if include_prior_dates else run_id, task_id, None, key)):
+            return await super().aget_all(key=key, dag_id=dag_id, task_id=task_id, run_id=run_id,
+                                          include_prior_dates=include_prior_dates)
+
+    @classmethod
+    def delete(cls, key: str, task_id: str, dag_id: str, run_id: str, map_index: int | None = None) -> None:
+        with _asking(_Row(dag_id, run_id, task_id, map_index, key)):
+            super().delete(key=key, task_id=task_id, dag_id=dag_id, run_id=run_id, map_index=map_index)
+
+    # -------------------------------------------------------------- push
     @staticmethod
     def serialize_value(
         value: Any,
@@ -184,19 +325,21 @@ class PulsarXComBackend(BaseXCom):
         run_id: str | None = None,
         map_index: int | None = None,
     ) -> Any:
-        """Store ``value`` in the map and return the reference the metadata DB keeps.
+        """Store ``value`` in its run's map and return the reference the metadata DB keeps.
 
         :raises XComValueTooLargeError: over ``xcom_max_value_bytes`` with ``xcom_oversize = error``.
+        :raises XComReferenceError: a push for another task instance than the running one.
         :raises XComStoreUnavailableError: the map could not be written (nothing goes to the DB).
         """
         from airflow.sdk.serde import serialize
 
         settings = provider_settings()
         serialized = serialize(value)
-        if None in (key, task_id, dag_id, run_id):  # not a task's push: nowhere to file it
+        if key is None or task_id is None or dag_id is None or run_id is None:  # not a task's push
             return serialized
         map_index = -1 if map_index is None else map_index
         where = _where(dag_id, run_id, task_id, map_index, key)
+        _refuse_foreign_push(dag_id, run_id, task_id, map_index, where)
         text = json.dumps(serialized, separators=(",", ":"))
         size = len(text.encode())
         limit = settings.xcom_max_value_bytes
@@ -208,14 +351,15 @@ class PulsarXComBackend(BaseXCom):
                     size=size, limit=limit,
                 )
             log.info("%s is %s bytes, over the %s-byte limit: kept in the metadata DB", where, f"{size:,}", f"{limit:,}")
-            PulsarXComBackend._drop_superseded(settings, dag_id, run_id, task_id, map_index, key, where)
-            return serialized
+            with _reaching_the_map(f"{where}: cannot remove its earlier value from {settings.xcom_topic!r}"):
+                with run_store(settings, dag_id, run_id) as store:
+                    store.delete(dag_id, run_id, task_id, map_index, key)
+            return {DB_VALUE_MARKER: 1, "value": serialized}
         try_number = _current_try(dag_id, run_id, task_id, map_index)
         with _reaching_the_map(
             f"{where}: cannot store it in {settings.xcom_topic!r} (connection {settings.conn_id!r})",
             note=". Nothing was written to the metadata DB.",
-        ):
-            store = get_store(settings)
+        ), run_store(settings, dag_id, run_id) as store:
             PulsarXComBackend._sweep_older_tries(store, dag_id, run_id, task_id, map_index, try_number)
             map_key, record = store.put(
                 dag_id, run_id, task_id, map_index, key, text, type_name=_type_name(value), try_number=try_number
@@ -246,63 +390,90 @@ class PulsarXComBackend(BaseXCom):
         if removed:
             log.info("removed %d XCom entries of earlier tries of %s.%s (run %r)", removed, dag_id, task_id, run_id)
 
-    @staticmethod
-    def _drop_superseded(
-        settings: ProviderSettings, dag_id: str, run_id: str, task_id: str, map_index: int, key: str, where: str
-    ) -> None:
-        """A value now kept in the DB replaces any earlier one of the same key in the map."""
-        with _reaching_the_map(f"{where}: cannot remove its earlier value from {settings.xcom_topic!r}"):
-            get_store(settings).delete(dag_id, run_id, task_id, map_index, key)
-
+    # -------------------------------------------------------------- pull
     @staticmethod
     def deserialize_value(result: Any) -> Any:
-        """The value a DB row refers to (read from the map with ``latest=True``), or the row's own
-        value when it holds one (oversized values, values written before this backend).
+        """The value a DB row refers to (read from its run map with ``latest=True``), or the row's
+        own value when it holds one (oversized values, values written before this backend).
 
-        :raises XComReferenceError: the reference is malformed or names another topic or namespace.
+        :raises XComReferenceError: the reference is malformed, names another topic or namespace,
+            or names another row than the one Airflow was asked for.
         :raises XComEntryNotFoundError: the map has no entry under the key (names it).
         :raises XComStoreUnavailableError: the map could not be read.
         """
         from airflow.sdk.serde import deserialize
 
         value = result.value
+        if isinstance(value, dict) and set(value) == {DB_VALUE_MARKER, "value"} and value[DB_VALUE_MARKER] == 1:
+            return deserialize(value["value"])
         if not (isinstance(value, dict) and REFERENCE_MARKER in value):
             return BaseXCom.deserialize_value(result)
         settings = provider_settings()
-        map_key = PulsarXComBackend._checked_key(value, settings)
-        with _reaching_the_map(f"cannot read XCom {map_key!r} from {settings.xcom_topic!r}"):
-            store = get_store(settings)
-            record = store.map.get(map_key, latest=True)  # the key was checked: this store's, in canonical form
+        target = PulsarXComBackend._checked(value, settings, asked=_asked.get(), xcom_key=getattr(result, "key", None))
+        with _reaching_the_map(f"cannot read XCom {target.map_key!r} from {target.topic or settings.xcom_topic!r}"):
+            if target.topic is None:
+                store = get_store(settings)
+                record = store.map.get(target.map_key, latest=True)
+                topic = store.topic
+            else:
+                with run_store(settings, target.identity[0], target.identity[1]) as store:
+                    record = store.map.get(target.map_key, latest=True)
+                    topic = store.topic
         if record is None:
             raise XComEntryNotFoundError(
-                f"XCom entry {map_key!r} is not in {store.topic}: it was purged or cleaned up "
+                f"XCom entry {target.map_key!r} is not in {topic}: it was purged or cleaned up "
                 f"(xcom-cleanup, retention), or its topic was replaced",
-                key=map_key, topic=store.topic,
+                key=target.map_key, topic=topic,
             )
         return deserialize(record.json_value())
 
     @staticmethod
-    def _checked_key(reference: dict[str, Any], settings: ProviderSettings) -> str:
-        """The map key of a reference, after checking it names this deployment's store."""
+    def _checked(reference: dict[str, Any], settings: ProviderSettings, *, asked: _Row | None,
+                 xcom_key: Any = None) -> _Target:
+        """Where a reference points, after checking that it names this deployment's store, that its
+        topic is the one its own row gives, and that it is the row Airflow was asked for."""
         version, topic, map_key = reference.get(REFERENCE_MARKER), reference.get("topic"), reference.get("key")
-        if version != REFERENCE_VERSION or not isinstance(topic, str) or not isinstance(map_key, str):
+        if version not in (REFERENCE_VERSION, LEGACY_REFERENCE_VERSION) or not isinstance(topic, str) \
+                or not isinstance(map_key, str):
             raise XComReferenceError(
                 f"malformed XCom reference (version {version!r}, topic {topic!r}, key {map_key!r}): "
                 f"expected version {REFERENCE_VERSION} with string topic and key"
             )
-        store = get_store(settings)
-        if topic != store.topic:
-            raise XComReferenceError(
-                f"XCom reference to key {map_key!r} names topic {topic!r}, not this deployment's XCom topic "
-                f"{store.topic!r} ([pulsarstate] xcom_topic): refusing to follow it"
-            )
-        store.parse_key(map_key)  # raises XComReferenceError outside <key_namespace>/xcom/
-        return map_key
+        if version == LEGACY_REFERENCE_VERSION:  # written under this namespace or the earlier default
+            try:
+                identity = XComStore.parse_key_of(settings.key_namespace, map_key)
+            except XComReferenceError:
+                identity = XComStore.parse_key_of(LEGACY_KEY_NAMESPACE, map_key)
+            expected, target_topic = get_store(settings).topic, None
+        else:
+            from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 
+            identity = XComStore.parse_key_of(settings.key_namespace, map_key)
+            expected = run_topic(
+                PulsarStateHook(settings.conn_id).cached_topic_name(settings.xcom_topic),
+                settings.key_namespace, identity[0], identity[1],
+            )
+            target_topic = expected
+        if topic != expected:
+            raise XComReferenceError(
+                f"XCom reference to key {map_key!r} names topic {topic!r}, not the topic of its own run "
+                f"{expected!r}: refusing to follow it"
+            )
+        problem = asked.mismatch(*identity) if asked is not None else None
+        if problem is None and isinstance(xcom_key, str) and xcom_key != identity[4]:
+            problem = f"key {identity[4]!r} (the row is key {xcom_key!r})"
+        if problem is not None:
+            raise XComReferenceError(
+                f"XCom reference to key {map_key!r} is not bound to its row: it names {problem}; refusing to follow it"
+            )
+        return _Target(target_topic, map_key, identity)
+
+    # -------------------------------------------------------------- purge
     @classmethod
     def purge(cls, xcom: Any, *args: Any) -> None:
         """Delete the map entry a DB row refers to (Airflow calls this before deleting the row: on a
-        task's retry or re-run, and ``XCom.delete``). A reference to another store is left alone.
+        task's retry or re-run, and ``XCom.delete``). A reference to another store, or one not bound
+        to the row being deleted, is left alone (logged as an error naming the key).
 
         :raises XComStoreUnavailableError: the map could not be written (the row then stays, so a
             later purge or the clean-up can remove the entry).
@@ -312,9 +483,13 @@ class PulsarXComBackend(BaseXCom):
             return
         settings = provider_settings()
         try:
-            map_key = cls._checked_key(value, settings)
+            target = cls._checked(value, settings, asked=_asked.get(), xcom_key=getattr(xcom, "key", None))
         except XComReferenceError as exc:
-            log.warning("not purging XCom %r: %s", getattr(xcom, "key", None), exc)
+            log.error("not purging XCom %r: %s", getattr(xcom, "key", None), exc)
             return
-        with _reaching_the_map(f"cannot purge XCom {map_key!r} from {settings.xcom_topic!r}"):
-            get_store(settings).delete_key(map_key)
+        with _reaching_the_map(f"cannot purge XCom {target.map_key!r} from {target.topic or settings.xcom_topic!r}"):
+            if target.topic is None:
+                get_store(settings).delete_key(target.map_key)
+            else:
+                with run_store(settings, target.identity[0], target.identity[1]) as store:
+                    store.delete_key(target.map_key)

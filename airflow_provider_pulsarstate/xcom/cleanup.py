@@ -1,21 +1,56 @@
-"""The XCom clean-up both the operator and the CLI run: select stale runs, delete their entries, report.
+"""The XCom clean-up both the operator and the CLI run: select stale run maps, delete them, report.
 
 Airflow calls ``purge`` only when a worker deletes an XCom (a retried or re-run task); deleting a
-run, clearing through the REST API and ``airflow db clean`` leave the entries in the map. A run is
-stale when Airflow's metadata DB no longer has it (``missing``) or when its newest entry is older than
-the retention (``expired``); all entries of a stale run are deleted in one atomic write.
+run, clearing through the REST API and ``airflow db clean`` leave the run's map behind. Each DAG run
+has its own map (``<xcom_topic>-<namespace>-r<digest>``); the clean-up lists this namespace's run
+maps and deletes a run's map whole when:
+
+* the metadata DB no longer holds the run (``missing``), or
+* the run is finished (success or failed) and ended longer ago than the retention (``expired``).
+
+Guarantees:
+
+* A run the DB holds in any other state (queued, running, ...) is never deleted, however old its
+  values are; a finished run within the retention neither.
+* Compare-and-delete: a map is deleted only if it still holds exactly what was listed, checked
+  while the clean-up holds the map's exclusive writer, so a value pushed during the clean-up is
+  never lost (the run is kept and counted as ``changed``).
+* Only maps of this deployment's ``key_namespace`` are touched: their topic is derived from the
+  namespace, and every key in them must carry it; a map with any other key is left alone.
+* One clock: the CLI judges retention by the run's end date against the metadata DB's own clock,
+  never a worker's; the operator (a task cannot read run end dates) by the newest value's write
+  time against its own clock.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
+from airflow_provider_pulsarstate.engine.recipes.xcom_store import (
+    XComRecord,
+    XComStore,
+    drop_run_map,
+    is_run_topic,
+    run_topic,
+    run_topic_prefix,
+)
 from airflow_provider_pulsarstate.hooks.provider_config import ProviderSettings, load_settings
 
-ExistingRuns = Callable[[str, list[str]], Iterable[str]]
-"""``(dag_id, run_ids) -> the run ids among them that the metadata DB still holds``."""
+TERMINAL_STATES = frozenset({"success", "failed"})
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """A run as the metadata DB holds it: its state and, once finished, when it ended (epoch s)."""
+
+    state: str
+    ended_at: float | None = None
+
+
+RunStatuses = Callable[[str, list[str]], dict[str, RunStatus]]
+"""``(dag_id, run_ids) -> {run_id: RunStatus}`` for the runs the metadata DB still holds."""
 
 
 @dataclass(frozen=True)
@@ -26,6 +61,9 @@ class CleanupReport:
     entries_scanned: int
     runs_missing: int
     runs_expired: int
+    runs_live: int
+    runs_changed: int
+    maps_foreign: int
     entries_deleted: int
     bytes_deleted: int
     dry_run: bool
@@ -34,66 +72,162 @@ class CleanupReport:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class _RunMap:
+    topic: str
+    dag_id: str
+    run_id: str
+    entries: dict[str, XComRecord]
+
+    @property
+    def size(self) -> int:
+        return sum(r.size for r in self.entries.values())
+
+    @property
+    def newest_written_at(self) -> float:
+        return max((r.written_at for r in self.entries.values()), default=0.0)
+
+
 def run_cleanup(
     *,
-    existing_runs: ExistingRuns | None,
+    run_statuses: RunStatuses,
     older_than_days: float | None,
+    remove_missing_runs: bool = True,
+    now: float | None = None,
     dry_run: bool = False,
     dag_id: str | None = None,
     settings: ProviderSettings | None = None,
     log: Any = None,
 ) -> CleanupReport:
-    """Open the configured XCom store, delete the entries of stale runs (unless ``dry_run``) and
-    log a table of the runs (dag, run, reason, entries, bytes, newest write) and the totals.
+    """Delete the run maps of stale runs (unless ``dry_run``) and log a table of them and the totals.
 
-    :param existing_runs: how to tell which runs the metadata DB still holds (None: do not check).
-    :param older_than_days: retention in days (None: no retention).
+    :param run_statuses: how to read runs from the metadata DB (see :data:`RunStatuses`).
+    :param older_than_days: retention in days after a run ended (None: finished runs are kept).
+    :param remove_missing_runs: delete the maps of runs the metadata DB no longer holds.
+    :param now: the time retention is measured to, on the clock that gave the end dates
+        (default: this host's clock).
     """
     from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 
-    if existing_runs is None and older_than_days is None:
-        raise ValueError("xcom clean-up needs a way to check runs against the metadata DB, or older_than_days, or both")
+    if not remove_missing_runs and older_than_days is None:
+        raise ValueError("xcom clean-up needs remove_missing_runs or older_than_days, or both")
     if older_than_days is not None and older_than_days < 0:
         raise ValueError(f"older_than_days must be >= 0, not {older_than_days!r}")
     settings = settings or load_settings()
-    cutoff = None if older_than_days is None else time.time() - older_than_days * 86400.0
+    now = time.time() if now is None else now
+    cutoff = None if older_than_days is None else now - older_than_days * 86400.0
     with PulsarStateHook(settings.conn_id) as hook:
-        store = hook.get_xcom_store(settings.xcom_topic, namespace=settings.key_namespace, writer_idle_timeout=0.2)
-        runs = store.list_runs(dag_id=dag_id, latest=True)
-        stale = store.find_stale_runs(existing_runs=existing_runs, older_than=cutoff, dag_id=dag_id, runs=runs)
-        deleted = 0 if dry_run else store.delete_runs(stale)
-        topic = store.topic
+        backend = hook.get_conn()
+        base = hook.topic_name(settings.xcom_topic)
+        found, foreign = _list_run_maps(backend, base, settings.key_namespace, dag_id, log)
+        verdicts = _judge(found, run_statuses, cutoff, remove_missing_runs)
+        deleted: list[_RunMap] = []
+        changed = 0
+        for run_map, reason in verdicts:
+            if reason not in ("missing", "expired") or dry_run:
+                continue
+            if drop_run_map(backend, run_map.topic, namespace=settings.key_namespace, expected=run_map.entries,
+                            timeout=max(30.0, hook.get_config().operation_timeout)):
+                deleted.append(run_map)
+            else:
+                changed += 1
+    stale = [(m, r) for m, r in verdicts if r in ("missing", "expired")]
     report = CleanupReport(
-        runs_scanned=len(runs),
-        entries_scanned=sum(r.entries for r in runs),
-        runs_missing=sum(1 for s in stale if s.reason == "missing"),
-        runs_expired=sum(1 for s in stale if s.reason == "expired"),
-        entries_deleted=deleted,
-        bytes_deleted=0 if dry_run else sum(s.run.bytes for s in stale),
+        runs_scanned=len(found),
+        entries_scanned=sum(len(m.entries) for m in found),
+        runs_missing=sum(1 for _, r in stale if r == "missing"),
+        runs_expired=sum(1 for _, r in stale if r == "expired"),
+        runs_live=sum(1 for _, r in verdicts if r == "live"),
+        runs_changed=changed,
+        maps_foreign=foreign,
+        entries_deleted=sum(len(m.entries) for m in deleted),
+        bytes_deleted=sum(m.size for m in deleted),
         dry_run=dry_run,
     )
     if log is not None:
-        log.info("%s", format_table(stale, report, topic=topic, namespace=settings.key_namespace))
+        log.info("%s", format_table(stale, report, topic=base, namespace=settings.key_namespace))
     return report
 
 
-def format_table(stale: list[Any], report: CleanupReport, *, topic: str, namespace: str, limit: int = 50) -> str:
+def _list_run_maps(backend: Any, base: str, namespace: str, dag_id: str | None, log: Any) -> tuple[list[_RunMap], int]:
+    """The run maps of ``namespace`` (of ``dag_id`` only, when given) and how many maps under the
+    prefix were not this namespace's."""
+    prefix = run_topic_prefix(base, namespace)
+    topics = [t for t in backend.list_topics(prefix) if is_run_topic(t, prefix)]
+    found: list[_RunMap] = []
+    foreign = 0
+    started = time.monotonic()
+    for i, topic in enumerate(topics, 1):
+        with XComStore(backend, topic, namespace=namespace, writer_idle_timeout=0.2) as store:
+            entries = store.entries(latest=True)
+            owner = _owner(store, topic, base, entries)
+        if owner is None:
+            foreign += bool(entries)
+        elif dag_id is None or owner[0] == dag_id:
+            found.append(_RunMap(topic, owner[0], owner[1], entries))
+        if log is not None and (i % 100 == 0 or i == len(topics)) and time.monotonic() - started > 2:
+            log.info("xcom clean-up: read %d of %d run maps", i, len(topics))
+    return found, foreign
+
+
+def _owner(store: XComStore, topic: str, base: str, entries: dict[str, XComRecord]) -> tuple[str, str] | None:
+    """``(dag_id, run_id)`` of a run map whose every key is of this namespace and of the one run
+    its topic is derived from; None for anything else (never touched)."""
+    runs = set()
+    for key in entries:
+        try:
+            dag, run, *_ = store.parse_key(key)
+        except Exception:
+            return None
+        runs.add((dag, run))
+    if len(runs) != 1:
+        return None
+    dag, run = runs.pop()
+    return (dag, run) if run_topic(base, store.namespace, dag, run) == topic else None
+
+
+def _judge(
+    found: list[_RunMap], run_statuses: RunStatuses, cutoff: float | None, remove_missing: bool
+) -> list[tuple[_RunMap, str]]:
+    """Each run map with its verdict: ``missing``, ``expired``, ``live`` (not finished) or ``kept``."""
+    by_dag: dict[str, list[_RunMap]] = {}
+    for run_map in found:
+        by_dag.setdefault(run_map.dag_id, []).append(run_map)
+    verdicts: list[tuple[_RunMap, str]] = []
+    for dag, maps in sorted(by_dag.items()):
+        statuses = run_statuses(dag, [m.run_id for m in maps])
+        for run_map in sorted(maps, key=lambda m: m.run_id):
+            status = statuses.get(run_map.run_id)
+            if status is None:
+                verdicts.append((run_map, "missing" if remove_missing else "kept"))
+            elif status.state not in TERMINAL_STATES:
+                verdicts.append((run_map, "live"))
+            else:
+                ended = status.ended_at if status.ended_at is not None else run_map.newest_written_at
+                verdicts.append((run_map, "expired" if cutoff is not None and ended < cutoff else "kept"))
+    return verdicts
+
+
+def format_table(stale: list[tuple[Any, str]], report: CleanupReport, *, topic: str, namespace: str, limit: int = 50) -> str:
     """A concise text table: one line per stale run (the first ``limit``), then the totals."""
     verb = "would delete" if report.dry_run else "deleted"
     lines = [f"XCom clean-up of {topic} (namespace {namespace!r}){' [dry run]' if report.dry_run else ''}"]
     if stale:
         lines.append(f"  {'dag_id':<30} {'run_id':<44} {'reason':<8} {'entries':>7} {'bytes':>10}  newest write (UTC)")
-        for s in stale[:limit]:
-            newest = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(s.run.newest_written_at))
+        for run_map, reason in stale[:limit]:
+            newest = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(run_map.newest_written_at))
             lines.append(
-                f"  {s.run.dag_id[:30]:<30} {s.run.run_id[:44]:<44} {s.reason:<8} {s.run.entries:>7} {s.run.bytes:>10}  {newest}"
+                f"  {run_map.dag_id[:30]:<30} {run_map.run_id[:44]:<44} {reason:<8} {len(run_map.entries):>7} "
+                f"{run_map.size:>10}  {newest}"
             )
         if len(stale) > limit:
             lines.append(f"  ... and {len(stale) - limit} more runs")
-    entries = sum(s.run.entries for s in stale)
+    entries = sum(len(m.entries) for m, _ in stale)
     lines.append(
         f"  scanned {report.runs_scanned} runs / {report.entries_scanned} entries; stale: {report.runs_missing} missing "
-        f"from the metadata DB, {report.runs_expired} past retention; {verb} {entries if report.dry_run else report.entries_deleted} "
-        f"entries ({sum(s.run.bytes for s in stale):,} bytes)"
+        f"from the metadata DB, {report.runs_expired} past retention; kept: {report.runs_live} not finished, "
+        f"{report.runs_changed} changed during the clean-up, {report.maps_foreign} maps of another namespace; "
+        f"{verb} {entries if report.dry_run else report.entries_deleted} entries "
+        f"({sum(m.size for m, _ in stale) if report.dry_run else report.bytes_deleted:,} bytes)"
     )
     return "\n".join(lines)

@@ -164,6 +164,11 @@ class Backend(ABC):
         """Delete the topic and its entries (a missing topic is fine)."""
 
     @abstractmethod
+    def list_topics(self, prefix: str) -> list[str]:
+        """The full names of the existing topics whose name starts with ``prefix`` (a full
+        ``persistent://tenant/namespace/...`` prefix), sorted; asking creates nothing."""
+
+    @abstractmethod
     def create_reader(self, topic: str, *, start: Any = EARLIEST) -> RawReader:
         """A cursor positioned before ``start`` (EARLIEST or a position from a RawEntry, exclusive)."""
 

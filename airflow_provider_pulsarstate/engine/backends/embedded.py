@@ -294,6 +294,20 @@ class EmbeddedBackend(Backend):
         finally:
             _close_quietly(conn)
 
+    def list_topics(self, prefix: str) -> list[str]:
+        conn = self.connect()
+        try:
+            rows = conn.execute(
+                "SELECT name FROM topics WHERE substr(name, 1, ?) = ? "
+                "UNION SELECT name FROM offset_topics WHERE substr(name, 1, ?) = ? ORDER BY 1",
+                (len(prefix), prefix, len(prefix), prefix),
+            ).fetchall()
+        except sqlite3.Error as exc:
+            raise BackendUnavailableError(f"cannot list the topics under {self.topic_url(prefix)}: {exc}") from exc
+        finally:
+            _close_quietly(conn)
+        return [r[0] for r in rows]
+
     # -- readers ----------------------------------------------------------------------------
     def create_reader(self, topic: str, *, start: Any = EARLIEST) -> RawReader:
         after = -1 if is_earliest(start) else int(start)

@@ -47,6 +47,7 @@ from airflow_provider_pulsarstate.engine.config import ConnectionConfig, redact_
 from airflow_provider_pulsarstate.engine.errors import (
     BackendUnavailableError,
     ClosedError,
+    ConfigurationError,
     OperationTimeoutError,
     UnknownOutcomeError,
     WriterBusyError,
@@ -312,6 +313,12 @@ class PulsarBackend(Backend):
 
     def delete_topic(self, topic: str) -> None:
         self.admin.delete_topic(topic, force=True)
+
+    def list_topics(self, prefix: str) -> list[str]:
+        parts = prefix.removeprefix("persistent://").split("/")
+        if not prefix.startswith("persistent://") or len(parts) < 3:
+            raise ConfigurationError(f"topic prefix {prefix!r} is not persistent://tenant/namespace/...")
+        return sorted(t for t in self.admin.namespace_topics(parts[0], parts[1]) if t.startswith(prefix))
 
     # -- readers ----------------------------------------------------------------------------
     def create_reader(self, topic: str, *, start: Any = EARLIEST) -> RawReader:

@@ -30,7 +30,9 @@ reports missing from Airflow's metadata DB, runs whose newest entry is older tha
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -131,42 +133,36 @@ class StaleRun:
     reason: str
 
 
-class XComStore(Recipe):
-    """XCom entries of one key namespace in a PulsarMap (see the module docstring for a usage example).
+RUN_DIGEST_CHARS = 32
+_SLUG = re.compile(r"[^A-Za-z0-9_.-]")
 
-    Writes are atomic per call (a multi-run delete is one record); reads answer from the local
-    replica unless ``latest=True`` (then at least the tail at call time: what another process
-    wrote before the call). Keys outside ``<namespace>/xcom/`` are never read, listed or deleted,
-    so deployments sharing a topic stay apart.
 
-    :param backend: where the log lives.
-    :param topic: the fully qualified topic.
-    :param namespace: the key namespace (``[pulsarstate] key_namespace``); no ``/``.
-    :param max_value_bytes: the largest value text :meth:`put` accepts (ValueTooLargeError above).
-    :param map_options: PulsarMap / manager options (``writer_idle_timeout`` defaults to 0.5 s).
-    :raises ConfigurationError: a bad namespace.
-    """
+def run_topic_prefix(base_topic: str, namespace: str) -> str:
+    """The prefix of every run topic of one key namespace (``<base>-<namespace slug>-r``)."""
+    return f"{base_topic}-{_SLUG.sub('_', namespace)[:40]}-r"
 
-    def __init__(
-        self,
-        backend: Backend,
-        topic: str,
-        *,
-        namespace: str = "airflow",
-        max_value_bytes: int = DEFAULT_MAX_RECORD_BYTES,
-        **map_options: Any,
-    ) -> None:
-        if not namespace or "/" in namespace:
+
+def run_topic(base_topic: str, namespace: str, dag_id: str, run_id: str) -> str:
+    """The topic of one DAG run's XCom map: :func:`run_topic_prefix` and a digest of (namespace,
+    dag id, run id), so any id spelling gives a valid, fixed-length topic name."""
+    digest = hashlib.sha256(f"{namespace}\0{dag_id}\0{run_id}".encode()).hexdigest()[:RUN_DIGEST_CHARS]
+    return run_topic_prefix(base_topic, namespace) + digest
+
+
+def is_run_topic(topic: str, prefix: str) -> bool:
+    """Whether ``topic`` is a run map's log under ``prefix`` (not one of its checkpoint topics)."""
+    rest = topic[len(prefix):]
+    return topic.startswith(prefix) and len(rest) == RUN_DIGEST_CHARS and all(c in "0123456789abcdef" for c in rest)
+
+
+class _KeyLayout:
+    """The key layout of one namespace (no map needed)."""
+
+    def __init__(self, namespace: str) -> None:
+        if not isinstance(namespace, str) or not namespace or "/" in namespace:
             raise XComReferenceError(f"XCom key namespace must be non-empty and without '/': {namespace!r}")
-        self.topic = topic
         self.namespace = namespace
         self.prefix = f"{quote(namespace, safe='')}/{XCOM_SEGMENT}/"
-        self.max_value_bytes = max_value_bytes
-        map_options.setdefault("writer_idle_timeout", DEFAULT_WRITER_IDLE_TIMEOUT)
-        self.map: PulsarMap[str, XComRecord] = PulsarMap(
-            backend, topic, value_serde=RECORD_SERDE, max_value_bytes=max_value_bytes + _HEADER_SLACK, **map_options
-        )
-        self.manager = self.map.manager
 
     # ------------------------------------------------------------------ keys
     def map_key(self, dag_id: str, run_id: str, task_id: str, map_index: int, key: str) -> str:
@@ -202,6 +198,50 @@ class XComStore(Recipe):
         if self.map_key(dag_id, run_id, task_id, map_index, key) != map_key:  # one spelling per entry
             raise XComReferenceError(f"{map_key!r} is not in canonical form")
         return dag_id, run_id, task_id, map_index, key
+
+
+
+class XComStore(Recipe, _KeyLayout):
+    """XCom entries of one key namespace in a PulsarMap (see the module docstring for a usage example).
+
+    Writes are atomic per call (a multi-run delete is one record); reads answer from the local
+    replica unless ``latest=True`` (then at least the tail at call time: what another process
+    wrote before the call). Keys outside ``<namespace>/xcom/`` are never read, listed or deleted,
+    so deployments sharing a topic stay apart.
+
+    :param backend: where the log lives.
+    :param topic: the fully qualified topic.
+    :param namespace: the key namespace (``[pulsarstate] key_namespace``); no ``/``.
+    :param max_value_bytes: the largest value text :meth:`put` accepts (ValueTooLargeError above).
+    :param map_options: PulsarMap / manager options (``writer_idle_timeout`` defaults to 0.5 s).
+    :raises ConfigurationError: a bad namespace.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        topic: str,
+        *,
+        namespace: str = "airflow",
+        max_value_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        **map_options: Any,
+    ) -> None:
+        _KeyLayout.__init__(self, namespace)
+        self.topic = topic
+        self.max_value_bytes = max_value_bytes
+        map_options.setdefault("writer_idle_timeout", DEFAULT_WRITER_IDLE_TIMEOUT)
+        self.map: PulsarMap[str, XComRecord] = PulsarMap(
+            backend, topic, value_serde=RECORD_SERDE, max_value_bytes=max_value_bytes + _HEADER_SLACK, **map_options
+        )
+        self.manager = self.map.manager
+
+    @staticmethod
+    def parse_key_of(namespace: str, map_key: str) -> tuple[str, str, str, int, str]:
+        """:meth:`parse_key` for namespace ``namespace``, without a store.
+
+        :raises XComReferenceError: not a key of this namespace, or malformed (names the key).
+        """
+        return _KeyLayout(namespace).parse_key(map_key)
 
     # ------------------------------------------------------------------ one entry
     def put(
@@ -358,6 +398,11 @@ class XComStore(Recipe):
             return 0
         return self.map.update_multiple(lambda k: _run_prefix_of(k, self.prefix) in prefixes, _drop, timeout=timeout)
 
+    def entries(self, *, latest: bool = True, timeout: float | None = None) -> dict[str, XComRecord]:
+        """Every entry of the map, this namespace's or not (``{map key: record}``): what
+        :func:`drop_run_map` compares against."""
+        return self.map.to_dict(latest=latest, timeout=timeout)
+
     def _delete_keys(self, keys: set[str], *, timeout: float | None) -> int:
         if not keys:
             return 0
@@ -396,3 +441,26 @@ def _try_of(data: bytes, current: int) -> bool:
     """True when the record was written by a try before ``current``."""
     t = _header(data).get("try")
     return isinstance(t, int) and not isinstance(t, bool) and t < current
+
+
+def drop_run_map(
+    backend: Backend, topic: str, *, namespace: str, expected: dict[str, XComRecord], timeout: float,
+) -> bool:
+    """Delete a run map's topics (the log and its checkpoints) only if it still holds exactly
+    ``expected`` (compare-and-delete): the check and the deletion happen while this call holds the
+    map's exclusive writer, so nothing can land in between. Returns whether it was deleted.
+
+    :raises OperationTimeoutError: the writer could not be taken within ``timeout``.
+    """
+    from airflow_provider_pulsarstate.engine.backends.base import AcquireMode
+
+    writer = backend.acquire_writer(topic, mode=AcquireMode.WAIT, timeout=timeout)
+    try:
+        with XComStore(backend, topic, namespace=namespace, writer_idle_timeout=None) as fresh:
+            if fresh.entries(latest=True, timeout=timeout) != expected:
+                return False
+        for name in [topic, *(t for t in backend.list_topics(topic + "-checkpoint"))]:
+            backend.delete_topic(name)
+        return True
+    finally:
+        writer.close()
