@@ -36,7 +36,7 @@ def run_statuses_in_db(dag_id: str, run_ids: list[str]) -> dict[str, Any]:
                 DagRun.dag_id == dag_id, DagRun.run_id.in_(batch)
             )
             for run_id, state, end_date in session.execute(query):
-                found[run_id] = RunStatus(str(state), None if end_date is None else _epoch(end_date))
+                found[run_id] = RunStatus.of(state, None if end_date is None else _epoch(end_date))
     return found
 
 

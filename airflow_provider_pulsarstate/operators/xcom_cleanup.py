@@ -72,7 +72,7 @@ def _run_statuses_via_api(count: Callable[..., int], state_of: Callable[[str, st
     existing = _existing_runs_via_api(count)
 
     def statuses(dag_id: str, run_ids: list[str]) -> dict[str, RunStatus]:
-        return {run_id: RunStatus(str(state_of(dag_id, run_id))) for run_id in sorted(existing(dag_id, run_ids))}
+        return {run_id: RunStatus.of(state_of(dag_id, run_id)) for run_id in sorted(existing(dag_id, run_ids))}
 
     return statuses
 

@@ -48,6 +48,11 @@ class RunStatus:
     state: str
     ended_at: float | None = None
 
+    @classmethod
+    def of(cls, state: Any, ended_at: float | None = None) -> "RunStatus":
+        """From a state as Airflow gives it (a ``DagRunState`` or its value)."""
+        return cls(str(getattr(state, "value", state)).lower(), ended_at)
+
 
 RunStatuses = Callable[[str, list[str]], dict[str, RunStatus]]
 """``(dag_id, run_ids) -> {run_id: RunStatus}`` for the runs the metadata DB still holds."""

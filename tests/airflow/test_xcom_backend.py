@@ -28,7 +28,8 @@ from airflow_provider_pulsarstate.engine.errors import (
     XComStoreUnavailableError,
 )
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
-from airflow_provider_pulsarstate.xcom.backend import REFERENCE_MARKER, PulsarXComBackend, close_stores
+from airflow_provider_pulsarstate.engine.recipes.xcom_store import run_topic
+from airflow_provider_pulsarstate.xcom.backend import DB_VALUE_MARKER, REFERENCE_MARKER, PulsarXComBackend, close_stores
 from tests.airflow.conftest import AIRFLOW_BIN
 from tests.airflow.dagruns import ROOT, TEST_DAGS, load_dag, run_dag
 from tests.airflow.test_views_operators import dag_bundles  # noqa: F401
@@ -56,8 +57,18 @@ def xcom_backend(dag_bundles: None, state_backend: str, monkeypatch: pytest.Monk
     close_stores()
 
 
-def _store(hook: PulsarStateHook, namespace: str) -> Any:
-    return hook.get_xcom_store(TOPIC, namespace=namespace, writer_idle_timeout=0.2)
+def _run_maps(hook: PulsarStateHook, namespace: str, dag_id: str) -> dict[str, int]:
+    """``{run_id: entries}`` of the run maps ``dag_id`` has in ``namespace`` (as the clean-up lists them)."""
+    from airflow_provider_pulsarstate.xcom.cleanup import _list_run_maps
+
+    found, _ = _list_run_maps(hook.get_conn(), hook.topic_name(TOPIC), namespace, dag_id, None)
+    return {m.run_id: len(m.entries) for m in found}
+
+
+def _store(hook: PulsarStateHook, namespace: str, dag_id: str, run_id: str) -> Any:
+    """The XCom map of one DAG run (owned by ``hook``)."""
+    topic = run_topic(hook.topic_name(TOPIC), namespace, dag_id, run_id)
+    return hook.get_xcom_store(topic, namespace=namespace, writer_idle_timeout=0.2)
 
 
 def _db_rows(run_id: str) -> list[Any]:
@@ -110,23 +121,19 @@ def test_values_round_trip_and_the_db_holds_references_only(xcom_backend: Simple
     } | {("double", i, "return_value") for i in range(3)}
     assert {(r.task_id, r.map_index, r.key) for r in rows} == expected_rows
     with PulsarStateHook() as hook:
-        store = _store(hook, xcom_backend.namespace)
+        store = _store(hook, xcom_backend.namespace, dag.dag_id, run_id)
         entries = {(e.task_id, e.map_index, e.key): e for e in store.list_run(dag.dag_id, run_id)}
         for row in rows:
             ref = row.value
-            assert isinstance(ref, dict) and ref[REFERENCE_MARKER] == 1, row  # a reference, never the value
-            assert ref["topic"] == hook.topic_name(TOPIC)
+            assert isinstance(ref, dict) and ref[REFERENCE_MARKER] == 2, row  # a reference, never the value
+            assert ref["topic"] == store.topic and "preview" not in ref  # the run's own map; no value text
             entry = entries[(row.task_id, row.map_index, row.key)]
             assert ref["key"] == entry.map_key and ref["size"] == entry.record.size
             assert ref["type"] == entry.record.type_name
         assert len(entries) == len(rows)
-        # the UI's view: where, size, type and a short preview
-        a_set = next(r.value for r in rows if r.key == "a_set")
-        assert a_set["type"] == "set" and a_set["preview"] in ("{'a', 'b', 'c'}", "{'a', 'c', 'b'}", "{'b', 'a', 'c'}",
-                                                                 "{'b', 'c', 'a'}", "{'c', 'a', 'b'}", "{'c', 'b', 'a'}")
-        point = next(r.value for r in rows if r.key == "a_dataclass")
-        assert point["type"] == "tests.airflow.xcom_values.Point" and point["preview"].startswith("Point(x=7, ")
-        assert len(point["preview"]) <= 80
+        # the UI's view: where, size and type
+        assert next(r.value for r in rows if r.key == "a_set")["type"] == "set"
+        assert next(r.value for r in rows if r.key == "a_dataclass")["type"] == "tests.airflow.xcom_values.Point"
         mapped = sorted((r.map_index, r.value["key"]) for r in rows if r.task_id == "double")
         assert [m for m, _ in mapped] == [0, 1, 2] and all(k.endswith(f"/double/{m}/return_value") for m, k in mapped)
         # the values themselves, read back through the backend from the DB references
@@ -147,10 +154,12 @@ def test_oversized_values(xcom_backend: SimpleNamespace, monkeypatch: pytest.Mon
     if mode == "db":
         assert run.state == "success", run.states
         assert _returns(run_id)["big_len"] == 5000
-        assert rows[("big", "return_value")] == "x" * 5000  # in the DB, as Airflow's own backend keeps it
-        assert rows[("push", "a_dict")][REFERENCE_MARKER] == 1  # small values still go to the map
+        # in the DB, as Airflow's own backend keeps it, wrapped so that it can never pass for a reference
+        assert rows[("big", "return_value")] == {DB_VALUE_MARKER: 1, "value": "x" * 5000}
+        assert rows[("push", "a_dict")][REFERENCE_MARKER] == 2  # small values still go to the map
         with PulsarStateHook() as hook:
-            assert _store(hook, xcom_backend.namespace).get(dag.dag_id, run_id, "big", -1, "return_value", latest=True) is None
+            store = _store(hook, xcom_backend.namespace, dag.dag_id, run_id)
+            assert store.get(dag.dag_id, run_id, "big", -1, "return_value", latest=True) is None
     else:
         assert run.states["big"] == "failed" and run.states["big_len"] == "upstream_failed"
         assert ("big", "return_value") not in rows
@@ -181,7 +190,7 @@ def test_purge_removes_the_entry_and_a_purged_reference_names_its_key(xcom_backe
     assert PulsarXComBackend.deserialize_value(SimpleNamespace(value=ref)) == 3
     PulsarXComBackend.purge(SimpleNamespace(key="return_value", value=ref))
     with PulsarStateHook() as hook:
-        store = _store(hook, xcom_backend.namespace)
+        store = _store(hook, xcom_backend.namespace, dag.dag_id, run_id)
         assert store.get(dag.dag_id, run_id, "consume", -1, "return_value", latest=True) is None
         assert store.get(dag.dag_id, run_id, "produce", -1, "return_value", latest=True) is not None  # only that one
     with pytest.raises(XComEntryNotFoundError) as info:
@@ -193,16 +202,18 @@ def test_purge_removes_the_entry_and_a_purged_reference_names_its_key(xcom_backe
 def test_references_are_checked_before_they_are_followed(xcom_backend: SimpleNamespace) -> None:
     ref = PulsarXComBackend.serialize_value({"a": 1}, key="k", task_id="t", dag_id="d", run_id="r/1", map_index=-1)
     assert ref["key"] == f"{xcom_backend.namespace}/xcom/d/r%2F1/t/-1/k"  # '/' in a run id cannot make a segment
-    with PulsarStateHook() as hook:  # an entry of another deployment sharing the topic
-        other = hook.get_xcom_store(TOPIC, namespace="other-deployment", writer_idle_timeout=0.2)
+    with PulsarStateHook() as hook:  # an entry of another deployment sharing the Pulsar namespace
+        other = _store(hook, "other-deployment", "d", "r")
         other_key, _ = other.put("d", "r", "t", -1, "k", '{"secret":1}', type_name="dict")
         forged = [
             {**ref, "topic": "persistent://public/default/some-other-topic"},
+            {**ref, "topic": other.topic, "key": other_key},
             {**ref, "key": other_key},
             {**ref, "key": ref["key"] + "/extra"},
             {**ref, "key": f"{xcom_backend.namespace}/xcom/d/r/1/t/-1/k"},
+            {**ref, "key": f"{xcom_backend.namespace}/xcom/d/r%2F2/t/-1/k"},  # another run: not this topic's
             {**ref, "key": 42},
-            {**ref, REFERENCE_MARKER: 2},
+            {**ref, REFERENCE_MARKER: 3},
         ]
         for bad in forged:
             with pytest.raises(XComReferenceError) as info:
@@ -227,7 +238,7 @@ def test_a_retry_clears_the_previous_try_values(xcom_backend: SimpleNamespace) -
     # Airflow purged first_try (it was in the DB) when try 2 started; the orphan never was in the DB
     assert second == {"try": 2, "at_start": ["orphan"]}
     with PulsarStateHook() as hook:
-        entries = _store(hook, xcom_backend.namespace).list_run(dag.dag_id, run_id)
+        entries = _store(hook, xcom_backend.namespace, dag.dag_id, run_id).list_run(dag.dag_id, run_id)
     # first_try: purged by Airflow's clear at the start of try 2 (purge); orphan: never in the DB,
     # removed when try 2 stored its first value
     assert sorted(e.key for e in entries) == ["return_value", "second_try"]
@@ -267,7 +278,7 @@ def test_several_tasks_of_one_run_push_at_once(xcom_backend: SimpleNamespace, tm
     for task_id, ref in refs.items():
         assert PulsarXComBackend.deserialize_value(SimpleNamespace(value=ref))["task"] == task_id
     with PulsarStateHook() as hook:
-        runs = _store(hook, xcom_backend.namespace).list_runs(dag_id="xcom_concurrent")
+        runs = _store(hook, xcom_backend.namespace, "xcom_concurrent", run_id).list_runs(dag_id="xcom_concurrent")
     assert [(r.run_id, r.entries) for r in runs] == [(run_id, 8)]
 
 
@@ -344,18 +355,18 @@ def test_cleanup_operator_removes_deleted_and_expired_runs(xcom_backend: SimpleN
     _delete_run(plain.dag_id, gone)  # deleted from the DB: Airflow calls no purge
     assert _db_rows(gone) == []
     with PulsarStateHook() as hook:
-        store = _store(hook, xcom_backend.namespace)
-        _age(store, plain.dag_id, old, days=10)
-        per_run = {r.run_id: r.entries for r in store.list_runs(dag_id=plain.dag_id)}
+        _age(_store(hook, xcom_backend.namespace, plain.dag_id, old), plain.dag_id, old, days=10)
+        per_run = _run_maps(hook, xcom_backend.namespace, plain.dag_id)
     assert set(per_run) == set(run_ids)
 
     dry = run_dag(cleanup, {"dry_run": True, "older_than_days": 5})
     assert dry.state == "success", dry.states
     counts = PulsarXComBackend.deserialize_value(SimpleNamespace(value=_ref(_run_id(cleanup.dag_id), "cleanup")))
     assert counts == {"runs_scanned": 3, "entries_scanned": sum(per_run.values()), "runs_missing": 1, "runs_expired": 1,
+                      "runs_live": 0, "runs_changed": 0, "maps_foreign": 0,
                       "entries_deleted": 0, "bytes_deleted": 0, "dry_run": True}
     with PulsarStateHook() as hook:
-        assert {r.run_id for r in _store(hook, xcom_backend.namespace).list_runs(dag_id=plain.dag_id)} == set(run_ids)
+        assert set(_run_maps(hook, xcom_backend.namespace, plain.dag_id)) == set(run_ids)
 
     cleanup = load_dag(TEST_DAGS / "xcom_test_dags.py", "xcom_backend_cleanup")  # dag.test() renders in place
     real = run_dag(cleanup, {"older_than_days": 5})
@@ -364,7 +375,7 @@ def test_cleanup_operator_removes_deleted_and_expired_runs(xcom_backend: SimpleN
     assert counts["runs_missing"] == 1 and counts["runs_expired"] == 1 and counts["dry_run"] is False
     assert counts["entries_deleted"] == per_run[gone] + per_run[old] and counts["bytes_deleted"] > 0
     with PulsarStateHook() as hook:
-        assert [r.run_id for r in _store(hook, xcom_backend.namespace).list_runs(dag_id=plain.dag_id)] == [kept]
+        assert list(_run_maps(hook, xcom_backend.namespace, plain.dag_id)) == [kept]
     assert PulsarXComBackend.deserialize_value(SimpleNamespace(value=_ref(kept, "consume"))) == 3
 
 
@@ -429,15 +440,16 @@ def test_cleanup_cli_in_a_real_airflow_process(
     dry = subprocess.run([*cli, "--dry-run"], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert "[dry run]" in dry.stdout and gone[:44] in dry.stdout and "missing" in dry.stdout, dry.stdout[-3000:]
-    assert "1 missing from the metadata DB, 0 past retention; would delete 4 entries" in dry.stdout, dry.stdout
+    assert "1 missing from the metadata DB, 0 past retention;" in dry.stdout and "would delete 4 entries" in dry.stdout, dry.stdout
     with PulsarStateHook() as hook:
-        assert len(_store(hook, xcom_backend.namespace).list_runs(dag_id="xcom_backend_plain")) == 2
+        assert len(_run_maps(hook, xcom_backend.namespace, "xcom_backend_plain")) == 2
 
     real = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert real.returncode == 0, real.stderr[-3000:]
-    assert "scanned 2 runs / 8 entries; stale: 1 missing from the metadata DB, 0 past retention; deleted 4 entries" in real.stdout, real.stdout
+    assert "scanned 2 runs / 8 entries; stale: 1 missing from the metadata DB, 0 past retention;" in real.stdout, real.stdout
+    assert "deleted 4 entries" in real.stdout, real.stdout
     with PulsarStateHook() as hook:
-        assert [r.run_id for r in _store(hook, xcom_backend.namespace).list_runs(dag_id="xcom_backend_plain")] == [kept]
+        assert list(_run_maps(hook, xcom_backend.namespace, "xcom_backend_plain")) == [kept]
 
 
 def test_provider_info_registers_the_operator_and_the_cli() -> None:

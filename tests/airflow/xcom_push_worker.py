@@ -13,12 +13,14 @@ import sys
 import threading
 import time
 
-from airflow_provider_pulsarstate.xcom.backend import PulsarXComBackend, get_store
+from airflow_provider_pulsarstate.hooks.provider_config import settings
+from airflow_provider_pulsarstate.xcom.backend import PulsarXComBackend, run_store
 
 
 def main() -> None:
     dag_id, run_id, go_file, *task_ids = sys.argv[1:]
-    get_store().start()  # open (replay) before the go signal, so the pushes themselves race
+    with run_store(settings(), dag_id, run_id) as store:
+        store.start()  # open (replay) before the go signal, so the pushes themselves race
     print("ready", flush=True)
     results: dict[str, object] = {}
 

@@ -79,10 +79,12 @@ with DAG("xcom_backend_retry", schedule=None, start_date=START, catchup=False):
                 {"orphan": True}, key="orphan", task_id=ti.task_id, dag_id=ti.dag_id, run_id=ti.run_id, map_index=-1
             )
             raise RuntimeError("injected failure of try 1")
-        from airflow_provider_pulsarstate.xcom.backend import get_store
+        from airflow_provider_pulsarstate.hooks.provider_config import settings
+        from airflow_provider_pulsarstate.xcom.backend import run_store
 
         # before this try's first push: what Airflow's clear at the start of the try left in the map
-        at_start = sorted(e.key for e in get_store().list_run(ti.dag_id, ti.run_id))
+        with run_store(settings(), ti.dag_id, ti.run_id) as store:
+            at_start = sorted(e.key for e in store.list_run(ti.dag_id, ti.run_id))
         ti.xcom_push("second_try", {"try": ti.try_number, "at_start": at_start})
         return "done"
 
