@@ -227,6 +227,45 @@ def test_references_are_checked_before_they_are_followed(xcom_backend: SimpleNam
     assert PulsarXComBackend.deserialize_value(SimpleNamespace(value={"plain": [1, 2]})) == {"plain": [1, 2]}
 
 
+def test_another_dags_xcom_cannot_be_read_purged_or_overwritten(
+    xcom_backend: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("AIRFLOW__PULSARSTATE__XCOM_MAX_VALUE_BYTES", "1000")
+    close_stores()
+    victim = load_dag(TEST_DAGS / "xcom_test_dags.py", "xcom_backend_plain")
+    assert run_dag(victim, {}).state == "success"
+    victim_run = _run_id(victim.dag_id)
+    victim_ref = _ref(victim_run, "produce")
+    with PulsarStateHook() as hook:
+        before = _store(hook, xcom_backend.namespace, victim.dag_id, victim_run).list_run(victim.dag_id, victim_run)
+    attack = load_dag(TEST_DAGS / "xcom_test_dags.py", "xcom_isolation")
+    params = {"victim_topic": victim_ref["topic"], "victim_key": victim_ref["key"], "victim_dag": victim.dag_id,
+              "victim_run": victim_run}
+    with caplog.at_level("ERROR", logger="airflow_provider_pulsarstate.xcom.backend"):
+        run = run_dag(attack, params)
+    assert run.states["forge"] == "success", run.states  # try 2, after Airflow purged try 1's forged row
+    run_id = _run_id(attack.dag_id)
+    # the retry's purge refused to follow the forged reference into the victim's map
+    assert any("not purging XCom 'stolen'" in r.getMessage() and victim_ref["key"] in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    # reading the forged row: refused, naming the key; nothing of the victim read
+    read = PulsarXComBackend.deserialize_value(SimpleNamespace(value=_ref(run_id, "read_forged")))
+    assert read.startswith("XComReferenceError") and victim_ref["key"] in read and "not bound to its row" in read, read
+    assert "rows" not in read
+    # overwriting another DAG's XCom: refused before anything was written
+    outcome = PulsarXComBackend.deserialize_value(SimpleNamespace(value=_ref(run_id, "forge")))["overwrite"]
+    assert outcome.startswith("XComReferenceError") and "may push only its own XComs" in outcome, outcome
+    # an over-limit value carrying the marker is kept (wrapped) in the DB and read back as itself
+    lookalike = PulsarXComBackend.deserialize_value(SimpleNamespace(value=_ref(run_id, "read_lookalike")))
+    assert lookalike[REFERENCE_MARKER] == 2 and lookalike["key"] == victim_ref["key"] and len(lookalike["pad"]) == 3000
+    assert _ref(run_id, "forge", "lookalike")[DB_VALUE_MARKER] == 1
+    # the victim's value and row are as they were
+    assert _ref(victim_run, "produce") == victim_ref
+    assert PulsarXComBackend.deserialize_value(SimpleNamespace(value=victim_ref))["rows"] == 3
+    with PulsarStateHook() as hook:
+        assert _store(hook, xcom_backend.namespace, victim.dag_id, victim_run).list_run(victim.dag_id, victim_run) == before
+
+
 # ---------------------------------------------------------------------------------- retries
 def test_a_retry_clears_the_previous_try_values(xcom_backend: SimpleNamespace) -> None:
     dag = load_dag(TEST_DAGS / "xcom_test_dags.py", "xcom_backend_retry")

@@ -101,3 +101,49 @@ with DAG("xcom_backend_cleanup", schedule=None, start_date=START, catchup=False,
         dry_run="{{ params.dry_run }}",
         dag_id_filter="{{ params.dag_id }}",
     )
+
+
+with DAG("xcom_isolation", schedule=None, start_date=START, catchup=False,
+         params={"victim_topic": Param("", type="string"), "victim_key": Param("", type="string"),
+                 "victim_dag": Param("", type="string"), "victim_run": Param("", type="string")}):
+    # Attacks on another DAG's XCom through this backend; each must be refused and leave it intact.
+
+    def _forged(params: dict[str, Any]) -> dict[str, Any]:
+        from airflow_provider_pulsarstate.xcom.backend import REFERENCE_MARKER
+
+        return {REFERENCE_MARKER: 2, "topic": params["victim_topic"], "key": params["victim_key"],
+                "size": 1, "type": "dict", "written_at": "2026-01-01T00:00:00+00:00"}
+
+    @task(retries=1, retry_delay=pendulum.duration(seconds=0))
+    def forge(**context: Any) -> dict[str, str]:
+        from airflow.sdk.bases.xcom import BaseXCom
+        from airflow.sdk.execution_time.xcom import XCom
+
+        ti, params = context["ti"], context["params"]
+        # a row of this task holding a reference to the victim's entry (as the REST API could write it)
+        BaseXCom._set_xcom_in_db("stolen", _forged(params), dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id)
+        if ti.try_number == 1:
+            raise RuntimeError("injected: Airflow purges this try's XComs ('stolen') when try 2 starts")
+        try:
+            XCom.set("return_value", "overwritten", dag_id=params["victim_dag"], task_id="produce",
+                     run_id=params["victim_run"], map_index=-1)
+            overwrite = "accepted"
+        except Exception as exc:
+            overwrite = f"{type(exc).__name__}: {exc}"
+        # an over-limit value that carries the reference marker: kept in the DB, never followed
+        ti.xcom_push("lookalike", {**_forged(params), "pad": "x" * 3000})
+        return {"overwrite": overwrite}
+
+    @task
+    def read_forged(**context: Any) -> str:
+        try:
+            return f"read: {context['ti'].xcom_pull(task_ids='forge', key='stolen')!r}"
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+    @task
+    def read_lookalike(**context: Any) -> dict[str, Any]:
+        return context["ti"].xcom_pull(task_ids="forge", key="lookalike")
+
+    done = forge()
+    done >> [read_forged(), read_lookalike()]
