@@ -418,6 +418,60 @@ def test_cleanup_operator_removes_deleted_and_expired_runs(xcom_backend: SimpleN
     assert PulsarXComBackend.deserialize_value(SimpleNamespace(value=_ref(kept, "consume"))) == 3
 
 
+def _set_run(dag_id: str, run_id: str, **values: Any) -> None:
+    from sqlalchemy import update
+
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        session.execute(update(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id).values(**values))
+
+
+def test_cleanup_keeps_live_runs_new_values_and_other_deployments(xcom_backend: SimpleNamespace) -> None:
+    import datetime
+
+    from airflow_provider_pulsarstate.cli.xcom_cleanup import db_now, run_statuses_in_db
+    from airflow_provider_pulsarstate.hooks.provider_config import settings
+    from airflow_provider_pulsarstate.xcom.cleanup import run_cleanup
+
+    plain = load_dag(TEST_DAGS / "xcom_test_dags.py", "xcom_backend_plain")
+    run_ids = []
+    for _ in range(4):
+        assert run_dag(plain, {}).state == "success"
+        run_ids.append(_run_id(plain.dag_id))
+    running, expired, pushed_into, recent = run_ids
+    long_ago = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=31)
+    _set_run(plain.dag_id, running, state="running", end_date=None)  # e.g. cleared and re-running
+    for run_id in (expired, pushed_into):
+        _set_run(plain.dag_id, run_id, end_date=long_ago)
+    with PulsarStateHook() as hook:
+        _age(_store(hook, xcom_backend.namespace, plain.dag_id, running), plain.dag_id, running, days=31)
+        # another deployment's run map in the same Pulsar namespace, of a run our DB never had
+        other = _store(hook, "other-deployment", plain.dag_id, "their-run")
+        other.put(plain.dag_id, "their-run", "t", -1, "k", '{"theirs":1}', type_name="dict")
+        before = _run_maps(hook, xcom_backend.namespace, plain.dag_id)
+
+    def statuses_then_a_push(dag_id: str, ids: list[str]) -> dict[str, Any]:
+        found = run_statuses_in_db(dag_id, ids)  # listed already; a task pushes before the deletion
+        PulsarXComBackend.serialize_value("late", key="late", task_id="consume", dag_id=dag_id, run_id=pushed_into)
+        return found
+
+    lines: list[str] = []
+    log = SimpleNamespace(info=lambda fmt, *a: lines.append(fmt % a))
+    report = run_cleanup(run_statuses=statuses_then_a_push, older_than_days=30, now=db_now(),
+                         settings=settings(), log=log)
+    assert (report.runs_scanned, report.runs_expired, report.runs_missing) == (4, 2, 0), report
+    assert (report.runs_live, report.runs_changed, report.entries_deleted) == (1, 1, before[expired]), report
+    assert expired[:44] in lines[-1] and "expired" in lines[-1] and "1 not finished" in lines[-1], lines
+    with PulsarStateHook() as hook:
+        after = _run_maps(hook, xcom_backend.namespace, plain.dag_id)
+        assert after == {running: before[running], pushed_into: before[pushed_into] + 1, recent: before[recent]}
+        assert _store(hook, "other-deployment", plain.dag_id, "their-run").get(
+            plain.dag_id, "their-run", "t", -1, "k", latest=True) is not None
+    assert PulsarXComBackend.deserialize_value(SimpleNamespace(value=_ref(running, "consume"))) == 3
+
+
 def _db_run_ids(db: Path, dag_id: str) -> list[str]:
     """Run ids of ``dag_id`` in the DB file, oldest first, through a fresh connection: what the
     CLI processes see, whatever this process's pooled connections hold."""

@@ -147,3 +147,40 @@ def test_a_plain_python_process_reads_a_runs_xcoms(backend: Backend, backend_con
         "extract[-1].return_value": ["dict", {"rows": 3}],
         "load[0].return_value": ["tuple", {"__classname__": "builtins.tuple", "__version__": 1, "__data__": [1, 2]}],
     }
+
+
+def test_run_topics_are_per_namespace_and_run_and_listed_by_prefix(backend: Backend, topic: str) -> None:
+    from airflow_provider_pulsarstate.engine.recipes.xcom_store import is_run_topic, run_topic, run_topic_prefix
+
+    a = run_topic(topic, "prod", "dag", "run/1")
+    assert a == run_topic(topic, "prod", "dag", "run/1")  # stable
+    assert len({a, run_topic(topic, "prod", "dag", "run/2"), run_topic(topic, "prod", "dag2", "run/1"),
+                run_topic(topic, "prod2", "dag", "run/1"), run_topic(topic, "prod", "dag/run", "1")}) == 5
+    prefix = run_topic_prefix(topic, "prod")
+    assert is_run_topic(a, prefix) and not is_run_topic(a + "-checkpoints", prefix)
+    assert not is_run_topic(run_topic(topic, "prod2", "dag", "run/1"), prefix)
+    for name in (a, run_topic(topic, "prod", "dag", "run/2")):
+        with _store(backend, name) as store:
+            store.put("dag", "r", "t", -1, "k", "1", type_name="int")
+    with _store(backend, run_topic(topic, "other", "dag", "r")) as store:
+        store.put("dag", "r", "t", -1, "k", "1", type_name="int")
+    listed = backend.list_topics(prefix)
+    assert sorted(t for t in listed if is_run_topic(t, prefix)) == sorted([a, run_topic(topic, "prod", "dag", "run/2")])
+    assert backend.list_topics(topic + "-nothing-here") == []
+
+
+def test_a_run_map_is_dropped_only_while_it_holds_what_was_listed(backend: Backend, topic: str) -> None:
+    from airflow_provider_pulsarstate.engine.recipes.xcom_store import drop_run_map
+
+    with _store(backend, topic) as store:
+        store.put("dag", "r", "t", -1, "a", "1", type_name="int")
+        listed = store.entries()
+        store.put("dag", "r", "t", -1, "b", "2", type_name="int")  # lands after the listing
+    assert drop_run_map(backend, topic, namespace="prod", expected=listed, timeout=30) is False
+    with _store(backend, topic) as store:
+        assert sorted(e.key for e in store.list_run("dag", "r")) == ["a", "b"]  # nothing deleted
+        listed = store.entries()
+    assert drop_run_map(backend, topic, namespace="prod", expected=listed, timeout=30) is True
+    assert topic not in backend.list_topics(topic)
+    with _store(backend, topic) as store:
+        assert store.list_run("dag", "r") == []
