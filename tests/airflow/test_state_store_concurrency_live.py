@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_pulsarstate.engine.recipes.state_store import AssetStateScope, StateStore
-from airflow_provider_pulsarstate.engine.recipes.xcom_store import XComStore
+from airflow_provider_pulsarstate.engine.recipes.xcom_store import XComStore, run_topic
 from airflow_provider_pulsarstate.testing.airflow_processes import AirflowProcesses
 
 BACKEND = "airflow_provider_pulsarstate.state_store.backend.PulsarStateStoreBackend"
@@ -64,6 +64,7 @@ def test_eight_concurrent_tasks_atomic_update_loses_nothing_get_set_loses(
         "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "16",
         "AIRFLOW__CORE__XCOM_BACKEND": XCOM_BACKEND,
         "AIRFLOW__PULSARSTATE__XCOM_TOPIC": xcom_topic,
+        "AIRFLOW__PULSARSTATE__KEY_NAMESPACE": "airflow",
     }
     runs = {}
     totals = {}
@@ -87,14 +88,15 @@ def test_eight_concurrent_tasks_atomic_update_loses_nothing_get_set_loses(
     config = ConnectionConfig(url=extra["service_url"], admin_url=extra.get("admin_url", ""))
     backend = open_backend(config)
     try:
-        with PulsarMap(backend, config.topic_name(topic)) as table, \
-                XComStore(backend, config.topic_name(xcom_topic), namespace="airflow") as xcoms:
+        with PulsarMap(backend, config.topic_name(topic)) as table:
             store = StateStore(table)
             for pattern, (run_id, key) in runs.items():
-                values = {
-                    (e.task_id, e.map_index): json.loads(e.record.value_json)
-                    for e in xcoms.list_run(DAG_ID, run_id) if e.key == "return_value"
-                }
+                run_map = run_topic(config.topic_name(xcom_topic), "airflow", DAG_ID, run_id)
+                with XComStore(backend, run_map, namespace="airflow") as xcoms:
+                    values = {
+                        (e.task_id, e.map_index): json.loads(e.record.value_json)
+                        for e in xcoms.list_run(DAG_ID, run_id) if e.key == "return_value"
+                    }
                 spans = [v for (task_id, _), v in values.items() if task_id == "increment"]
                 assert len(spans) == 8, values
                 assert max(s["start"] for s in spans) < min(s["end"] for s in spans), "the 8 tasks did not overlap"
