@@ -266,6 +266,27 @@ def test_another_dags_xcom_cannot_be_read_purged_or_overwritten(
         assert _store(hook, xcom_backend.namespace, victim.dag_id, victim_run).list_run(victim.dag_id, victim_run) == before
 
 
+def test_references_of_the_single_map_layout_stay_readable(xcom_backend: SimpleNamespace) -> None:
+    # Earlier versions kept every XCom of the deployment in the map of xcom_topic itself, keyed under
+    # the old default namespace "airflow" (or a configured one), with version-1 references.
+    with PulsarStateHook() as hook:
+        full = hook.topic_name(TOPIC)
+        refs = []
+        for namespace in ("airflow", xcom_backend.namespace):
+            legacy = hook.get_xcom_store(TOPIC, namespace=namespace, writer_idle_timeout=0.2)
+            key, record = legacy.put("d", "r", "t", -1, f"k-{namespace}", '{"old":1}', type_name="dict")
+            refs.append({REFERENCE_MARKER: 1, "topic": full, "key": key, "size": record.size, "type": "dict",
+                         "written_at": "2026-11-01T00:00:00+00:00"})
+    for ref in refs:
+        assert PulsarXComBackend.deserialize_value(SimpleNamespace(key=ref["key"].rsplit("/", 1)[1], value=ref)) == {"old": 1}
+    PulsarXComBackend.purge(SimpleNamespace(key=refs[1]["key"].rsplit("/", 1)[1], value=refs[1]))
+    with pytest.raises(XComEntryNotFoundError):
+        PulsarXComBackend.deserialize_value(SimpleNamespace(value=refs[1]))
+    # a version-1 reference is still bound to the configured topic
+    with pytest.raises(XComReferenceError):
+        PulsarXComBackend.deserialize_value(SimpleNamespace(value={**refs[0], "topic": full + "-other"}))
+
+
 # ---------------------------------------------------------------------------------- retries
 def test_a_retry_clears_the_previous_try_values(xcom_backend: SimpleNamespace) -> None:
     dag = load_dag(TEST_DAGS / "xcom_test_dags.py", "xcom_backend_retry")
