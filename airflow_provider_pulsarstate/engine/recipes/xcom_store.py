@@ -1,21 +1,23 @@
-"""XComStore: Airflow XCom values in a PulsarMap, readable without Airflow.
+"""XComStore: Airflow XCom values in PulsarMaps, one per DAG run, readable without Airflow.
 
-One entry per XCom, under the key ``<namespace>/xcom/<dag_id>/<run_id>/<task_id>/<map_index>/<key>``
-(every segment percent-quoted, so a ``/`` inside a run id or key cannot forge another entry). The
-value is an :class:`XComRecord`: the JSON text Airflow's serde made of the value
-(``airflow.sdk.serde.serialize``), when it was written, its size, its type name and the task try
-that wrote it. The XCom backend (``xcom/backend.py``) writes and reads entries through the hook;
-this module imports nothing from Airflow, so any Python process can list and read a run's XComs::
+Each DAG run's XComs live in a map of their own, on the topic :func:`run_topic` derives from the
+base XCom topic, the key namespace, the dag id and the run id (a digest, so any id gives a valid
+name of fixed length). One entry per XCom, under the key
+``<namespace>/xcom/<dag_id>/<run_id>/<task_id>/<map_index>/<key>`` (every segment percent-quoted,
+so a ``/`` inside a run id or key cannot forge another entry). The value is an :class:`XComRecord`:
+the JSON text Airflow's serde made of the value (``airflow.sdk.serde.serialize``), when it was
+written, its size, its type name and the task try that wrote it. The XCom backend
+(``xcom/backend.py``) writes and reads entries through the hook; this module imports nothing from
+Airflow, so any Python process can read a run's XComs::
 
     from airflow_provider_pulsarstate import ConnectionConfig, open_backend
-    from airflow_provider_pulsarstate.engine.recipes.xcom_store import XComStore
+    from airflow_provider_pulsarstate.engine.recipes.xcom_store import XComStore, run_topic
 
     backend = open_backend(ConnectionConfig(url="pulsar://localhost:6650"))  # or the embedded file:
     # ConnectionConfig(url="/path/to/airflow-home/pulsarstate/state.db")
-    with XComStore(backend, "persistent://public/default/airflow-xcom", namespace="airflow") as store:
-        for run in store.list_runs(dag_id="my_dag"):          # XComRunInfo: entries, bytes, newest_written_at
-            print(run.run_id, run.entries, run.newest_written_at)
-        for entry in store.list_run("my_dag", "manual__2026-01-01T00:00:00+00:00"):
+    topic = run_topic("persistent://public/default/airflow-xcom", "prod", "my_dag", run_id)
+    with XComStore(backend, topic, namespace="prod") as store:      # [pulsarstate] key_namespace
+        for entry in store.list_run("my_dag", run_id):
             print(entry.task_id, entry.map_index, entry.key, entry.record.type_name, entry.record.json_value())
     backend.close()
 
@@ -23,9 +25,11 @@ this module imports nothing from Airflow, so any Python process can list and rea
 ``{"__classname__": ..., "__version__": ..., "__data__": ...}``); a process with the task SDK
 installed gets the typed value with ``airflow.sdk.serde.deserialize(record.json_value())``.
 
-Clean-up: :meth:`XComStore.find_stale_runs` selects the runs whose entries should go (runs the caller
-reports missing from Airflow's metadata DB, runs whose newest entry is older than a cut-off) and
-:meth:`XComStore.delete_runs` deletes all their entries in one atomic write.
+Clean-up deletes a run's map whole: ``backend.list_topics(run_topic_prefix(base, namespace))``
+lists the run maps of a namespace, and :func:`drop_run_map` deletes one only while it still holds
+exactly what was listed (compare-and-delete under the map's writer). Earlier versions kept every run
+in one map on the base topic; :meth:`XComStore.find_stale_runs` and :meth:`XComStore.delete_runs`
+still serve such a map.
 """
 
 from __future__ import annotations
