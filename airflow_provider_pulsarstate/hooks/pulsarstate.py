@@ -58,7 +58,14 @@ from airflow_provider_pulsarstate.engine.recipes.state_store import (
 )
 from airflow_provider_pulsarstate.engine.recipes.table import StateTable
 from airflow_provider_pulsarstate.engine.recipes.table_feed import AsyncTableFeed, CommitChanges, TableFeed, read_commit
-from airflow_provider_pulsarstate.engine.recipes.xcom_store import XComStore, run_topic
+from airflow_provider_pulsarstate.engine.recipes.xcom_store import (
+    XComRecord,
+    XComStore,
+    drop_run_map,
+    is_run_topic,
+    run_topic,
+    run_topic_prefix,
+)
 
 # issue 12: topic messages (PulsarMessageTrigger)
 from airflow_provider_pulsarstate.engine.topic_stream import TopicStream, open_topic_stream
@@ -71,7 +78,7 @@ HEALTHCHECK_TOPIC = "__pulsarstate_healthcheck"
 __all__ = [
     "AssetStateScope", "PulsarStateHook", "StateScope", "StateStore", "StateStoreDataError", "TaskStateScope",
     "KEEP", "HEALTHCHECK_TOPIC", "close_shared_state_maps", "config_from_connection", "refuse_multi_host_executor",
-    "state_scope",
+    "state_scope", "XComRecord", "XComStore", "drop_run_map", "is_run_topic", "run_topic", "run_topic_prefix",
 ]
 
 _STRING_FIELDS = ("service_url", "admin_url", "tenant", "namespace", "auth_token", "tls_trust_certs_file_path")

@@ -74,7 +74,7 @@ from airflow_provider_pulsarstate.engine.errors import (
     XComStoreUnavailableError,
     XComValueTooLargeError,
 )
-from airflow_provider_pulsarstate.engine.recipes.xcom_store import XComStore, run_topic
+from airflow_provider_pulsarstate.hooks.pulsarstate import XComStore, run_topic
 from airflow_provider_pulsarstate.hooks.provider_config import (
     LEGACY_KEY_NAMESPACE,
     ProviderSettings,

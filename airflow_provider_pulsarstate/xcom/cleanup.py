@@ -28,7 +28,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from airflow_provider_pulsarstate.engine.recipes.xcom_store import (
+from airflow_provider_pulsarstate.hooks.pulsarstate import (
     XComRecord,
     XComStore,
     drop_run_map,
