@@ -76,6 +76,12 @@ from airflow_provider_pulsarstate.triggers.polling import TRANSIENT, check_timin
 ON_CHOICES = ("keys", "view_apply")
 """What a commit must do to fire: apply a view, and/or set or delete rows under ``key_prefix``."""
 
+DEFAULT_MAX_COMMITS_PER_BATCH = 500
+"""Commits per delivered batch at most (a larger backlog comes in several batches)."""
+
+MAX_COALESCED_VIEW_IDS = 100
+"""View ids a coalesced event lists at most (``view_ids_total`` counts them all)."""
+
 WATERMARK_KEY = "pulsarstate.state_change"
 """Prefix of the asset state-store key holding a trigger's watermark."""
 
@@ -117,6 +123,12 @@ class StateChangeTrigger(BaseEventTrigger):
     :param key_prefix: the prefix for ``"keys"`` (``""``: any key); with ``view_apply`` alone it
         only adds prefix counts to the events.
     :param poll_interval: seconds between polls of the table's log.
+    :param max_commits_per_batch: a backlog (e.g. after a triggerer outage) is delivered in batches
+        of at most this many commits, the watermark moving after each stored batch, so no batch of
+        events grows with the backlog and the event loop gets a turn between batches.
+    :param coalesce: one event per batch instead of one per commit: ``first_offset`` /
+        ``last_offset``, ``commits``, summed ``sets`` / ``deletes`` (and prefix counts), the applied
+        ``view_ids`` (at most 100) and ``matched``; for DAGs that re-read the table anyway.
     :param pulsarstate_conn_id: the ``pulsarstate`` connection.
     :raises ConfigurationError: an invalid argument (at parse time).
     """
@@ -128,6 +140,8 @@ class StateChangeTrigger(BaseEventTrigger):
         on: Sequence[str] = ("view_apply",),
         key_prefix: str | None = None,
         poll_interval: float = 5.0,
+        max_commits_per_batch: int = DEFAULT_MAX_COMMITS_PER_BATCH,
+        coalesce: bool = False,
         pulsarstate_conn_id: str = PulsarStateHook.default_conn_name,
     ) -> None:
         super().__init__()
@@ -142,12 +156,22 @@ class StateChangeTrigger(BaseEventTrigger):
         if "keys" in on and key_prefix is None:
             raise ConfigurationError('StateChangeTrigger: on "keys" needs a key_prefix ("" for any key)')
         check_timing(poll_interval, None, ConfigurationError)
+        if isinstance(max_commits_per_batch, bool) or not isinstance(max_commits_per_batch, int) or not (
+            1 <= max_commits_per_batch <= 100_000
+        ):
+            raise ConfigurationError(
+                f"StateChangeTrigger: max_commits_per_batch must be an int from 1 to 100000, got {max_commits_per_batch!r}"
+            )
+        if not isinstance(coalesce, bool):
+            raise ConfigurationError(f"StateChangeTrigger: coalesce must be true or false, got {coalesce!r}")
         if not isinstance(pulsarstate_conn_id, str) or not pulsarstate_conn_id:
             raise ConfigurationError(f"StateChangeTrigger: pulsarstate_conn_id must be a str, got {pulsarstate_conn_id!r}")
         self.table = table.strip()
         self.on = sorted(set(on))
         self.key_prefix = key_prefix
         self.poll_interval = float(poll_interval)
+        self.max_commits_per_batch = max_commits_per_batch
+        self.coalesce = coalesce
         self.pulsarstate_conn_id = pulsarstate_conn_id
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -158,6 +182,8 @@ class StateChangeTrigger(BaseEventTrigger):
                 "on": list(self.on),
                 "key_prefix": self.key_prefix,
                 "poll_interval": self.poll_interval,
+                "max_commits_per_batch": self.max_commits_per_batch,
+                "coalesce": self.coalesce,
                 "pulsarstate_conn_id": self.pulsarstate_conn_id,
             },
         )
@@ -195,17 +221,40 @@ class StateChangeTrigger(BaseEventTrigger):
             await producer.aclose()
 
     def events(self, batch: dict[str, Any]) -> list[TriggerEvent]:
-        """The events of one raw batch: one per commit that matches ``on``."""
-        out = []
-        for commit in batch["commits"]:
-            matched = []
-            if "view_apply" in self.on and commit["view_apply"]:
-                matched.append("view_apply")
-            if "keys" in self.on and (commit["prefix_sets"] or commit["prefix_deletes"]):
-                matched.append("keys")
-            if matched:
-                out.append(TriggerEvent({"table": batch["table"], **commit, "matched": matched}))
-        return out
+        """The events of one raw batch: one per commit that matches ``on`` (one for all of them
+        with ``coalesce``)."""
+        matching = [(commit, matched) for commit in batch["commits"] if (matched := self._matched(commit))]
+        if not matching:
+            return []
+        if self.coalesce:
+            return [TriggerEvent(_coalesced(batch["table"], matching))]
+        return [TriggerEvent({"table": batch["table"], **commit, "matched": matched}) for commit, matched in matching]
+
+    def _matched(self, commit: dict[str, Any]) -> list[str]:
+        matched = []
+        if "view_apply" in self.on and commit["view_apply"]:
+            matched.append("view_apply")
+        if "keys" in self.on and (commit["prefix_sets"] or commit["prefix_deletes"]):
+            matched.append("keys")
+        return matched
+
+
+def _coalesced(table: str, matching: list[tuple[dict[str, Any], list[str]]]) -> dict[str, Any]:
+    """One event for the matching commits of a batch: their offset range and summed counts."""
+    commits = [c for c, _ in matching]
+    view_ids = [c["view_id"] for c in commits if c.get("view_id")]
+    payload: dict[str, Any] = {
+        "table": table, "coalesced": True, "commits": len(commits),
+        "first_offset": commits[0]["offset"], "last_offset": commits[-1]["offset"],
+        "publish_time": commits[-1]["publish_time"],
+        "view_ids": view_ids[:MAX_COALESCED_VIEW_IDS], "view_ids_total": len(view_ids),
+        "matched": sorted({m for _, matched in matching for m in matched}),
+    }
+    for field in ("sets", "deletes", "prefix_sets", "prefix_deletes"):
+        payload[field] = sum(int(c.get(field) or 0) for c in commits)
+    if commits[0].get("key_prefix") is not None:
+        payload["key_prefix"] = commits[0]["key_prefix"]
+    return payload
 
 
 def watermark_key(kwargs: dict[str, Any]) -> str:
@@ -254,6 +303,15 @@ class _Watermark:
         for accessor in self._accessors:
             await accessor.aset(self.key, {"offset": offset, "table": topic})
         self.value = offset
+
+
+def _chunks(commits: Sequence[Any], upto: int, size: int) -> list[tuple[Sequence[Any], int]]:
+    """A poll's commits in batches of at most ``size``, each with the watermark it stands for: its
+    last commit's offset, and ``upto`` (the position read to) for the last batch."""
+    if len(commits) <= size:
+        return [(commits, upto)]
+    parts = [commits[i : i + size] for i in range(0, len(commits), size)]
+    return [(part, upto if i == len(parts) - 1 else part[-1].offset) for i, part in enumerate(parts)]
 
 
 class StateChangeProducer(SharedStreamProducer):
@@ -306,7 +364,9 @@ class StateChangeProducer(SharedStreamProducer):
                 continue
             backoff = Backoff(initial=min(1.0, poll_interval), maximum=max(poll_interval, 30.0))
             if upto > sent:
-                yield {"table": topic, "commits": [c.as_json() for c in commits], "upto": upto}, upto
+                for chunk, chunk_upto in _chunks(commits, upto, int(kw.get("max_commits_per_batch") or DEFAULT_MAX_COMMITS_PER_BATCH)):
+                    yield {"table": topic, "commits": [c.as_json() for c in chunk], "upto": chunk_upto}, chunk_upto
+                    await asyncio.sleep(0)  # the loop's other tasks get a turn between batches
                 sent = upto
             await asyncio.sleep(poll_interval * random.uniform(0.75, 1.0))
 

@@ -88,7 +88,7 @@ def test_serialized_form_is_plain_json_and_stable() -> None:
     assert path == "airflow_provider_pulsarstate.triggers.state_change.StateChangeTrigger"
     assert kwargs == {
         "table": "price-table", "on": ["keys", "view_apply"], "key_prefix": "sku-", "poll_interval": 2.0,
-        "pulsarstate_conn_id": "pulsarstate_default",
+        "max_commits_per_batch": 500, "coalesce": False, "pulsarstate_conn_id": "pulsarstate_default",
     }
     assert json.loads(json.dumps(kwargs)) == kwargs
     again = StateChangeTrigger(**kwargs)
@@ -105,6 +105,9 @@ def test_serialized_form_is_plain_json_and_stable() -> None:
         ({"table": "t", "on": ["rows"]}, "on must be a non-empty list"),
         ({"table": "t", "on": ["keys"]}, 'on "keys" needs a key_prefix'),
         ({"table": "t", "poll_interval": 0}, "poll_interval must be a positive number"),
+        ({"table": "t", "max_commits_per_batch": 0}, "max_commits_per_batch must be an int"),
+        ({"table": "t", "max_commits_per_batch": True}, "max_commits_per_batch must be an int"),
+        ({"table": "t", "coalesce": "yes"}, "coalesce must be true or false"),
     ],
 )
 def test_bad_arguments_fail_at_parse_time(kwargs: dict[str, Any], message: str) -> None:
@@ -173,6 +176,67 @@ def test_events_come_from_real_applies_and_the_watermark_follows_storage(state_b
 
     worst, ticks = asyncio.run(scenario())
     assert ticks >= 100 and worst < LOOP_LAG_LIMIT, (ticks, worst)
+
+
+class MemoryAccessor:
+    """An asset state-store accessor holding its values in memory."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.values = values
+        self.writes: list[Any] = []
+
+    async def aget(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+    async def aset(self, key: str, value: Any) -> None:
+        self.writes.append(value)
+        self.values[key] = value
+
+
+@pytest.mark.parametrize("coalesce", [False, True])
+def test_a_backlog_comes_in_bounded_batches_each_moving_the_watermark(state_backend: str, coalesce: bool) -> None:
+    from airflow.triggers.shared_stream import AdvanceItem, AdvanceOutcome
+
+    from airflow_provider_pulsarstate.triggers.state_change import StateChangeProducer
+
+    table, n = f"state-change-{uuid.uuid4().hex[:8]}", 1_200
+    with PulsarStateHook() as hook, hook.get_table(table, writer_idle_timeout=0.1) as t:
+        t.put("sku-0", {"p": 0})
+        first = t.manager.applied_offset
+        for i in range(1, n + 1):  # one commit each: a backlog the watcher has not seen
+            t.put(f"sku-{i}", {"p": i})
+        last = t.manager.applied_offset
+    trigger = StateChangeTrigger(table=table, on=["keys"], key_prefix="sku-", poll_interval=0.1,
+                                 max_commits_per_batch=500, coalesce=coalesce)
+    kwargs = trigger.serialize()[1]
+    store = MemoryAccessor({watermark_key(kwargs): {"offset": first, "table": hook.topic_name(table)}})
+
+    async def scenario() -> tuple[list[tuple[int, list[Any]]], float]:
+        producer = StateChangeProducer(kwargs, store)
+        batches: list[tuple[int, list[Any]]] = []
+        async with LoopLag() as lag:
+            stream = producer.open_stream()
+            while not batches or batches[-1][0] < last:
+                batch, upto = await asyncio.wait_for(stream.__anext__(), 60)
+                batches.append((upto, trigger.events(batch)))
+                await producer.advance([AdvanceItem(upto, AdvanceOutcome(acked=1, failed=0))])
+                assert store.values[watermark_key(kwargs)]["offset"] == upto  # moved per stored batch
+            await stream.aclose()
+            await producer.aclose()
+        return batches, lag.worst
+
+    batches, worst = asyncio.run(scenario())
+    assert [len(b[1]) for b in batches] == ([500, 500, 200] if not coalesce else [1, 1, 1]), [len(b[1]) for b in batches]
+    assert batches[-1][0] == last and batches[0][0] < batches[1][0] < last
+    if coalesce:
+        payloads = [events[0].payload for _, events in batches]
+        assert [p["commits"] for p in payloads] == [500, 500, 200]
+        assert sum(p["prefix_sets"] for p in payloads) == n and payloads[-1]["last_offset"] == last
+        assert payloads[1]["first_offset"] > payloads[0]["last_offset"]
+    else:
+        offsets = [e.payload["offset"] for _, events in batches for e in events]
+        assert len(offsets) == n and offsets == sorted(set(offsets)) and offsets[-1] == last
+    assert worst < LOOP_LAG_LIMIT, worst
 
 
 def test_keys_under_a_prefix_fire_and_other_commits_only_move_the_watermark(state_backend: str) -> None:
