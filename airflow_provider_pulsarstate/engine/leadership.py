@@ -26,7 +26,7 @@ from typing import Any, Mapping
 from airflow_provider_pulsarstate.engine.backends.base import Backend, partition_topic_name
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, LeadershipError
-from airflow_provider_pulsarstate.engine.worker_thread import WorkerThread
+from airflow_provider_pulsarstate.engine.worker_thread import WorkerThread, acquire_backend, release_backend
 
 EXCLUSIVE_MODES = ("Exclusive", "ExclusiveWithFencing", "WaitForExclusive")
 """Access modes of a producer that holds the topic alone (a promoted WaitForExclusive one included)."""
@@ -219,6 +219,7 @@ class EmbeddedAsyncLeadershipProbe(AsyncLeadershipProbe):
         self._worker: WorkerThread[Any] = WorkerThread(
             lambda: EmbeddedBackend(config.embedded_path, busy_timeout=config.operation_timeout),
             lambda backend: backend.close(), name="pulsarstate-leadership-probe", what="this leadership probe",
+            share_key=("leadership-probe", config),  # the back end opens a connection per read: thread-safe
         )
 
     async def leadership(self, topic: str) -> list[Leadership]:
@@ -230,8 +231,9 @@ class EmbeddedAsyncLeadershipProbe(AsyncLeadershipProbe):
 
 class AsyncLeaseObserver:
     """:meth:`Leases.describe <airflow_provider_pulsarstate.engine.recipes.lease.Leases.describe>`
-    awaited without blocking the event loop: the lease log is read on this observer's own worker
-    thread (never asgiref's shared one), through one Leases kept for the observer's life.
+    awaited without blocking the event loop: the lease log is read on the process-wide pool of
+    :mod:`~airflow_provider_pulsarstate.engine.worker_thread` (never asgiref's shared thread),
+    through one Leases replica of the lease log shared by every observer of the process.
 
     Expiry is measured from when THIS observer first saw the last acquire or renew (the lease
     recipe's challenger rule): a lease found held is reported expired only after a full ttl of
@@ -246,6 +248,7 @@ class AsyncLeaseObserver:
         self._worker: WorkerThread[Any] = WorkerThread(
             lambda: _open_leases(config, topic), _close_leases,
             name="pulsarstate-lease-observer", what="this lease observer",
+            share_key=("lease-observer", config, topic),  # one replica of the lease log per process
         )
 
     async def describe(self, name: str) -> Any:
@@ -259,19 +262,23 @@ class AsyncLeaseObserver:
 
 
 def _open_leases(config: ConnectionConfig, topic: str) -> Any:
-    from airflow_provider_pulsarstate.engine.backends import open_backend
     from airflow_provider_pulsarstate.engine.recipes.lease import Leases
 
-    backend = open_backend(config)
-    return Leases(backend, topic, operation_timeout=config.operation_timeout), backend
+    backend = acquire_backend(config)
+    try:
+        return Leases(backend, topic, operation_timeout=config.operation_timeout), config
+    except BaseException:
+        release_backend(config)
+        raise
 
 
 def _close_leases(opened: Any) -> None:
-    for closable in opened:  # the Leases, then its back end
-        try:
-            closable.close()
-        except Exception:  # closing is best effort; nothing was written
-            pass
+    leases, config = opened
+    try:
+        leases.close()
+    except Exception:  # closing is best effort; nothing was written
+        pass
+    release_backend(config)
 
 
 def open_async_leadership_probe(config: ConnectionConfig) -> AsyncLeadershipProbe:

@@ -19,6 +19,8 @@ from typing import Iterator
 
 import pytest
 
+from airflow_provider_pulsarstate.engine.worker_thread import RESOURCES
+
 from airflow_provider_pulsarstate import ConnectionConfig, PulsarMap, open_backend
 from airflow_provider_pulsarstate.engine.backends.embedded import EmbeddedBackend
 from airflow_provider_pulsarstate.engine.errors import (
@@ -361,15 +363,18 @@ def test_async_probe_reads_end_and_committed_offsets(backend: EmbeddedBackend, c
         assert await probe.committed("plain", "sub") == {0: None}
         with pytest.raises(UnknownTopicError, match="missing"):
             await probe.end_offsets("missing")
-        assert any(t.name.startswith("pulsarstate-offset-probe") for t in threading.enumerate())
+        key = ("embedded-offset-probe", config)
+        other = open_async_probe(config)  # probes of one file share its connection
+        assert await other.end_offsets("plain") == {0: 1} and RESOURCES.users(key) == 2
         await probe.aclose()
         await probe.aclose()  # idempotent
-        for _ in range(100):  # its thread ends
-            if not any(t.name.startswith("pulsarstate-offset-probe") for t in threading.enumerate()):
+        await other.aclose()
+        for _ in range(100):  # the shared connection is closed after the last probe let go
+            if RESOURCES.users(key) == 0:
                 break
             await asyncio.sleep(0.02)
         else:
-            raise AssertionError("the probe's thread outlived aclose()")
+            raise AssertionError("the probes' connection outlived aclose()")
         with pytest.raises(ClosedError):
             await probe.end_offsets(TOPIC)
 
@@ -425,8 +430,8 @@ def test_async_probe_can_be_cancelled_and_closed_while_a_read_waits(backend: Emb
 
     assert asyncio.run(main()) < 0.5  # closing does not wait for the stuck read
     deadline = time.monotonic() + 15
-    while any(t.name.startswith("pulsarstate-offset-probe") for t in threading.enumerate()):
-        assert time.monotonic() < deadline, "the probe's thread never ended"
+    while RESOURCES.users(("embedded-offset-probe", config)):  # given back once the stuck read ended
+        assert time.monotonic() < deadline, "the probe never gave its connection back"
         time.sleep(0.05)
 
 

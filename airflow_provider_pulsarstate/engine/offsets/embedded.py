@@ -522,9 +522,9 @@ def trim_embedded_topic(backend: EmbeddedBackend, topic: str, before_offset: int
 class EmbeddedAsyncOffsetProbe(AsyncOffsetProbe):
     """Offsets of the embedded log read without blocking the event loop.
 
-    Every read runs on this probe's own single worker thread (never asgiref's shared one, where a
-    read waiting on a locked file would stall every trigger of the process), with its own
-    connection. Waiting on a locked file is bounded by the connection's ``operation_timeout``;
+    Every read runs on the process-wide pool of :mod:`~airflow_provider_pulsarstate.engine.worker_thread`
+    (never asgiref's shared thread, where a read waiting on a locked file would stall every trigger
+    of the process), through one connection per file shared by the probes of the process. Waiting on a locked file is bounded by the connection's ``operation_timeout``;
     a caller may cancel its await sooner (``asyncio.wait_for``), and :meth:`aclose` returns at once.
     """
 
@@ -534,6 +534,7 @@ class EmbeddedAsyncOffsetProbe(AsyncOffsetProbe):
         self._worker: WorkerThread[_Store] = WorkerThread(
             lambda: _Store(EmbeddedBackend(config.embedded_path, busy_timeout=config.operation_timeout)),
             _close_store, name="pulsarstate-offset-probe", what="this offset probe",
+            share_key=("embedded-offset-probe", config),  # one locked connection per file, thread-safe
         )
 
     async def _run(self, fn: Callable[[_Store], T]) -> T:

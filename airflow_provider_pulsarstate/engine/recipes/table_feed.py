@@ -45,7 +45,7 @@ from airflow_provider_pulsarstate.engine.log import CorruptPolicy
 from airflow_provider_pulsarstate.engine.manager import Change, SharedStateManager
 from airflow_provider_pulsarstate.engine.recipes.table import TableChange
 from airflow_provider_pulsarstate.engine.recipes.table_ops import decode_checked_op, decode_row, encode_op
-from airflow_provider_pulsarstate.engine.worker_thread import WorkerThread
+from airflow_provider_pulsarstate.engine.worker_thread import WorkerThread, acquire_backend, release_backend
 
 __all__ = ["AsyncTableFeed", "CommitChanges", "TableCommit", "TableFeed", "read_commit"]
 
@@ -413,9 +413,10 @@ def read_commit(
 
 
 class AsyncTableFeed:
-    """:class:`TableFeed` awaited without blocking an event loop: the log is read on this feed's
-    own worker thread (never asgiref's shared one), through one back end and feed kept for the
-    feed's life. No I/O before the first call.
+    """:class:`TableFeed` awaited without blocking an event loop: the log is read on the
+    process-wide pool of :mod:`~airflow_provider_pulsarstate.engine.worker_thread` (never asgiref's
+    shared thread), through the connection's back end shared by every feed of the process and a
+    feed kept for this feed's life. No I/O before the first call.
 
     :param config: the connection.
     :param topic: the table's topic (full name).
@@ -427,7 +428,7 @@ class AsyncTableFeed:
         if after is not None:
             _check_offset("after", after, -1)
         self.topic = topic
-        self._worker: WorkerThread[tuple[TableFeed, Backend]] = WorkerThread(
+        self._worker: WorkerThread[tuple[TableFeed, ConnectionConfig]] = WorkerThread(
             lambda: _open_feed(config, topic, after, key_prefix), _close_feed,
             name="pulsarstate-table-feed", what=f"the table feed of {topic}",
         )
@@ -448,16 +449,19 @@ class AsyncTableFeed:
         await self._worker.aclose()
 
 
-def _open_feed(config: ConnectionConfig, topic: str, after: int | None, key_prefix: str | None) -> tuple[TableFeed, Backend]:
-    from airflow_provider_pulsarstate.engine.backends import open_backend
+def _open_feed(config: ConnectionConfig, topic: str, after: int | None, key_prefix: str | None) -> tuple[TableFeed, ConnectionConfig]:
+    backend = acquire_backend(config)  # one per connection, shared by every feed of the process
+    try:
+        return TableFeed(backend, topic, after=after, key_prefix=key_prefix, operation_timeout=config.operation_timeout), config
+    except BaseException:
+        release_backend(config)
+        raise
 
-    backend = open_backend(config)
-    return TableFeed(backend, topic, after=after, key_prefix=key_prefix, operation_timeout=config.operation_timeout), backend
 
-
-def _close_feed(opened: tuple[TableFeed, Backend]) -> None:
-    for closable in opened:  # the feed, then its back end
-        try:
-            closable.close()
-        except Exception:  # closing is best effort; nothing was written
-            pass
+def _close_feed(opened: tuple[TableFeed, ConnectionConfig]) -> None:
+    feed, config = opened
+    try:
+        feed.close()
+    except Exception:  # closing is best effort; nothing was written
+        pass
+    release_backend(config)
