@@ -117,3 +117,28 @@ def test_processes_using_the_broker_exit_cleanly(pulsar_broker: object, topic: s
     args = [sys.executable, str(worker), pulsar_broker.service_url, pulsar_broker.admin_url, topic]  # type: ignore[attr-defined]
     codes = [subprocess.run(args, capture_output=True, timeout=120).returncode for _ in range(12)]
     assert codes == [0] * 12
+
+
+@pytest.mark.pulsar
+def test_readers_of_processes_forked_after_pulsar_was_imported_do_not_collide(pulsar_broker: object, topic: str) -> None:
+    # A worker that imported pulsar and forks task processes: every child inherits the client's
+    # random generator, so generated reader subscription names would collide (ConsumerBusy).
+    import os
+
+    from tests.conftest import pulsar_config
+
+    config = pulsar_config(pulsar_broker)
+    children = []
+    for _ in range(6):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports through its exit code
+            code = 1
+            try:
+                backend = open_backend(config)
+                backend.create_reader(topic).close()
+                backend.close()
+                code = 0
+            finally:
+                os._exit(code)
+        children.append(pid)
+    assert [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children] == [0] * 6

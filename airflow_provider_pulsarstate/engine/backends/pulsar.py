@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from typing import Any, Callable, Sequence
 
 import pulsar
@@ -325,7 +326,8 @@ class PulsarBackend(Backend):
         start_id = pulsar.MessageId.earliest if is_earliest(start) else start
         try:
             reader = self.client.create_reader(
-                topic, start_id, receiver_queue_size=2000, start_message_id_inclusive=False
+                topic, start_id, receiver_queue_size=2000, start_message_id_inclusive=False,
+                **_unique_subscription(),
             )
         except _UNREACHABLE as exc:
             raise self._unreachable("creating a reader of", topic, exc) from exc
@@ -352,7 +354,7 @@ class PulsarBackend(Backend):
         if not self.admin.topic_exists(topic):
             return None  # a client lookup would create it (and a ledger) only to find it empty
         try:
-            reader = self.client.create_reader(topic, start, start_message_id_inclusive=True)
+            reader = self.client.create_reader(topic, start, start_message_id_inclusive=True, **_unique_subscription())
         except pulsar.TopicNotFound:
             return None  # auto topic creation is off and nobody created it: nothing written yet
         except pulsar.PulsarException as exc:
@@ -546,3 +548,11 @@ def _close_quietly(resource: pulsar.Client | pulsar.Producer | pulsar.Reader | N
             resource.close()
         except pulsar.PulsarException:
             pass
+
+
+def _unique_subscription() -> dict[str, str]:
+    """A reader's subscription prefix unique to this call. The client generates the rest of the
+    name from a random generator that a forked child inherits: children of one parent (task
+    processes forked by a worker that had imported pulsar) would all ask for the same name, and all
+    but one fail with ConsumerBusy."""
+    return {"subscription_role_prefix": f"pulsarstate-{uuid.uuid4().hex[:16]}"}
