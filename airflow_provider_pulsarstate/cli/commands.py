@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from airflow.cli.cli_config import ActionCommand, GroupCommand
 
-from airflow_provider_pulsarstate.cli import state_store_cleanup, xcom_cleanup
+from airflow_provider_pulsarstate.cli import state_store_cleanup, state_store_migrate, xcom_cleanup
 
 
 def get_cli_commands() -> list[GroupCommand]:
-    """``airflow pulsarstate xcom-cleanup`` and ``airflow pulsarstate state-store-cleanup``."""
+    """``airflow pulsarstate xcom-cleanup``, ``state-store-cleanup`` and ``state-store-migrate``."""
     return [
         GroupCommand(
             name="pulsarstate",
@@ -27,6 +27,13 @@ def get_cli_commands() -> list[GroupCommand]:
                     func=state_store_cleanup.state_store_cleanup,
                     args=state_store_cleanup.ARGS,
                     description=state_store_cleanup.__doc__,
+                ),
+                ActionCommand(
+                    name="state-store-migrate",
+                    help="Move task and asset state of the earlier single-map layout into the per-run and per-asset maps",
+                    func=state_store_migrate.state_store_migrate,
+                    args=state_store_migrate.ARGS,
+                    description=state_store_migrate.__doc__,
                 ),
             ],
         )

@@ -1,24 +1,37 @@
-"""``airflow pulsarstate state-store-cleanup``: remove expired task and asset state entries.
+"""``airflow pulsarstate state-store-cleanup``: expired task and asset state out, maps of finished runs dropped.
 
 Airflow's own ``airflow state-store cleanup`` skips custom backends, so nothing in Airflow removes
 expired entries of :class:`~airflow_provider_pulsarstate.state_store.backend.PulsarStateStoreBackend`
-(reads already treat them as absent). Run this periodically (cron, or a DAG's BashOperator), with
-the same ``[pulsarstate]`` settings and connection as the workers::
+(reads already treat them as absent). Run this periodically (cron, or a DAG's BashOperator) where
+the metadata DB is reachable, with the same ``[pulsarstate]`` settings and connection as the
+workers. A run the DB holds in a non-terminal state is never touched; expiry is judged on the
+metadata DB's clock (see :mod:`~airflow_provider_pulsarstate.state_store.cleanup`)::
 
     airflow pulsarstate state-store-cleanup
+    airflow pulsarstate state-store-cleanup --dry-run
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
+
+from airflow.cli.cli_config import Arg
+
+
+class _Print:
+    def info(self, fmt: str, *values: Any) -> None:
+        print(fmt % values, flush=True)
 
 
 def state_store_cleanup(args: argparse.Namespace) -> None:
-    """The command: remove this deployment's expired entries and print how many."""
+    """The command: clean this deployment's state maps and print what was done."""
     from airflow_provider_pulsarstate.state_store.backend import PulsarStateStoreBackend
 
-    removed = PulsarStateStoreBackend().cleanup()
-    print(f"state-store-cleanup: removed {removed} expired entr{'y' if removed == 1 else 'ies'}")
+    report = PulsarStateStoreBackend().cleanup_report(dry_run=args.dry_run, log_to=_Print())
+    verb = "would remove" if args.dry_run else "removed"
+    n = report.entries_deleted
+    print(f"state-store-cleanup: {verb} {n} expired entr{'y' if n == 1 else 'ies'}")
 
 
-ARGS = ()
+ARGS = (Arg(("--dry-run",), action="store_true", help="Report what would be deleted, delete nothing"),)

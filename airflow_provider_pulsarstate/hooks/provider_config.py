@@ -64,6 +64,12 @@ OPTIONS: dict[str, dict[str, Any]] = {
         "task process writes state, so a short hold lets the next one take the writer at once.\n",
         "type": "float", "example": "0.2", "default": "0.2",
     },
+    "teams": {
+        "description": "With [core] multi_team: the teams, comma-separated, for processes that cannot read them\n"
+        "from the metadata DB (task processes). Each team needs its own key_namespace, state_store_topic and\n"
+        "xcom_topic (section <team>=pulsarstate), or the backends refuse to start.\n",
+        "type": "string", "example": "team_a,team_b", "default": "",
+    },
 }
 
 
@@ -80,6 +86,7 @@ class ProviderSettings:
     state_store_topic: str = "airflow-state-store"
     state_store_max_value_bytes: int = 1048576
     state_store_writer_idle_timeout: float = 0.2
+    teams: str = ""
 
 
 def load_settings(conf: Any = None) -> ProviderSettings:

@@ -53,8 +53,10 @@ from airflow_provider_pulsarstate.engine.recipes.state_store import (
     AssetStateScope,
     StateScope,
     StateStore,
+    StateScopeError,
     StateStoreDataError,
     TaskStateScope,
+    parse_state_key,
 )
 from airflow_provider_pulsarstate.engine.recipes.table import StateTable
 from airflow_provider_pulsarstate.engine.recipes.table_feed import AsyncTableFeed, CommitChanges, TableFeed, read_commit
@@ -77,6 +79,7 @@ HEALTHCHECK_TOPIC = "__pulsarstate_healthcheck"
 
 __all__ = [
     "AssetStateScope", "PulsarStateHook", "StateScope", "StateStore", "StateStoreDataError", "TaskStateScope",
+    "StateScopeError", "parse_state_key",
     "KEEP", "HEALTHCHECK_TOPIC", "close_shared_state_maps", "config_from_connection", "refuse_multi_host_executor",
     "state_scope", "XComRecord", "XComStore", "drop_run_map", "is_run_topic", "run_topic", "run_topic_prefix",
 ]
@@ -510,20 +513,22 @@ class PulsarStateHook(BaseHook):
     def get_state_store(self, *, topic: str | None = None, namespace: str | None = None) -> StateStore:
         """The task/asset :class:`~airflow_provider_pulsarstate.engine.recipes.state_store.StateStore`
         the state-store backend uses (``[pulsarstate] state_store_topic`` and ``key_namespace`` by
-        default).
+        default): one map per DAG run (task state) and one per asset.
 
-        Its map is shared by the whole process (one per connection and topic, whichever hook asks;
-        opening a map replays its log) and closed at exit, not by :meth:`close`. In a forked child
-        the parent's map is left alone and a new one opened.
+        The maps come from the process-wide pool (:mod:`~airflow_provider_pulsarstate.hooks.shared_objects`):
+        opened when a scope is first touched (opening a map replays its log, which holds one run's or
+        one asset's state), shared by every hook of the process, closed when idle or evicted, never
+        while in use. The connection is read once per process (:meth:`cached_config`).
         """
         settings = _settings()
-        config = self.get_config()
-        full_topic = config.topic_name(topic or settings.state_store_topic)
-        table = _shared(config, ("state-store", full_topic), lambda backend: PulsarMap(
-            backend, full_topic, max_value_bytes=settings.state_store_max_value_bytes,
-            operation_timeout=config.operation_timeout, writer_idle_timeout=settings.state_store_writer_idle_timeout,
-        ))
-        return StateStore(table, namespace=namespace or settings.key_namespace)
+        config = self.cached_config()
+        base = config.topic_name(topic or settings.state_store_topic)
+        maps = _PooledStateMaps(config, {
+            "max_value_bytes": settings.state_store_max_value_bytes,
+            "operation_timeout": config.operation_timeout,
+            "writer_idle_timeout": settings.state_store_writer_idle_timeout,
+        })
+        return StateStore(maps, base, namespace=namespace or settings.key_namespace)
 
     def get_state(self, scope: Any, key: str, default: Any = None, **store: Any) -> Any:
         """The current value of ``key`` in ``scope`` (see :meth:`update_state`), read at the tail
@@ -607,6 +612,30 @@ class PulsarStateHook(BaseHook):
                 except Exception:
                     log.debug("closing the back end after test_connection failed", exc_info=True)
         return True, f"Connected to {target}, namespace {config.tenant}/{config.namespace} ({len(topics)} topics)"
+
+
+class _PooledStateMaps:
+    """The state store's :class:`~airflow_provider_pulsarstate.engine.recipes.state_store.MapSource`:
+    maps borrowed from this process's pool, one per topic."""
+
+    def __init__(self, config: ConnectionConfig, options: dict[str, Any]) -> None:
+        self._config = config
+        self._options = options
+
+    @property
+    def backend(self) -> Backend:
+        return shared_objects.backend_for(self._config)
+
+    @contextlib.contextmanager
+    def borrow(self, topic: str) -> Iterator[PulsarMap[str, Any]]:
+        key = ("state-map", topic, tuple(sorted(self._options.items())))
+        with shared_objects.borrow(
+            self._config, key, lambda backend: PulsarMap(backend, topic, **self._options)
+        ) as table:
+            yield table
+
+    def list_topics(self, prefix: str) -> list[str]:
+        return self.backend.list_topics(prefix)
 
 
 def state_scope(scope: Any) -> StateScope:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_pulsarstate.engine.recipes.state_store import AssetStateScope, StateStore
+from airflow_provider_pulsarstate.engine.recipes.state_store import AssetStateScope, OwnedMaps, StateStore
 from airflow_provider_pulsarstate.engine.recipes.xcom_store import XComStore, run_topic
 from airflow_provider_pulsarstate.testing.airflow_processes import AirflowProcesses
 
@@ -30,6 +30,7 @@ REFERENCE_MARKER = "__pulsarstate_xcom__"  # what the backend's DB references ca
 DAGS = Path(__file__).resolve().parent / "dags_state_live"
 DAG_ID = "state_store_concurrency"
 N = 5
+NAMESPACE = "live"
 
 
 def _db_xcoms(db: Path, run_id: str) -> list[str]:
@@ -64,7 +65,7 @@ def test_eight_concurrent_tasks_atomic_update_loses_nothing_get_set_loses(
         "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "16",
         "AIRFLOW__CORE__XCOM_BACKEND": XCOM_BACKEND,
         "AIRFLOW__PULSARSTATE__XCOM_TOPIC": xcom_topic,
-        "AIRFLOW__PULSARSTATE__KEY_NAMESPACE": "airflow",
+        "AIRFLOW__PULSARSTATE__KEY_NAMESPACE": NAMESPACE,
     }
     runs = {}
     totals = {}
@@ -83,16 +84,16 @@ def test_eight_concurrent_tasks_atomic_update_loses_nothing_get_set_loses(
             runs[pattern] = (run_id, key)
 
     # what the tasks read through the context is what a plain reader of the map sees
-    from airflow_provider_pulsarstate import ConnectionConfig, PulsarMap, open_backend
+    from airflow_provider_pulsarstate import ConnectionConfig, open_backend
 
     config = ConnectionConfig(url=extra["service_url"], admin_url=extra.get("admin_url", ""))
     backend = open_backend(config)
     try:
-        with PulsarMap(backend, config.topic_name(topic)) as table:
-            store = StateStore(table)
+        with OwnedMaps(backend) as maps:
+            store = StateStore(maps, config.topic_name(topic), namespace=NAMESPACE)
             for pattern, (run_id, key) in runs.items():
-                run_map = run_topic(config.topic_name(xcom_topic), "airflow", DAG_ID, run_id)
-                with XComStore(backend, run_map, namespace="airflow") as xcoms:
+                xcom_run = run_topic(config.topic_name(xcom_topic), NAMESPACE, DAG_ID, run_id)
+                with XComStore(backend, xcom_run, namespace=NAMESPACE) as xcoms:
                     values = {
                         (e.task_id, e.map_index): json.loads(e.record.value_json)
                         for e in xcoms.list_run(DAG_ID, run_id) if e.key == "return_value"

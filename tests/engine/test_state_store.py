@@ -1,4 +1,5 @@
-"""StateStore (engine/recipes/state_store.py): task/asset state in a PulsarMap, on both back ends."""
+"""StateStore (engine/recipes/state_store.py): task/asset state in one PulsarMap per DAG run and per
+asset, on both back ends."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ from typing import Iterator
 import pytest
 
 from airflow_provider_pulsarstate.engine.backends import Backend
-from airflow_provider_pulsarstate.engine.recipes.map import PulsarMap
 from airflow_provider_pulsarstate.engine.recipes.state_store import (
     AssetStateScope,
+    OwnedMaps,
     StateStore,
     StateStoreDataError,
     TaskStateScope,
+    parse_state_key,
 )
 
 T0 = TaskStateScope("dag/a", "run/1", "t", 0)
@@ -32,13 +34,18 @@ class Clock:
 
 
 @pytest.fixture
-def table(backend: Backend, topic: str) -> Iterator[PulsarMap]:
-    with PulsarMap(backend, topic) as t:
-        yield t
+def maps(backend: Backend) -> Iterator[OwnedMaps]:
+    with OwnedMaps(backend) as m:
+        yield m
 
 
-def test_keys_are_quoted_and_scopes_kept_apart(table: PulsarMap) -> None:
-    store = StateStore(table, namespace="ns")
+def _store(maps: OwnedMaps, topic: str, **options: object) -> StateStore:
+    options.setdefault("namespace", "ns")
+    return StateStore(maps, topic, **options)  # type: ignore[arg-type]
+
+
+def test_keys_are_quoted_and_scopes_kept_apart(maps: OwnedMaps, topic: str) -> None:
+    store = _store(maps, topic)
     store.set(T0, "k/x", {"a": 1})
     store.set(T1, "k/x", 2)
     store.set(ASSET, "k", [1, "x"])
@@ -51,10 +58,17 @@ def test_keys_are_quoted_and_scopes_kept_apart(table: PulsarMap) -> None:
     assert store.entries(ASSET) == {"k": [1, "x"]}
     # a task id holding '/' cannot reach another task's entries
     assert store.entries(TaskStateScope("dag/a", "run/1", "t/0", -1)) == {}
+    # one map per DAG run and one per asset; nothing on the base topic
+    assert store.topic_of(T0) == store.topic_of(T1) != store.topic_of(ASSET)
+    assert maps.opened() == sorted({store.topic_of(T0), store.topic_of(ASSET)})
+    assert parse_state_key("ns", "ns/task/dag%2Fa/run%2F1/t/0/k%2Fx") == (T0, "k/x")
+    for forged in ("ns/task/dag/a/run/1/t/0/k", "other/asset/x/k", "ns/asset/x", "ns/task/d/r/t/zero/k"):
+        with pytest.raises(StateStoreDataError, match="does not name a state entry"):
+            parse_state_key("ns", forged)
 
 
-def test_delete_and_clear_one_map_index_or_all(table: PulsarMap) -> None:
-    store = StateStore(table, namespace="ns")
+def test_delete_and_clear_one_map_index_or_all(maps: OwnedMaps, topic: str) -> None:
+    store = _store(maps, topic)
     for scope in (T0, T1):
         store.set(scope, "a", 1)
         store.set(scope, "b", 2)
@@ -69,9 +83,9 @@ def test_delete_and_clear_one_map_index_or_all(table: PulsarMap) -> None:
     assert store.clear(ASSET) == 1 and store.get(ASSET, "a") is None
 
 
-def test_expired_entries_read_as_absent_and_are_removed(table: PulsarMap) -> None:
+def test_expired_entries_read_as_absent_and_are_removed(maps: OwnedMaps, topic: str) -> None:
     clock = Clock()
-    store = StateStore(table, namespace="ns", clock=clock)
+    store = _store(maps, topic, clock=clock)
     store.set(T0, "short", 1, expires_at=clock.now + 5)
     store.set(T0, "dated", 2, expires_at=datetime.fromtimestamp(clock.now + 50, tz=timezone.utc))
     store.set(ASSET, "forever", 3)
@@ -82,15 +96,16 @@ def test_expired_entries_read_as_absent_and_are_removed(table: PulsarMap) -> Non
     assert store.update(T0, "short", lambda v: (v or 0) + 10) == 10  # an expired value reads as None
     clock.now += 100
     assert store.remove_expired() == 1  # "dated"; "short" was re-created by update, without expiry
-    assert store.entries(T0) == {"short": 10} and table.size() == 2
+    with store.table(T0) as run_map, store.table(ASSET) as asset_map:
+        assert store.entries(T0) == {"short": 10} and run_map.size() + asset_map.size() == 2
     assert store.get(ASSET, "forever") == 3
     with pytest.raises(ValueError, match="timezone-aware"):
         store.set(T0, "x", 1, expires_at=datetime(2030, 1, 1))
 
 
-def test_update_keeps_expiry_and_set_expiry(table: PulsarMap) -> None:
+def test_update_keeps_expiry_and_set_expiry(maps: OwnedMaps, topic: str) -> None:
     clock = Clock()
-    store = StateStore(table, namespace="ns", clock=clock)
+    store = _store(maps, topic, clock=clock)
     store.set(T0, "n", 1, expires_at=clock.now + 5)
     assert store.update(T0, "n", lambda v: v + 1) == 2
     clock.now += 6
@@ -101,8 +116,8 @@ def test_update_keeps_expiry_and_set_expiry(table: PulsarMap) -> None:
     assert store.get(T0, "m") is None and store.remove_expired() == 2
 
 
-def test_update_none_deletes_and_compare_and_set(table: PulsarMap) -> None:
-    store = StateStore(table, namespace="ns")
+def test_update_none_deletes_and_compare_and_set(maps: OwnedMaps, topic: str) -> None:
+    store = _store(maps, topic)
     assert store.compare_and_set(ASSET, "w", None, 5) is True
     assert store.compare_and_set(ASSET, "w", None, 6) is False and store.get(ASSET, "w") == 5
     assert store.compare_and_set(ASSET, "w", 4, 6) is False
@@ -114,8 +129,8 @@ def test_update_none_deletes_and_compare_and_set(table: PulsarMap) -> None:
 
 def test_concurrent_updates_lose_nothing(backend: Backend, topic: str) -> None:
     # two map instances (as two processes would have), four threads each
-    with PulsarMap(backend, topic) as a, PulsarMap(backend, topic) as b:
-        stores = [StateStore(a), StateStore(b)]
+    with OwnedMaps(backend) as a, OwnedMaps(backend) as b:
+        stores = [StateStore(a, topic, namespace="airflow"), StateStore(b, topic, namespace="airflow")]
 
         def work(store: StateStore) -> None:
             for _ in range(10):
@@ -129,18 +144,22 @@ def test_concurrent_updates_lose_nothing(backend: Backend, topic: str) -> None:
         assert stores[0].get(ASSET, "n") == 80 and stores[1].get(ASSET, "n") == 80
 
 
-def test_bad_stored_data_names_the_key(table: PulsarMap) -> None:
-    store = StateStore(table, namespace="ns")
+def test_bad_stored_data_names_the_key(maps: OwnedMaps, topic: str) -> None:
+    store = _store(maps, topic)
     key = store.map_key(T0, "k")
-    table.put(key, {"json": "{not json", "expires_at": None})
+    with store.table(T0) as table:
+        table.put(key, {"json": "{not json", "expires_at": None})
     with pytest.raises(StateStoreDataError, match="ns/task/dag%2Fa/run%2F1/t/0/k.*not JSON"):
         store.get(T0, "k")
-    table.put(key, [1, 2])
+    with store.table(T0) as table:
+        table.put(key, [1, 2])
     with pytest.raises(StateStoreDataError, match="ns/task/dag%2Fa/run%2F1/t/0/k.*not a state record"):
         store.get(T0, "k")
     with pytest.raises(StateStoreDataError, match="not JSON text"):
         store.set_json(T0, "k2", "{nope")
     with pytest.raises(StateStoreDataError, match="not JSON-serializable"):
         store.set(T0, "k2", object())
-    assert store.remove_expired() == 0 and table.get(key) == [1, 2]  # bad records are left alone
+    assert store.remove_expired() == 0  # bad records are left alone
+    with store.table(T0) as table:
+        assert table.get(key) == [1, 2]
     assert json.loads(json.dumps(store.entries(T1))) == {}

@@ -34,9 +34,7 @@ still serve such a map.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -46,6 +44,14 @@ from airflow_provider_pulsarstate.engine.backends.base import Backend
 from airflow_provider_pulsarstate.engine.errors import SerializationError, ValueTooLargeError, XComReferenceError
 from airflow_provider_pulsarstate.engine.recipes.base import Recipe
 from airflow_provider_pulsarstate.engine.recipes.map import PulsarMap
+from airflow_provider_pulsarstate.engine.recipes.scope_topics import (
+    DIGEST_CHARS,
+    RUN_KIND,
+    drop_map_if_unchanged,
+    is_scope_topic,
+    scope_topic,
+    scope_topic_prefix,
+)
 
 XCOM_SEGMENT = "xcom"
 DEFAULT_MAX_RECORD_BYTES = 1024 * 1024
@@ -137,26 +143,23 @@ class StaleRun:
     reason: str
 
 
-RUN_DIGEST_CHARS = 32
-_SLUG = re.compile(r"[^A-Za-z0-9_.-]")
+RUN_DIGEST_CHARS = DIGEST_CHARS
 
 
 def run_topic_prefix(base_topic: str, namespace: str) -> str:
     """The prefix of every run topic of one key namespace (``<base>-<namespace slug>-r``)."""
-    return f"{base_topic}-{_SLUG.sub('_', namespace)[:40]}-r"
+    return scope_topic_prefix(base_topic, namespace, RUN_KIND)
 
 
 def run_topic(base_topic: str, namespace: str, dag_id: str, run_id: str) -> str:
     """The topic of one DAG run's XCom map: :func:`run_topic_prefix` and a digest of (namespace,
     dag id, run id), so any id spelling gives a valid, fixed-length topic name."""
-    digest = hashlib.sha256(f"{namespace}\0{dag_id}\0{run_id}".encode()).hexdigest()[:RUN_DIGEST_CHARS]
-    return run_topic_prefix(base_topic, namespace) + digest
+    return scope_topic(base_topic, namespace, RUN_KIND, dag_id, run_id)
 
 
 def is_run_topic(topic: str, prefix: str) -> bool:
     """Whether ``topic`` is a run map's log under ``prefix`` (not one of its checkpoint topics)."""
-    rest = topic[len(prefix):]
-    return topic.startswith(prefix) and len(rest) == RUN_DIGEST_CHARS and all(c in "0123456789abcdef" for c in rest)
+    return is_scope_topic(topic, prefix)
 
 
 class _KeyLayout:
@@ -456,15 +459,9 @@ def drop_run_map(
 
     :raises OperationTimeoutError: the writer could not be taken within ``timeout``.
     """
-    from airflow_provider_pulsarstate.engine.backends.base import AcquireMode
 
-    writer = backend.acquire_writer(topic, mode=AcquireMode.WAIT, timeout=timeout)
-    try:
+    def read() -> dict[str, XComRecord]:
         with XComStore(backend, topic, namespace=namespace, writer_idle_timeout=None) as fresh:
-            if fresh.entries(latest=True, timeout=timeout) != expected:
-                return False
-        for name in [topic, *(t for t in backend.list_topics(topic + "-checkpoint"))]:
-            backend.delete_topic(name)
-        return True
-    finally:
-        writer.close()
+            return fresh.entries(latest=True, timeout=timeout)
+
+    return drop_map_if_unchanged(backend, topic, read=read, expected=expected, timeout=timeout)

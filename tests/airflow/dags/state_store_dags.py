@@ -82,5 +82,70 @@ def state_store_outage():
     write_during_outage()
 
 
+@dag(dag_id="state_store_isolation", schedule=None, catchup=False, params={"secret_ref": "", "other_run": ""})
+def state_store_isolation():
+    """What a task may not reach: a value shaped like a reference, a forged DB row, another task's scope."""
+
+    def refused(fn) -> str:
+        try:
+            fn()
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return "allowed"
+
+    @task
+    def value_shaped_like_a_reference() -> dict:
+        ctx = get_current_context()
+        store = ctx["task_state_store"]
+        store.set("looks_like_ref", {"__airflow_state_ref__": ctx["params"]["secret_ref"]})
+        return {"read": store.get("looks_like_ref")}
+
+    @task
+    def forged_rows() -> dict:
+        from airflow.sdk.execution_time.comms import SetTaskStateStore
+        from airflow.sdk.execution_time.task_runner import SUPERVISOR_COMMS
+
+        ctx = get_current_context()
+        ti, store = ctx["ti"], ctx["task_state_store"]
+        store.set("mine", "own value")
+        forged = {"other_dag": ctx["params"]["secret_ref"]}
+        # a row of this task whose reference names another key of this very task
+        from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook, TaskStateScope
+
+        mine = PulsarStateHook().get_state_store().map_key(
+            TaskStateScope(ti.dag_id, ti.run_id, ti.task_id, -1), "mine")
+        forged["other_key"] = mine
+        out = {}
+        for key, ref in forged.items():
+            SUPERVISOR_COMMS.send(SetTaskStateStore(
+                ti_id=ti.id, key=key, value={"__airflow_state_ref__": ref}, expires_at=None))
+            out[key] = refused(lambda key=key: out.setdefault(f"{key}-value", store.get(key)))
+        return out
+
+    @task
+    def other_scopes() -> dict:
+        from airflow.sdk.state import TaskScope
+
+        from airflow_provider_pulsarstate.state_store.backend import PulsarStateStoreBackend
+
+        ctx = get_current_context()
+        ti = ctx["ti"]
+        backend = PulsarStateStoreBackend()
+        other = TaskScope(dag_id=ti.dag_id, run_id=ti.run_id, task_id="forged_rows", map_index=-1)
+        elsewhere = TaskScope(dag_id="state_store_secret", run_id=ctx["params"]["other_run"], task_id="t", map_index=-1)
+        return {
+            "get": refused(lambda: backend.get(elsewhere, "password")),
+            "set": refused(lambda: backend.set(other, "mine", '"overwritten"')),
+            "ref": refused(lambda: backend.serialize_task_state_store_to_ref(value=1, key="mine", scope=other)),
+            "delete": refused(lambda: backend.delete(other, "mine")),
+            "clear": refused(lambda: backend.clear(other)),
+            "own": refused(lambda: backend.serialize_task_state_store_to_ref(
+                value=1, key="own", scope=TaskScope(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, map_index=-1))),
+        }
+
+    value_shaped_like_a_reference() >> forged_rows() >> other_scopes()
+
+
 state_store_basics()
 state_store_outage()
+state_store_isolation()

@@ -1,0 +1,112 @@
+"""The state-store clean-up ``airflow pulsarstate state-store-cleanup`` and
+``PulsarStateStoreBackend.cleanup()`` run: expired entries out, maps of finished runs dropped whole.
+
+Airflow's own ``airflow state-store cleanup`` skips custom backends. Each DAG run's task state is
+one map, each asset's state another; for each map of this deployment's ``key_namespace``:
+
+* a run the metadata DB holds in a non-terminal state (queued, running, ...): nothing is touched,
+  however old its entries or their expiry;
+* a run the DB no longer holds (``missing``): the map is deleted whole;
+* a finished run (success or failed), or an asset: a map whose every entry expired is deleted
+  whole; otherwise its expired entries are deleted.
+
+Guarantees:
+
+* Compare-and-delete: a map is deleted only if it still holds exactly what was listed, checked
+  while the clean-up holds the map's exclusive writer, so a value written during the clean-up is
+  never lost (the map is kept and counted as ``changed``). Expired entries are deleted by one
+  atomic write judged on the latest state, so an entry re-written meanwhile is judged by its new
+  expiry.
+* Only maps of this namespace are touched: their topic derives from the namespace, and every key
+  in them must be of this namespace and of the one run or asset the topic derives from; a map
+  holding anything else is left alone (``foreign``).
+* One clock: expiry (``expires_at``, set by the writing worker as Airflow computes it) is judged
+  against the ``now`` given: the metadata DB's clock for the CLI and ``cleanup()``, never the
+  clean-up host's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from airflow_provider_pulsarstate.hooks.pulsarstate import StateStore, TaskStateScope
+from airflow_provider_pulsarstate.xcom.cleanup import TERMINAL_STATES, RunStatuses
+
+
+@dataclass(frozen=True)
+class StateCleanupReport:
+    """What a state clean-up saw and did."""
+
+    maps_scanned: int
+    runs_live: int
+    runs_missing: int
+    maps_dropped: int
+    maps_changed: int
+    maps_foreign: int
+    entries_deleted: int
+    dry_run: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run_state_cleanup(
+    store: StateStore, *, run_statuses: RunStatuses, now: float, timeout: float, dry_run: bool = False, log: Any = None,
+) -> StateCleanupReport:
+    """Clean this namespace's state maps (see the module docstring) and report.
+
+    :param run_statuses: how to read runs from the metadata DB (``(dag_id, run_ids) -> {run_id: RunStatus}``).
+    :param now: epoch seconds on the clock expiry is judged by (the metadata DB's).
+    :param timeout: seconds to wait for a map's writer before deleting it.
+    """
+    maps = list(store.list_maps())
+    foreign = [m for m in maps if m.owner is None]
+    owned = [m for m in maps if m.owner is not None]
+    statuses: dict[tuple[str, str], Any] = {}
+    by_dag: dict[str, list[str]] = {}
+    for m in owned:
+        if isinstance(m.owner, TaskStateScope):
+            by_dag.setdefault(m.owner.dag_id, []).append(m.owner.run_id)
+    for dag_id, run_ids in sorted(by_dag.items()):
+        for run_id, status in run_statuses(dag_id, run_ids).items():
+            statuses[(dag_id, run_id)] = status
+    live = missing = dropped = changed = deleted = 0
+    for m in owned:
+        verdict = "asset"
+        if isinstance(m.owner, TaskStateScope):
+            status = statuses.get((m.owner.dag_id, m.owner.run_id))
+            verdict = "missing" if status is None else ("finished" if str(status.state) in TERMINAL_STATES else "live")
+        if verdict == "live":
+            live += 1
+            continue
+        missing += verdict == "missing"
+        whole = verdict == "missing" or not m.entries or store.expired_at(m.entries, now)
+        if dry_run:
+            dropped += whole
+            deleted += len(m.entries) if whole else _expired_count(store, m.entries, now)
+        elif whole:
+            if store.drop_map(m.topic, expected=m.entries, timeout=timeout):
+                dropped += 1
+                deleted += len(m.entries)
+            else:
+                changed += 1
+        else:
+            deleted += store.remove_expired_in(m.topic, now=now)
+    report = StateCleanupReport(
+        maps_scanned=len(maps), runs_live=live, runs_missing=missing, maps_dropped=dropped, maps_changed=changed,
+        maps_foreign=len(foreign), entries_deleted=deleted, dry_run=dry_run,
+    )
+    if log is not None:
+        log.info(
+            "state-store clean-up of %s (namespace %r)%s: scanned %d maps; kept %d runs not finished, %d maps changed "
+            "during the clean-up, %d maps of another namespace; %s %d maps whole (%d runs missing from the metadata DB) "
+            "and %d entries in all", store.base_topic, store.namespace, " [dry run]" if dry_run else "",
+            report.maps_scanned, live, changed, len(foreign), "would delete" if dry_run else "deleted", dropped,
+            missing, deleted,
+        )
+    return report
+
+
+def _expired_count(store: StateStore, entries: dict[str, Any], now: float) -> int:
+    return sum(1 for k, raw in entries.items() if store.expired_at({k: raw}, now))
