@@ -119,6 +119,18 @@ def borrow(config: ConnectionConfig, key: tuple[Any, ...], factory: Callable[[Ba
         _close_all_of(doomed)
 
 
+def discard_topic(topic: str) -> int:
+    """Close this process's borrowed objects on ``topic`` that nobody uses now (before the topic
+    is deleted, so that none of them reconnects and re-creates it); returns how many."""
+    pid = os.getpid()
+    with _lock:
+        doomed = [k for k, h in _objects.items()
+                  if not h.pinned and h.pid == pid and not h.users and len(k[1]) > 1 and k[1][1] == topic]
+        objects = [_objects.pop(k).obj for k in doomed]
+    _close_all_of(objects)
+    return len(objects)
+
+
 def open_count() -> int:
     """How many borrowed objects this process has open (for tests and the UI)."""
     pid = os.getpid()

@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from airflow_provider_pulsarstate.hooks import shared_objects
 from airflow_provider_pulsarstate.hooks.pulsarstate import StateStore, TaskStateScope
 from airflow_provider_pulsarstate.xcom.cleanup import TERMINAL_STATES, RunStatuses
 
@@ -86,6 +87,7 @@ def run_state_cleanup(
             dropped += whole
             deleted += len(m.entries) if whole else _expired_count(store, m.entries, now)
         elif whole:
+            shared_objects.discard_topic(m.topic)  # no map of this process re-creates it
             if store.drop_map(m.topic, expected=m.entries, timeout=timeout):
                 dropped += 1
                 deleted += len(m.entries)

@@ -41,6 +41,8 @@ Guarantees:
   Nothing in a reference is imported or executed.
 * Reads use ``latest=True``: a value pushed by another task process is seen.
 * No value text in the metadata DB by default (``xcom_preview_chars = 0``).
+* With ``[core] multi_team``, the backend refuses to start unless every team has its own
+  ``key_namespace`` and topics (:mod:`~airflow_provider_pulsarstate.hooks.teams`).
 * Retries: at the start of every try Airflow calls :meth:`purge` for each XCom the DB holds for the
   task instance, which deletes the map entry. Entries that never reached the DB (the process died
   between the map write and the DB write) are removed when the next try stores its first value.
@@ -93,6 +95,7 @@ _PREVIEW_MAX_SIZE = 64 * 1024  # bigger values get no preview (repr of a large v
 
 _lock = threading.Lock()
 _swept: set[tuple[Any, ...]] = set()  # task tries whose older tries' entries were removed here
+_teams_checked: list[bool] = []
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,23 @@ def run_store(settings: ProviderSettings, dag_id: str, run_id: str) -> Iterator[
         cm.__exit__(None, None, None)
 
 
+def _settings() -> ProviderSettings:
+    """``[pulsarstate]``, after checking once per process that multi-team mode (if on) gives every
+    team its own namespace and topics (:mod:`~airflow_provider_pulsarstate.hooks.teams`).
+
+    :raises ConfigurationError: ``[core] multi_team`` is on and the teams share them (named).
+    """
+    with _lock:
+        checked = bool(_teams_checked)
+    if not checked:
+        from airflow_provider_pulsarstate.hooks.teams import refuse_shared_team_settings
+
+        refuse_shared_team_settings()
+        with _lock:
+            _teams_checked.append(True)
+    return provider_settings()
+
+
 def get_store(settings: ProviderSettings | None = None) -> Any:
     """This process's open store of the earlier single-map layout (``xcom_topic`` itself), where
     version-1 references point; opened once per process, closed at exit.
@@ -181,6 +201,7 @@ def close_stores() -> None:
 
     with _lock:
         _swept.clear()
+        _teams_checked.clear()
     close_shared_state_maps()
 
 
@@ -329,11 +350,12 @@ class PulsarXComBackend(BaseXCom):
 
         :raises XComValueTooLargeError: over ``xcom_max_value_bytes`` with ``xcom_oversize = error``.
         :raises XComReferenceError: a push for another task instance than the running one.
+        :raises ConfigurationError: ``[core] multi_team`` is on and the teams share a namespace or topic.
         :raises XComStoreUnavailableError: the map could not be written (nothing goes to the DB).
         """
         from airflow.sdk.serde import serialize
 
-        settings = provider_settings()
+        settings = _settings()
         serialized = serialize(value)
         if key is None or task_id is None or dag_id is None or run_id is None:  # not a task's push
             return serialized
@@ -408,7 +430,7 @@ class PulsarXComBackend(BaseXCom):
             return deserialize(value["value"])
         if not (isinstance(value, dict) and REFERENCE_MARKER in value):
             return BaseXCom.deserialize_value(result)
-        settings = provider_settings()
+        settings = _settings()
         target = PulsarXComBackend._checked(value, settings, asked=_asked.get(), xcom_key=getattr(result, "key", None))
         with _reaching_the_map(f"cannot read XCom {target.map_key!r} from {target.topic or settings.xcom_topic!r}"):
             if target.topic is None:
@@ -481,7 +503,7 @@ class PulsarXComBackend(BaseXCom):
         value = getattr(xcom, "value", None)
         if not (isinstance(value, dict) and REFERENCE_MARKER in value):
             return
-        settings = provider_settings()
+        settings = _settings()
         try:
             target = cls._checked(value, settings, asked=_asked.get(), xcom_key=getattr(xcom, "key", None))
         except XComReferenceError as exc:

@@ -36,6 +36,7 @@ from airflow_provider_pulsarstate.hooks.pulsarstate import (
     run_topic,
     run_topic_prefix,
 )
+from airflow_provider_pulsarstate.hooks import shared_objects
 from airflow_provider_pulsarstate.hooks.provider_config import ProviderSettings, load_settings
 
 TERMINAL_STATES = frozenset({"success", "failed"})
@@ -131,6 +132,7 @@ def run_cleanup(
         for run_map, reason in verdicts:
             if reason not in ("missing", "expired") or dry_run:
                 continue
+            shared_objects.discard_topic(run_map.topic)  # no map of this process re-creates it
             if drop_run_map(backend, run_map.topic, namespace=settings.key_namespace, expected=run_map.entries,
                             timeout=max(30.0, hook.get_config().operation_timeout)):
                 deleted.append(run_map)

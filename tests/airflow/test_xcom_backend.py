@@ -287,6 +287,30 @@ def test_references_of_the_single_map_layout_stay_readable(xcom_backend: SimpleN
         PulsarXComBackend.deserialize_value(SimpleNamespace(value={**refs[0], "topic": full + "-other"}))
 
 
+def test_multi_team_mode_is_refused_unless_every_team_has_its_own_namespace_and_topics(
+    xcom_backend: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_provider_pulsarstate.engine.errors import ConfigurationError
+
+    monkeypatch.setenv("AIRFLOW__CORE__MULTI_TEAM", "True")
+    monkeypatch.setenv("AIRFLOW__PULSARSTATE__TEAMS", "red,blue")
+    monkeypatch.setattr("airflow_provider_pulsarstate.hooks.teams.teams_from_db", lambda: None)  # a task process
+    for option in ("KEY_NAMESPACE", "STATE_STORE_TOPIC", "XCOM_TOPIC"):
+        monkeypatch.setenv(f"AIRFLOW__RED___PULSARSTATE__{option}", f"red-{option.lower()}")
+    close_stores()
+    with pytest.raises(ConfigurationError) as info:  # blue has nothing of its own: nothing is written
+        PulsarXComBackend.serialize_value({"a": 1}, key="k", task_id="t", dag_id="d", run_id="r", map_index=-1)
+    assert "multi_team" in str(info.value) and "'blue'" in str(info.value) and "key_namespace" in str(info.value)
+    with pytest.raises(ConfigurationError):
+        PulsarXComBackend.deserialize_value(SimpleNamespace(value={REFERENCE_MARKER: 2, "topic": "t", "key": "k"}))
+    for option in ("KEY_NAMESPACE", "STATE_STORE_TOPIC", "XCOM_TOPIC"):
+        monkeypatch.setenv(f"AIRFLOW__BLUE___PULSARSTATE__{option}", f"blue-{option.lower()}")
+    close_stores()
+    ref = PulsarXComBackend.serialize_value({"a": 1}, key="k", task_id="t", dag_id="d", run_id="r", map_index=-1)
+    assert PulsarXComBackend.deserialize_value(SimpleNamespace(value=ref)) == {"a": 1}
+    close_stores()
+
+
 # ---------------------------------------------------------------------------------- retries
 def test_a_retry_clears_the_previous_try_values(xcom_backend: SimpleNamespace) -> None:
     dag = load_dag(TEST_DAGS / "xcom_test_dags.py", "xcom_backend_retry")
@@ -576,4 +600,4 @@ def test_provider_info_registers_the_operator_and_the_cli() -> None:
     (path,) = info["cli"]
     module, _, name = path.rpartition(".")
     (group,) = getattr(importlib.import_module(module), name)()
-    assert group.name == "pulsarstate" and [c.name for c in group.subcommands] == ["xcom-cleanup", "state-store-cleanup"]
+    assert group.name == "pulsarstate" and [c.name for c in group.subcommands][:3] == ["xcom-cleanup", "state-store-cleanup", "state-store-migrate"]
