@@ -358,7 +358,7 @@ def test_a_failing_dead_letter_topic_never_wedges_the_stream(config: ConnectionC
     async def go() -> tuple[dict, list[bytes]]:
         async with open_topic_stream(
             config, topics=[topic], subscription="s", initial_position="earliest", dead_letter_topic=broken,
-            max_redeliveries=0, dead_letter_attempts=2, dead_letter_retry_delay=0.05,
+            max_redeliveries=0,  # default retries: 3 sends, about 1 + 2 s apart
         ) as stream:
             poison = await stream.receive(timeout=10)
             assert poison is not None and poison.payload == b"poison"
