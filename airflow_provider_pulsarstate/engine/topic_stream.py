@@ -9,11 +9,18 @@ hands them out as :class:`TopicMessage` (plain data), and settles them:
   acknowledged message below the partition's **floor** (its lowest message handed out and not yet
   acknowledged: in flight, or failed and awaiting redelivery); messages above the floor are
   acknowledged individually. A cumulative acknowledgement therefore never covers a message that
-  failed or is still being processed.
+  failed or is still being processed. Acknowledged positions above the floor are kept as ranges
+  (at most one more than the unsettled messages), and once the floor moves one cumulative
+  acknowledgement covers them.
 * :meth:`TopicStream.fail`: negative acknowledgement (redelivered after ``redelivery_delay``);
-  after ``max_redeliveries`` failures of one message and with a ``dead_letter_topic``, the message
-  is published there instead and acknowledged.
-* :meth:`TopicStream.dead_letter`: publish to the dead-letter topic now (a terminal refusal).
+  after ``max_redeliveries`` failures of one message it is given up: published to the
+  ``dead_letter_topic``, or dropped with an error log when there is none.
+* :meth:`TopicStream.dead_letter`: give up on a message now (a terminal refusal). A dead-letter
+  send that keeps failing is retried, then the message is logged and skipped: never a wedge.
+
+Consumers use batch-index acknowledgement (the broker must enable
+``acknowledgmentAtBatchIndexLevelEnabled``): acknowledging part of a batched entry survives a
+restart, so only unacknowledged messages come again.
 
 The subscription is ``Failover``: cumulative acknowledgement needs one active consumer per
 partition, and a second process on the same subscription stands by instead of splitting messages.
@@ -22,6 +29,9 @@ rewinding to the oldest unacknowledged message, so messages still in flight come
 duplicates (and messages of an entry acknowledged earlier) are dropped here, never handed out twice.
 pulsar-client's ``DeadLetterPolicy`` only works on ``Shared`` subscriptions, so dead letters are
 published explicitly (failure counts are kept in memory: a restarted process starts them again).
+
+A message too large to carry whole (see :meth:`TopicMessage.as_json`) is passed by reference:
+:func:`read_topic_message` reads it back by topic and message id while retention keeps it.
 
 Only Pulsar: the embedded back end has no subscription consumer with negative acknowledgements
 (its topics are read by offset through :class:`~airflow_provider_pulsarstate.engine.offsets.PullConsumer`);
@@ -32,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import bisect
 import json
 import logging
 import time
@@ -46,6 +57,7 @@ from airflow_provider_pulsarstate.engine.errors import (
     ConfigurationError,
     PulsarStateError,
 )
+from airflow_provider_pulsarstate.engine.retry import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +67,8 @@ Position = tuple[int, int, int]
 PAYLOAD_ENCODINGS = ("auto", "text", "base64", "json")
 INITIAL_POSITIONS = ("latest", "earliest")
 DEAD_LETTER_PROPERTY_PREFIX = "pulsarstate-dead-letter-"
+REFERENCE_ENCODING = "reference"
+"""``payload_encoding`` of an entry whose payload was left out (read it with :func:`read_topic_message`)."""
 
 
 class TopicStreamError(PulsarStateError):
@@ -63,6 +77,14 @@ class TopicStreamError(PulsarStateError):
 
 class PayloadDecodeError(TopicStreamError, ValueError):
     """A message payload does not decode with the chosen ``payload_encoding`` (names topic and message id)."""
+
+
+class PayloadTooLargeError(TopicStreamError, ValueError):
+    """An event would exceed its byte limit even with every payload passed by reference (names the messages)."""
+
+
+class MessageUnavailableError(TopicStreamError):
+    """A referenced message cannot be read (trimmed by retention, or another topic's id); names topic and id."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +120,10 @@ class TopicMessage:
     @property
     def position(self) -> Position:
         return (self.ledger_id, self.entry_id, self.batch_index)
+
+    @property
+    def payload_size(self) -> int:
+        return len(self.payload)
 
     @property
     def lane(self) -> str:
@@ -136,10 +162,18 @@ class TopicMessage:
                 raise PayloadDecodeError(f"message {self.id_text} of {self.topic}: payload is not JSON ({exc})") from None
         return "text", text
 
-    def as_json(self, payload_encoding: str = "auto") -> dict[str, Any]:
-        """Plain JSON: every field, ``message_id`` as base64, the payload decoded per
-        :meth:`decode_payload` (``payload_encoding`` says which rule applied)."""
-        used, value = self.decode_payload(payload_encoding)
+    def as_json(self, payload_encoding: str = "auto", *, max_payload_bytes: int | None = None) -> dict[str, Any]:
+        """Plain JSON: every field, ``message_id`` as base64, ``payload_size`` in bytes, the payload
+        decoded per :meth:`decode_payload` (``payload_encoding`` says which rule applied).
+
+        A payload over ``max_payload_bytes`` is neither decoded nor included: ``payload`` is None
+        and ``payload_encoding`` is ``"reference"`` (the entry's ``topic`` and ``message_id``
+        locate it for :func:`read_topic_message`).
+        """
+        if max_payload_bytes is not None and self.payload_size > max_payload_bytes:
+            used, value = REFERENCE_ENCODING, None
+        else:
+            used, value = self.decode_payload(payload_encoding)
         return {
             "topic": self.topic,
             "partition": self.partition,
@@ -152,6 +186,7 @@ class TopicMessage:
             "publish_time": self.publish_time,
             "event_time": self.event_time,
             "redelivery_count": self.redelivery_count,
+            "payload_size": self.payload_size,
             "payload_encoding": used,
             "payload": value,
         }
@@ -188,7 +223,11 @@ class TopicStreamOptions:
     :param receiver_queue_size: messages the client prefetches per partition.
     :param redelivery_delay: seconds before a negatively acknowledged message comes again.
     :param dead_letter_topic: full topic name that takes messages given up on (None: never give up).
-    :param max_redeliveries: failures of one message before it goes to ``dead_letter_topic``.
+    :param max_redeliveries: failures of one message before it is given up: sent to
+        ``dead_letter_topic``, or dropped with an error log without one.
+    :param dead_letter_attempts: sends of one message to ``dead_letter_topic`` before it is
+        skipped (logged, acknowledged, counted).
+    :param dead_letter_retry_delay: seconds before the second send (doubling after each failure).
     :param consumer_name: the consumer's name on the broker (None: generated).
     """
 
@@ -199,6 +238,8 @@ class TopicStreamOptions:
     redelivery_delay: float = 1.0
     dead_letter_topic: str | None = None
     max_redeliveries: int = 3
+    dead_letter_attempts: int = 3
+    dead_letter_retry_delay: float = 1.0
     consumer_name: str | None = None
 
     def __post_init__(self) -> None:
@@ -217,6 +258,8 @@ class TopicStreamOptions:
         _check_int("receiver_queue_size", self.receiver_queue_size, minimum=1)
         _check_seconds("redelivery_delay", self.redelivery_delay, minimum=0.0)
         _check_int("max_redeliveries", self.max_redeliveries, minimum=0)
+        _check_int("dead_letter_attempts", self.dead_letter_attempts, minimum=1)
+        _check_seconds("dead_letter_retry_delay", self.dead_letter_retry_delay, minimum=0.0)
         if self.dead_letter_topic is not None:
             _check_full_topic("dead_letter_topic", self.dead_letter_topic)
             if self.dead_letter_topic in self.topics:
@@ -243,15 +286,31 @@ def _check_seconds(name: str, value: Any, *, minimum: float, exclusive: bool = F
         raise ConfigurationError(f"{name}: must be {'>' if exclusive else '>='} {minimum} seconds, got {value!r}")
 
 
-class _Lane:
-    """Settlement bookkeeping of one partition (see the module docstring)."""
+class _AckedRange:
+    """Positions ``lo``..``hi`` of one partition, all acknowledged individually (no unsettled
+    message between them); ``last`` is the received message at ``hi`` (a cumulative acknowledgement
+    needs the client's own message object to cover a batch up to its index)."""
 
-    __slots__ = ("inflight", "failed", "acked_above", "cumulative")
+    __slots__ = ("lo", "hi", "last")
+
+    def __init__(self, lo: Position, hi: Position, last: Any) -> None:
+        self.lo, self.hi, self.last = lo, hi, last
+
+
+class _Lane:
+    """Settlement bookkeeping of one partition (see the module docstring).
+
+    Acknowledged positions above the cumulative one are kept as ranges, merged whenever no
+    unsettled message lies between them: there are never more ranges than unsettled messages
+    + 1, however many messages are acknowledged behind a slow or failing one.
+    """
+
+    __slots__ = ("inflight", "failed", "acked", "cumulative")
 
     def __init__(self) -> None:
         self.inflight: set[Position] = set()  # handed out, not settled
         self.failed: set[Position] = set()  # negatively acknowledged, awaiting redelivery
-        self.acked_above: set[Position] = set()  # acknowledged individually above the floor
+        self.acked: list[_AckedRange] = []  # sorted, disjoint, all above ``cumulative``
         self.cumulative: Position | None = None  # highest position acknowledged cumulatively
 
     def floor(self) -> Position | None:
@@ -260,9 +319,47 @@ class _Lane:
 
     def seen(self, pos: Position) -> bool:
         """Whether a received message is a duplicate (in flight, or already acknowledged)."""
-        if pos in self.inflight or pos in self.acked_above:
+        if pos in self.inflight or (self.cumulative is not None and pos <= self.cumulative):
             return True
-        return self.cumulative is not None and pos <= self.cumulative
+        i = bisect.bisect_right([r.lo for r in self.acked], pos) - 1
+        return i >= 0 and pos <= self.acked[i].hi
+
+    def add_acked(self, positions: Sequence[tuple[Position, Any]]) -> None:
+        """Record acknowledged ``(position, raw message)`` pairs (taken out of ``inflight`` first)."""
+        pending = sorted(self.inflight | self.failed)
+        for pos, raw in positions:
+            lows = [r.lo for r in self.acked]
+            self.acked.insert(bisect.bisect_left(lows, pos), _AckedRange(pos, pos, raw))
+        merged: list[_AckedRange] = []
+        for rng in self.acked:
+            if merged and _nothing_between(pending, merged[-1].hi, rng.lo):
+                if rng.hi > merged[-1].hi:
+                    merged[-1].hi, merged[-1].last = rng.hi, rng.last
+            else:
+                merged.append(rng)
+        self.acked = merged
+
+    def take_cumulative(self) -> _AckedRange | None:
+        """The lowest range when no unsettled message lies below its top (it can be acknowledged
+        cumulatively): removed, and ``cumulative`` moved to its top. None otherwise."""
+        if not self.acked:
+            return None
+        first = self.acked[0]
+        floor = self.floor()
+        if floor is not None and floor < first.hi:
+            return None
+        self.acked.pop(0)
+        self.cumulative = first.hi if self.cumulative is None else max(self.cumulative, first.hi)
+        return first
+
+    def tracked(self) -> int:
+        """Positions held in memory: unsettled messages and the ends of acknowledged ranges."""
+        return len(self.inflight) + len(self.failed) + 2 * len(self.acked)
+
+
+def _nothing_between(pending: list[Position], lo: Position, hi: Position) -> bool:
+    """Whether no position of sorted ``pending`` lies strictly between ``lo`` and ``hi``."""
+    return bisect.bisect_right(pending, lo) >= bisect.bisect_left(pending, hi)
 
 
 class TopicStream:
@@ -297,7 +394,8 @@ class TopicStream:
         self._failures: dict[tuple[str, Position], int] = {}
         self._closed = False
         self.stats = {"received": 0, "duplicates_dropped": 0, "acknowledged": 0, "cumulative_acks": 0,
-                      "individual_acks": 0, "negative_acks": 0, "dead_lettered": 0}
+                      "individual_acks": 0, "negative_acks": 0, "dead_lettered": 0, "dropped": 0,
+                      "dead_letter_failures": 0}
 
     def __repr__(self) -> str:
         return f"TopicStream({list(self.options.topics)}, subscription={self.options.subscription!r}, {redact_url(self.config.url)})"
@@ -336,6 +434,9 @@ class TopicStream:
                         else pulsar.InitialPosition.Latest
                     ),
                     consumer_name=opts.consumer_name,
+                    # without it, acknowledging part of a batch entry is forgotten on restart and
+                    # its acknowledged messages come again (the broker must enable it too)
+                    batch_index_ack_enabled=True,
                 ),
                 self.config.operation_timeout,
             )
@@ -495,15 +596,16 @@ class TopicStream:
     # ------------------------------------------------------------------ settling
     def _lane_of(self, message: TopicMessage) -> _Lane:
         lane = self._lanes.get(message.lane)
-        if lane is None or message.position not in lane.inflight | lane.failed:
+        if lane is None or (message.position not in lane.inflight and message.position not in lane.failed):
             raise TopicStreamError(
                 f"message {message.id_text} of {message.topic} was not handed out by {self!r} or is already settled"
             )
         return lane
 
     async def acknowledge(self, messages: Iterable[TopicMessage]) -> None:
-        """Acknowledge ``messages`` (processed). Per partition: cumulatively up to the highest of them
-        below the floor (the lowest message still unsettled), individually above it.
+        """Acknowledge ``messages`` (processed). Per partition: messages above the floor (the lowest
+        message still unsettled) individually, then cumulatively up to the highest acknowledged
+        message below the floor (also those acknowledged individually earlier, once the floor moved).
 
         :raises TopicStreamError: a message this stream did not hand out or already settled.
         """
@@ -513,31 +615,31 @@ class TopicStream:
             self._lane_of(message)
             by_lane[message.lane].append(message)
         for lane_name, group in by_lane.items():
-            lane = self._lanes[lane_name]
-            group.sort(key=lambda m: m.position)
-            for message in group:
-                lane.inflight.discard(message.position)
-                self._failures.pop((lane_name, message.position), None)
-            floor = lane.floor()
-            below = [m for m in group if floor is None or m.position < floor]
-            above = [m for m in group if floor is not None and m.position > floor]
-            if below:
-                last = below[-1]
-                await self._consumer.acknowledge_cumulative(last._raw)
-                lane.cumulative = last.position if lane.cumulative is None else max(lane.cumulative, last.position)
-                lane.acked_above = {p for p in lane.acked_above if p > lane.cumulative}
-                self.stats["cumulative_acks"] += 1
-            for message in above:
+            await self._acknowledge_lane(self._lanes[lane_name], lane_name, sorted(group, key=lambda m: m.position))
+
+    async def _acknowledge_lane(self, lane: _Lane, lane_name: str, group: list[TopicMessage]) -> None:
+        for message in group:
+            lane.inflight.discard(message.position)
+            self._failures.pop((lane_name, message.position), None)
+        floor = lane.floor()
+        for message in group:
+            if floor is not None and message.position > floor:
                 await self._consumer.acknowledge(message._raw)
-                lane.acked_above.add(message.position)
                 self.stats["individual_acks"] += 1
-            self.stats["acknowledged"] += len(group)
+        lane.add_acked([(m.position, m._raw) for m in group])
+        covered = lane.take_cumulative()
+        if covered is not None:
+            await self._consumer.acknowledge_cumulative(covered.last)
+            self.stats["cumulative_acks"] += 1
+        self.stats["acknowledged"] += len(group)
 
     async def fail(self, messages: Iterable[TopicMessage], *, reason: str = "", count: bool = True) -> None:
         """Negatively acknowledge ``messages``: each comes again after ``redelivery_delay`` and holds
-        its partition's floor until then. With a ``dead_letter_topic``, a message failed more than
-        ``max_redeliveries`` times is dead-lettered instead (``count=False``: this failure is not
-        the message's fault, e.g. nobody was listening, and is not counted).
+        its partition's floor until then. A message failed more than ``max_redeliveries`` times is
+        given up instead: dead-lettered (see :meth:`dead_letter`), or dropped with an error log when
+        there is no ``dead_letter_topic``, so one poison message never pins its partition's floor.
+        ``count=False``: this failure is not the message's fault (e.g. nobody was listening) and is
+        not counted.
         """
         self._require_open()
         for message in list(messages):
@@ -545,8 +647,8 @@ class TopicStream:
             key = (message.lane, message.position)
             failures = self._failures.get(key, 0) + (1 if count else 0)
             self._failures[key] = failures
-            if self.options.dead_letter_topic is not None and failures > self.options.max_redeliveries:
-                await self.dead_letter([message], reason=reason or f"failed {failures} times")
+            if failures > self.options.max_redeliveries:
+                await self.dead_letter([message], reason=f"failed {failures} times" + (f": {reason}" if reason else ""))
                 continue
             lane.inflight.discard(message.position)
             lane.failed.add(message.position)
@@ -554,49 +656,78 @@ class TopicStream:
             self.stats["negative_acks"] += 1
 
     async def dead_letter(self, messages: Iterable[TopicMessage], *, reason: str) -> None:
-        """Publish ``messages`` to the dead-letter topic (payload, key, event time and properties
-        kept; ``pulsarstate-dead-letter-{topic,message-id,reason}`` added), then acknowledge them.
-        Without a dead-letter topic they are only acknowledged (dropped), with a warning.
+        """Give ``messages`` up, then acknowledge them: published to the dead-letter topic (payload,
+        key, event time and properties kept; ``pulsarstate-dead-letter-{topic,message-id,reason}``
+        added); without a dead-letter topic dropped, with an error log (counted in ``dropped``).
 
-        :raises TopicStreamError: the dead-letter topic refused the message (nothing acknowledged).
+        A send that fails is retried ``dead_letter_attempts`` times, ``dead_letter_retry_delay``
+        seconds apart (doubling); then the message is logged and skipped (acknowledged, counted in
+        ``dead_letter_failures``): a missing or forbidden dead-letter topic never wedges the stream.
         """
         self._require_open()
         batch = list(messages)
         for message in batch:
             self._lane_of(message)
-        target = self.options.dead_letter_topic
-        if target is None:
-            for message in batch:
-                log.warning("dropping message %s of %s (no dead-letter topic): %s", message.id_text, message.topic, reason)
-        else:
-            producer = await self._dead_letter()
-            for message in batch:
-                properties = {
-                    **message.properties,
-                    f"{DEAD_LETTER_PROPERTY_PREFIX}topic": message.topic,
-                    f"{DEAD_LETTER_PROPERTY_PREFIX}message-id": message.id_text,
-                    f"{DEAD_LETTER_PROPERTY_PREFIX}reason": reason[:1000],
-                }
-                kwargs: dict[str, Any] = {"properties": properties}
-                if message.key is not None:
-                    kwargs["partition_key"] = message.key
-                if message.event_time is not None:
-                    kwargs["event_timestamp"] = message.event_time
-                try:
-                    await asyncio.wait_for(producer.send(message.payload, **kwargs), self.config.operation_timeout)
-                except Exception as exc:
-                    raise TopicStreamError(
-                        f"dead-lettering message {message.id_text} of {message.topic} to {target} failed: "
-                        f"{type(exc).__name__}: {exc}"
-                    ) from exc
-                log.warning("dead-lettered message %s of %s to %s: %s", message.id_text, message.topic, target, reason)
-        self.stats["dead_lettered"] += len(batch) if target is not None else 0
+        for message in batch:
+            if self.options.dead_letter_topic is None:
+                log.error("dropping message %s of %s (no dead-letter topic): %s", message.id_text, message.topic, reason)
+                self.stats["dropped"] += 1
+            elif await self._send_dead_letter(message, reason):
+                self.stats["dead_lettered"] += 1
+            else:
+                self.stats["dead_letter_failures"] += 1
         for message in batch:  # a redelivered copy may sit in "failed": make it in flight to settle it
             lane = self._lanes[message.lane]
             if message.position in lane.failed:
                 lane.failed.discard(message.position)
                 lane.inflight.add(message.position)
         await self.acknowledge(batch)
+
+    async def _send_dead_letter(self, message: TopicMessage, reason: str) -> bool:
+        """Publish ``message`` to the dead-letter topic, retrying; False (logged) when every attempt failed."""
+        target = self.options.dead_letter_topic
+        properties = {
+            **message.properties,
+            f"{DEAD_LETTER_PROPERTY_PREFIX}topic": message.topic,
+            f"{DEAD_LETTER_PROPERTY_PREFIX}message-id": message.id_text,
+            f"{DEAD_LETTER_PROPERTY_PREFIX}reason": reason[:1000],
+        }
+        kwargs: dict[str, Any] = {"properties": properties}
+        if message.key is not None:
+            kwargs["partition_key"] = message.key
+        if message.event_time is not None:
+            kwargs["event_timestamp"] = message.event_time
+        backoff = Backoff(initial=self.options.dead_letter_retry_delay, maximum=30.0)
+        attempts = self.options.dead_letter_attempts
+        for attempt in range(1, attempts + 1):
+            try:
+                producer = await self._dead_letter()
+                await asyncio.wait_for(producer.send(message.payload, **kwargs), self.config.operation_timeout)
+            except Exception as exc:
+                await self._drop_dead_letter_producer()
+                if attempt == attempts:
+                    log.error(
+                        "skipping message %s of %s: dead-lettering it to %s failed %d times (last: %s: %s); reason "
+                        "it was given up: %s", message.id_text, message.topic, target, attempts, type(exc).__name__,
+                        exc, reason,
+                    )
+                    return False
+                delay = backoff.next_delay()
+                log.warning("dead-lettering message %s of %s to %s failed (%s: %s); retrying in %.1fs",
+                            message.id_text, message.topic, target, type(exc).__name__, exc, delay)
+                await asyncio.sleep(delay)
+            else:
+                log.warning("dead-lettered message %s of %s to %s: %s", message.id_text, message.topic, target, reason)
+                return True
+        return False
+
+    async def _drop_dead_letter_producer(self) -> None:
+        producer, self._dead_letter_producer = self._dead_letter_producer, None
+        if producer is not None:
+            try:
+                await asyncio.wait_for(producer.close(), self.config.operation_timeout)
+            except Exception:
+                log.debug("closing the dead-letter producer of %r failed", self, exc_info=True)
 
     async def _dead_letter(self) -> Any:
         if self._dead_letter_producer is None:
@@ -612,12 +743,48 @@ class TopicStream:
                 ) from exc
         return self._dead_letter_producer
 
+    def tracked_positions(self) -> dict[str, int]:
+        """Per partition: positions held in memory (unsettled messages, ends of acknowledged ranges)."""
+        return {name: lane.tracked() for name, lane in self._lanes.items()}
+
     def unsettled(self) -> dict[str, dict[str, list[Position]]]:
         """Per partition: positions in flight and failed (awaiting redelivery); for tests and logs."""
         return {
             name: {"inflight": sorted(lane.inflight), "failed": sorted(lane.failed)}
             for name, lane in self._lanes.items() if lane.inflight or lane.failed
         }
+
+
+def read_topic_message(client: Any, topic: str, message_id: bytes, *, timeout: float) -> TopicMessage:
+    """The message ``message_id`` (a serialized ``MessageId``) of ``topic`` (a partition's topic for
+    a partitioned one), read with a short-lived reader on ``client`` (a blocking ``pulsar.Client``).
+    Acknowledged messages stay readable only while the namespace's retention keeps them.
+
+    :raises MessageUnavailableError: it is gone, or no message comes within ``timeout`` seconds.
+    """
+    import pulsar
+
+    wanted = pulsar.MessageId.deserialize(message_id)
+    position = (int(wanted.ledger_id()), int(wanted.entry_id()), int(wanted.batch_index()))
+    what = f"message {':'.join(map(str, position))} of {topic}"
+    try:
+        reader = client.create_reader(topic, wanted, start_message_id_inclusive=True)
+    except Exception as exc:
+        raise MessageUnavailableError(f"{what}: cannot open a reader: {type(exc).__name__}: {exc}") from exc
+    try:
+        got = TopicMessage.from_pulsar(reader.read_next(max(1, int(timeout * 1000))))
+    except Exception as exc:
+        raise MessageUnavailableError(
+            f"{what}: nothing to read within {timeout:.0f}s ({type(exc).__name__}; trimmed by retention?)"
+        ) from exc
+    finally:
+        try:
+            reader.close()
+        except Exception:
+            log.debug("closing the reader of %s failed", what, exc_info=True)
+    if got.position[:2] != position[:2] or (position[2] >= 0 and got.batch_index != position[2]):
+        raise MessageUnavailableError(f"{what} is gone (read {got.id_text} instead: trimmed by retention?)")
+    return got
 
 
 def open_topic_stream(
@@ -644,6 +811,7 @@ def open_topic_stream(
 
 
 __all__ = [
-    "DEAD_LETTER_PROPERTY_PREFIX", "INITIAL_POSITIONS", "PAYLOAD_ENCODINGS", "PayloadDecodeError",
-    "TopicMessage", "TopicStream", "TopicStreamError", "TopicStreamOptions", "open_topic_stream",
+    "DEAD_LETTER_PROPERTY_PREFIX", "INITIAL_POSITIONS", "MessageUnavailableError", "PAYLOAD_ENCODINGS",
+    "PayloadDecodeError", "PayloadTooLargeError", "REFERENCE_ENCODING", "TopicMessage", "TopicStream",
+    "TopicStreamError", "TopicStreamOptions", "open_topic_stream", "read_topic_message",
 ]

@@ -8,6 +8,7 @@ managers and maps, so a connection means the same thing everywhere, including th
 from __future__ import annotations
 
 import atexit
+import base64
 import contextlib
 import json
 import logging
@@ -15,7 +16,7 @@ import math
 import os
 import threading
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
@@ -70,7 +71,12 @@ from airflow_provider_pulsarstate.engine.recipes.xcom_store import (
 )
 
 # issue 12: topic messages (PulsarMessageTrigger)
-from airflow_provider_pulsarstate.engine.topic_stream import TopicStream, open_topic_stream
+from airflow_provider_pulsarstate.engine.topic_stream import (
+    TopicMessage,
+    TopicStream,
+    open_topic_stream,
+    read_topic_message,
+)
 
 log = logging.getLogger(__name__)
 
@@ -436,6 +442,34 @@ class PulsarStateHook(BaseHook):
             dead_letter_topic=config.topic_name(dead_letter_topic) if dead_letter_topic else None,
             **options,
         )
+
+    def read_message(self, reference: Mapping[str, Any], *, timeout: float | None = None) -> TopicMessage:
+        """The message an event entry of ``PulsarMessageTrigger`` refers to (its payload was too
+        large to carry: ``payload_encoding == "reference"``); ``.payload`` holds the bytes and
+        ``.decode_payload("json")`` parses them. Readable while the namespace's retention keeps it.
+
+        :param reference: the entry (or any mapping with its ``topic`` and base64 ``message_id``).
+        :param timeout: seconds to wait for the message (None: the connection's operation time-out).
+        :raises ConfigurationError: ``reference`` lacks ``topic`` or a base64 ``message_id``, or the
+            connection is embedded (no Pulsar messages to read).
+        :raises MessageUnavailableError: the message is gone (trimmed by retention) or did not come in time.
+        """
+        topic, message_id = reference.get("topic"), reference.get("message_id")
+        if not isinstance(topic, str) or not topic.startswith("persistent://"):
+            raise ConfigurationError(f"read_message: reference has no full topic name, got {topic!r}")
+        try:
+            raw_id = base64.b64decode(message_id, validate=True) if isinstance(message_id, str) else b""
+        except ValueError:
+            raw_id = b""
+        if not raw_id:
+            raise ConfigurationError(f"read_message: reference has no base64 message_id, got {message_id!r}")
+        config, backend = self._open()
+        if config.kind != "pulsar":
+            raise ConfigurationError(
+                f"read_message: connection {self.pulsarstate_conn_id!r} is embedded; referenced messages live on Pulsar"
+            )
+        wait = config.operation_timeout if timeout is None else timeout
+        return read_topic_message(backend.client, topic, raw_id, timeout=wait)
 
     def get_leadership(self, topic: str) -> list[Leadership]:
         """Who holds ``topic``'s exclusive writer now, per partition (read-only; see

@@ -14,11 +14,21 @@ Events carry plain JSON::
      "messages": [{"topic", "partition", "ledger_id", "entry_id", "batch_index",
                    "message_id" (base64 of the serialized MessageId), "key", "properties",
                    "publish_time", "event_time" (ms since the epoch), "redelivery_count",
-                   "payload_encoding", "payload"}]}
+                   "payload_size", "payload_encoding", "payload"}]}
 
 ``payload`` is decoded per ``payload_encoding``: ``auto`` (UTF-8 text when valid, else base64),
 ``text``, ``base64`` or ``json`` (parsed; parsing never executes anything). With an
 ``apply_function`` each entry of ``messages`` is what it returned for that message instead.
+
+Events are bounded, since they are stored in the metadata database (``asset_event.extra``) and
+built on the triggerer's event loop: a payload over ``max_payload_bytes`` is passed by reference
+(``payload_encoding`` ``"reference"``, ``payload`` None; a task reads it with
+``PulsarStateHook.read_message(entry)`` while the namespace's retention keeps it), or with
+``oversized_payloads="reject"`` the message is rejected (dead-lettered). An event over
+``max_event_bytes`` (its JSON) passes its largest payloads by reference until it fits; when even
+that is not enough (large properties, or apply results) its messages are rejected. Payloads over
+64 KiB are decoded in a worker thread, off the loop. Anything in a carried payload (secrets
+included) ends up in the metadata database: pass references, or trim with an ``apply_function``.
 
 Settling a message after the watchers resolved it:
 
@@ -43,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import json
 import logging
 import re
 from collections.abc import AsyncIterator, Hashable, Sequence
@@ -56,12 +67,18 @@ from airflow_provider_pulsarstate.engine.retry import Backoff
 from airflow_provider_pulsarstate.engine.topic_stream import (
     INITIAL_POSITIONS,
     PAYLOAD_ENCODINGS,
+    REFERENCE_ENCODING,
+    PayloadTooLargeError,
     TopicMessage,
     TopicStream,
 )
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 
 log = logging.getLogger(__name__)
+
+OVERSIZED_PAYLOADS = ("reference", "reject")
+DECODE_OFF_LOOP_BYTES = 64 * 1024
+"""Payloads larger than this are decoded in a worker thread, not on the triggerer's event loop."""
 
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 
@@ -142,6 +159,11 @@ class PulsarMessageTrigger(BaseEventTrigger):
         event carries its results (None results are dropped). Both run in the triggerer's event
         loop: keep them quick and non-blocking.
     :param payload_encoding: ``auto``, ``text``, ``base64`` or ``json`` (see the module docstring).
+    :param max_payload_bytes: larger payloads are not carried in events (see ``oversized_payloads``).
+    :param oversized_payloads: ``reference`` (the entry locates the message: ``payload`` None,
+        ``payload_encoding`` ``"reference"``) or ``reject`` (dead-lettered like a poison message).
+    :param max_event_bytes: the most JSON bytes of one event (largest payloads passed by reference
+        to fit; messages rejected when that is not enough).
     :param dead_letter_topic: where poison messages and messages failed ``max_redeliveries`` times go.
     :param max_redeliveries: failures of one message before it is dead-lettered.
     :param redelivery_delay: seconds before a negatively acknowledged message comes again.
@@ -160,6 +182,9 @@ class PulsarMessageTrigger(BaseEventTrigger):
         filter_function: str | None = None,
         apply_function: str | None = None,
         payload_encoding: str = "auto",
+        max_payload_bytes: int = 64 * 1024,
+        oversized_payloads: str = "reference",
+        max_event_bytes: int = 256 * 1024,
         dead_letter_topic: str | None = None,
         max_redeliveries: int = 3,
         redelivery_delay: float = 1.0,
@@ -178,6 +203,11 @@ class PulsarMessageTrigger(BaseEventTrigger):
         if payload_encoding not in PAYLOAD_ENCODINGS:
             raise _fail("payload_encoding", f"must be one of {', '.join(PAYLOAD_ENCODINGS)}, got {payload_encoding!r}")
         self.payload_encoding = payload_encoding
+        self.max_payload_bytes = _number("max_payload_bytes", max_payload_bytes, integer=True, minimum=0)
+        if oversized_payloads not in OVERSIZED_PAYLOADS:
+            raise _fail("oversized_payloads", f"must be one of {', '.join(OVERSIZED_PAYLOADS)}, got {oversized_payloads!r}")
+        self.oversized_payloads = oversized_payloads
+        self.max_event_bytes = _number("max_event_bytes", max_event_bytes, integer=True, minimum=1024)
         if dead_letter_topic is not None and (not isinstance(dead_letter_topic, str) or not dead_letter_topic.strip()):
             raise _fail("dead_letter_topic", f"must be a topic name or None, got {dead_letter_topic!r}")
         self.dead_letter_topic = dead_letter_topic.strip() if dead_letter_topic else None
@@ -202,6 +232,9 @@ class PulsarMessageTrigger(BaseEventTrigger):
                 "filter_function": self.filter_function,
                 "apply_function": self.apply_function,
                 "payload_encoding": self.payload_encoding,
+                "max_payload_bytes": self.max_payload_bytes,
+                "oversized_payloads": self.oversized_payloads,
+                "max_event_bytes": self.max_event_bytes,
                 "dead_letter_topic": self.dead_letter_topic,
                 "max_redeliveries": self.max_redeliveries,
                 "redelivery_delay": self.redelivery_delay,
@@ -218,7 +251,7 @@ class PulsarMessageTrigger(BaseEventTrigger):
         )
 
     def shared_stream_key(self) -> Hashable | None:
-        """Watchers with equal keys share one consumer (everything but filter, apply function and encoding)."""
+        """Watchers with equal keys share one consumer (everything but filter, apply function, encoding and size limits)."""
         return ("pulsarstate-messages", *self._stream_key_fields())
 
     @classmethod
@@ -253,14 +286,17 @@ class PulsarMessageTrigger(BaseEventTrigger):
         return self._functions
 
     async def event_for(self, messages: Sequence[TopicMessage]) -> TriggerEvent | None:
-        """This watcher's event for one raw event (None: every message filtered out).
+        """This watcher's event for one raw event (None: every message filtered out), at most
+        ``max_event_bytes`` of JSON.
 
-        :raises Exception: what the payload decoding, filter or apply function raised (the caller rejects).
+        :raises Exception: what the payload decoding, filter or apply function raised, or
+            :class:`PayloadTooLargeError` (the caller rejects).
         """
         keep, apply = self._resolve_functions()
         entries: list[Any] = []
+        references: list[tuple[int, TopicMessage]] = []  # entries that are the message itself
         for message in messages:
-            data = message.as_json(self.payload_encoding)
+            data = await self._message_json(message)
             if keep is not None:
                 verdict = keep(data)
                 if inspect.isawaitable(verdict):
@@ -273,11 +309,53 @@ class PulsarMessageTrigger(BaseEventTrigger):
                     data = await data
                 if data is None:
                     continue
+            else:
+                references.append((len(entries), message))
             entries.append(data)
         if not entries:
             return None
         first = messages[0]
-        return TriggerEvent({"topic": first.topic, "partition": first.partition, "messages": entries})
+        payload = {"topic": first.topic, "partition": first.partition, "messages": entries}
+        await self._fit(payload, references, messages)
+        return TriggerEvent(payload)
+
+    async def _message_json(self, message: TopicMessage) -> dict[str, Any]:
+        """The message as plain JSON; an oversized payload left out (or refused), a large one decoded off the loop."""
+        if message.payload_size > self.max_payload_bytes and self.oversized_payloads == "reject":
+            raise PayloadTooLargeError(
+                f"message {message.id_text} of {message.topic}: payload of {message.payload_size} bytes is over "
+                f"max_payload_bytes={self.max_payload_bytes}"
+            )
+        if min(message.payload_size, self.max_payload_bytes) > DECODE_OFF_LOOP_BYTES:
+            return await asyncio.to_thread(message.as_json, self.payload_encoding, max_payload_bytes=self.max_payload_bytes)
+        return message.as_json(self.payload_encoding, max_payload_bytes=self.max_payload_bytes)
+
+    async def _fit(
+        self, payload: dict[str, Any], references: list[tuple[int, TopicMessage]], messages: Sequence[TopicMessage]
+    ) -> None:
+        """Pass the largest carried payloads of ``payload`` by reference until its JSON is within
+        ``max_event_bytes``.
+
+        :raises PayloadTooLargeError: still too large with every payload passed by reference.
+        """
+        entries = payload["messages"]
+        large = sum(m.payload_size for m in messages) > DECODE_OFF_LOOP_BYTES
+        sizes = await _json_sizes(entries, off_loop=large)
+        overhead = len(json.dumps({**payload, "messages": []}).encode()) + len(entries)
+        total = overhead + sum(sizes)
+        carried = [(i, m) for i, m in references if entries[i].get("payload_encoding") != REFERENCE_ENCODING]
+        for i, _ in sorted(carried, key=lambda pair: -sizes[pair[0]]):
+            if total <= self.max_event_bytes:
+                break
+            entries[i] = {**entries[i], "payload_encoding": REFERENCE_ENCODING, "payload": None}
+            new_size = len(json.dumps(entries[i]).encode())
+            total += new_size - sizes[i]
+            sizes[i] = new_size
+        if total > self.max_event_bytes:
+            raise PayloadTooLargeError(
+                f"the event for message(s) {', '.join(m.id_text for m in messages)} of "
+                f"{payload['topic']} takes {total} bytes of JSON, over max_event_bytes={self.max_event_bytes}"
+            )
 
     async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
         async for raw in shared_stream:
@@ -315,6 +393,15 @@ class PulsarMessageTrigger(BaseEventTrigger):
                     await stream.acknowledge(group)
         finally:
             await stream.aclose()
+
+
+async def _json_sizes(entries: list[Any], *, off_loop: bool) -> list[int]:
+    """Bytes of each entry's JSON (measured in a worker thread when ``off_loop``)."""
+
+    def measure() -> list[int]:
+        return [len(json.dumps(entry).encode()) for entry in entries]
+
+    return await asyncio.to_thread(measure) if off_loop else measure()
 
 
 def group_by_partition(batch: Sequence[TopicMessage]) -> list[tuple[TopicMessage, ...]]:

@@ -14,6 +14,7 @@ import pytest
 import requests
 
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError
+from airflow_provider_pulsarstate.engine.topic_stream import PayloadTooLargeError, TopicMessage
 from airflow_provider_pulsarstate.triggers.messages import PulsarMessageTrigger
 from tests.airflow.trigger_driver import LOOP_LAG_LIMIT, LoopLag, drive
 
@@ -92,6 +93,9 @@ def test_serialize_round_trip_is_stable_and_does_no_io() -> None:
     ({"initial_position": "middle"}, "initial_position"),
     ({"max_redeliveries": -1}, "max_redeliveries"),
     ({"dead_letter_topic": " "}, "dead_letter_topic"),
+    ({"max_payload_bytes": -1}, "max_payload_bytes"),
+    ({"oversized_payloads": "drop"}, "oversized_payloads"),
+    ({"max_event_bytes": 10}, "max_event_bytes"),
 ])
 def test_bad_arguments_name_the_field(bad: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigurationError, match=field):
@@ -257,3 +261,75 @@ def test_an_event_never_stored_is_negatively_acknowledged_and_comes_again(broker
     assert len(got_1) == 1
     ids = [e.payload["messages"][0]["message_id"] for e in got_2]
     assert ids[0] == ids[1] and got_2[0].payload["messages"][0]["payload"] == "b25jZQ=="
+
+
+# ---------------------------------------------------------------------------- bounded events
+def _message(i: int, payload: bytes, topic: str = "persistent://public/default/t") -> TopicMessage:
+    return TopicMessage(topic=topic, partition=-1, ledger_id=7, entry_id=i, batch_index=-1, message_id=b"id%d" % i,
+                        key=None, properties={}, payload=payload, publish_time=0, event_time=None, redelivery_count=0)
+
+
+def test_an_event_stays_within_max_event_bytes_passing_its_largest_payloads_by_reference() -> None:
+    """Eight 60 KB payloads (each under max_payload_bytes) in one batch: the event passes its
+    largest payloads by reference until its JSON fits max_event_bytes; a payload over
+    max_payload_bytes is never carried; with oversized_payloads="reject" it is refused (rejected)."""
+    sizes = [60_000 + i for i in range(8)] + [70_000]
+    batch = [_message(i, b"x" * n) for i, n in enumerate(sizes)]
+    trigger = PulsarMessageTrigger(topics="t", subscription="s", batch_size=9, max_event_bytes=200_000)
+    event = asyncio.run(trigger.event_for(batch))
+    entries = event.payload["messages"]
+    assert len(json.dumps(event.payload).encode()) <= 200_000
+    carried = [e for e in entries if e["payload_encoding"] == "text"]
+    assert len(carried) == 3 and all(e["payload"] == "x" * e["payload_size"] for e in carried)
+    references = [e for e in entries if e["payload_encoding"] == "reference"]
+    assert all(e["payload"] is None and e["message_id"] for e in references)
+    assert entries[8]["payload_encoding"] == "reference"  # over max_payload_bytes (64 KiB)
+    assert sorted(e["payload_size"] for e in carried) == sizes[:3]  # the largest went by reference first
+
+    strict = PulsarMessageTrigger(topics="t", subscription="s", oversized_payloads="reject")
+    with pytest.raises(PayloadTooLargeError, match="max_payload_bytes=65536"):
+        asyncio.run(strict.event_for(batch[8:]))
+    huge_results = PulsarMessageTrigger(topics="t", subscription="s", apply_function=f"{FUNCS}.upper",
+                                        max_event_bytes=50_000)
+    with pytest.raises(PayloadTooLargeError, match="max_event_bytes=50000"):
+        asyncio.run(huge_results.event_for(batch[:1]))  # apply results cannot be passed by reference
+
+
+@pytest.mark.pulsar
+def test_large_payloads_go_by_reference_without_stalling_the_loop_and_a_task_reads_them(
+    broker_conn: tuple[str, Any],
+) -> None:
+    """12 JSON messages of 4 MB, batches of 4: each event stays within max_event_bytes (payloads
+    passed by reference, never decoded on the loop), the loop is not stalled, and the hook reads
+    a referenced message back whole."""
+    from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+
+    conn, broker = broker_conn
+    topic = _fresh()
+    _create(broker, topic)
+    docs = [json.dumps({"i": i, "rows": ["r" * 100] * 40_000}).encode() for i in range(12)]
+    assert all(len(d) > 4_000_000 for d in docs)
+    _publish(broker, topic, docs)
+    trigger = PulsarMessageTrigger(topics=topic, subscription="big", batch_size=4, batch_wait=2.0,
+                                   payload_encoding="json", initial_position="earliest", pulsarstate_conn_id=conn)
+
+    async def three_events() -> tuple[list[Any], LoopLag]:
+        events = []
+        async with LoopLag() as lag:
+            runner = trigger.run()
+            while sum(len(e.payload["messages"]) for e in events) < 12:
+                events.append(await asyncio.wait_for(runner.__anext__(), 120))
+            await runner.aclose()
+        return events, lag
+
+    events, lag = asyncio.run(three_events())
+    assert max(len(json.dumps(e.payload).encode()) for e in events) <= trigger.max_event_bytes
+    entries = [m for e in events for m in e.payload["messages"]]
+    assert all(m["payload_encoding"] == "reference" and m["payload"] is None for m in entries)
+    assert [m["payload_size"] for m in entries] == [len(d) for d in docs]
+    assert lag.worst < LOOP_LAG_LIMIT and lag.ticks > 10, (lag.worst, lag.ticks)
+    with PulsarStateHook(pulsarstate_conn_id=conn) as hook:
+        message = hook.read_message(entries[5])
+        assert message.payload == docs[5] and message.decode_payload("json")[1]["i"] == 5
+        with pytest.raises(ConfigurationError, match="message_id"):
+            hook.read_message({"topic": topic, "message_id": "not base64!"})

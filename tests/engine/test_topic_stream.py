@@ -17,10 +17,13 @@ from airflow_provider_pulsarstate.engine.errors import ConfigurationError
 from airflow_provider_pulsarstate.engine.offsets import create_topic
 from airflow_provider_pulsarstate.engine.topic_stream import (
     DEAD_LETTER_PROPERTY_PREFIX,
+    REFERENCE_ENCODING,
+    MessageUnavailableError,
     PayloadDecodeError,
     TopicMessage,
     TopicStreamError,
     open_topic_stream,
+    read_topic_message,
 )
 from tests.conftest import pulsar_config
 
@@ -258,3 +261,140 @@ def test_settling_a_message_twice_or_from_elsewhere_is_refused(config: Connectio
                 await stream.acknowledge([message])
 
     run(go())
+
+
+def _publish_batched(config: ConnectionConfig, topic: str, payloads: list[bytes]) -> None:
+    """One producer batch per call (up to 1,000 messages): entries hold many messages."""
+    client = pulsar.Client(config.url)
+    try:
+        producer = client.create_producer(
+            topic, batching_enabled=True, batching_max_messages=1000, batching_max_publish_delay_ms=50,
+            block_if_queue_full=True,
+        )
+        failures: list[object] = []
+        for payload in payloads:
+            producer.send_async(payload, lambda res, _mid: failures.append(res) if res != pulsar.Result.Ok else None)
+        producer.flush()
+        assert not failures, failures[:3]
+    finally:
+        client.close()
+
+
+@pytest.mark.pulsar
+def test_acknowledged_messages_of_a_batch_do_not_come_again_after_a_restart(config: ConnectionConfig) -> None:
+    """30 messages in one batched entry, m10 left unacknowledged: after a clean restart only m10
+    comes again (batch-index acknowledgement; without it the whole entry would be redelivered)."""
+    topic = _fresh()
+    _make_topic(config, topic)
+    _publish_batched(config, topic, [f"m{i}".encode() for i in range(30)])
+
+    async def first_run() -> int:
+        async with open_topic_stream(config, topics=[topic], subscription="s", initial_position="earliest") as stream:
+            batch = await stream.receive_batch(max_messages=30, max_wait=3.0, timeout=10)
+            assert len(batch) == 30 and len({m.entry_id for m in batch}) < 30, "not batched"
+            await stream.acknowledge([m for m in batch if m.payload != b"m10"])
+            await asyncio.sleep(0.5)  # the client groups acknowledgements for up to 100 ms
+            return len(batch)
+
+    async def second_run() -> list[bytes]:
+        async with open_topic_stream(config, topics=[topic], subscription="s") as stream:
+            again = await stream.receive_batch(max_messages=100, max_wait=1.5, timeout=10)
+            await stream.acknowledge(again)
+            return [m.payload for m in again]
+
+    assert run(first_run()) == 30
+    assert run(second_run()) == [b"m10"]
+
+
+@pytest.mark.pulsar
+@pytest.mark.parametrize("dead_letter", [False, True], ids=["no-dead-letter-topic", "dead-letter-topic"])
+def test_a_poison_message_is_given_up_and_later_acks_stay_bounded(config: ConnectionConfig, dead_letter: bool) -> None:
+    """A message failing every time, ahead of 3,000 good ones: after max_redeliveries it is given up
+    (dead-lettered, or dropped with an error log without a dead-letter topic), cumulative
+    acknowledgements resume, and positions kept in memory stay a handful, never one per message."""
+    topic, dlq = _fresh(), _fresh("dlq")
+    _make_topic(config, topic)
+    if dead_letter:
+        _make_topic(config, dlq)
+    later = 3000
+    _publish(config, topic, [b"poison"])
+    _publish_batched(config, topic, [f"m{i}".encode() for i in range(later)])
+
+    async def go() -> tuple[dict, int, int, dict]:
+        async with open_topic_stream(
+            config, topics=[topic], subscription="s", initial_position="earliest", redelivery_delay=0.1,
+            max_redeliveries=2, dead_letter_topic=dlq if dead_letter else None,
+        ) as stream:
+            good, worst = 0, 0
+            deadline = asyncio.get_running_loop().time() + 60
+            while good < later or stream.unsettled():
+                assert asyncio.get_running_loop().time() < deadline, (good, stream.stats, stream.tracked_positions())
+                batch = await stream.receive_batch(max_messages=200, max_wait=0.05, timeout=1.0)
+                await stream.fail([m for m in batch if m.payload == b"poison"], reason="boom")
+                fine = [m for m in batch if m.payload != b"poison"]
+                await stream.acknowledge(fine)
+                good += len(fine)
+                worst = max(worst, sum(stream.tracked_positions().values()))
+            return dict(stream.stats), good, worst, stream.tracked_positions()
+
+    stats, good, worst, tracked = run(go())
+    assert good == later
+    assert stats["negative_acks"] == 2 and stats["dropped" if not dead_letter else "dead_lettered"] == 1, stats
+    assert worst <= 5, worst  # the poison message and the ends of one acknowledged range
+    assert sum(tracked.values()) == 0, tracked
+    assert stats["cumulative_acks"] >= 1, stats  # one cumulative ack covered the acknowledged range once it was gone
+    assert _subscription_backlog(config, topic, "s") == 0
+
+
+@pytest.mark.pulsar
+def test_a_failing_dead_letter_topic_never_wedges_the_stream(config: ConnectionConfig) -> None:
+    """The dead-letter topic is in a namespace that does not exist: each send is retried, then the
+    message is logged, skipped and counted; the stream goes on to the next message, also after a restart."""
+    topic = _fresh()
+    _make_topic(config, topic)
+    _publish(config, topic, [b"poison", b"fine"])
+    broken = f"persistent://public/no-such-namespace-{uuid.uuid4().hex[:6]}/dlq"
+
+    async def go() -> tuple[dict, list[bytes]]:
+        async with open_topic_stream(
+            config, topics=[topic], subscription="s", initial_position="earliest", dead_letter_topic=broken,
+            max_redeliveries=0,  # default retries: 3 sends, about 1 + 2 s apart
+        ) as stream:
+            poison = await stream.receive(timeout=10)
+            assert poison is not None and poison.payload == b"poison"
+            await stream.fail([poison], reason="boom")
+            rest = await stream.receive_batch(max_messages=10, max_wait=1.0, timeout=10)
+            await stream.acknowledge(rest)
+            return dict(stream.stats), [m.payload for m in rest]
+
+    stats, rest = run(go())
+    assert rest == [b"fine"]
+    assert stats["dead_letter_failures"] == 1 and stats["dead_lettered"] == 0, stats
+    assert _subscription_backlog(config, topic, "s") == 0
+
+
+@pytest.mark.pulsar
+def test_read_topic_message_reads_a_referenced_message_also_inside_a_batch(config: ConnectionConfig) -> None:
+    topic = _fresh()
+    _make_topic(config, topic, partitions=2)
+    _publish_batched(config, f"{topic}-partition-1", [f"m{i}".encode() for i in range(20)])
+
+    async def take() -> list[TopicMessage]:
+        async with open_topic_stream(config, topics=[topic], subscription="s", initial_position="earliest") as stream:
+            batch = await stream.receive_batch(max_messages=20, max_wait=2.0, timeout=10)
+            await stream.acknowledge(batch)
+            return batch
+
+    batch = run(take())
+    assert len(batch) == 20
+    entry = batch[7].as_json(max_payload_bytes=1)
+    assert entry["payload"] is None and entry["payload_encoding"] == REFERENCE_ENCODING and entry["payload_size"] == 2
+    client = pulsar.Client(config.url)
+    try:
+        got = read_topic_message(client, entry["topic"], base64.b64decode(entry["message_id"]), timeout=10)
+        assert got.payload == b"m7" and got.position == batch[7].position
+        elsewhere = f"{topic}-partition-0"  # the id is not one of that (empty) partition's messages
+        with pytest.raises(MessageUnavailableError, match="partition-0"):
+            read_topic_message(client, elsewhere, batch[7].message_id, timeout=1)
+    finally:
+        client.close()
