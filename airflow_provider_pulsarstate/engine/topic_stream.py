@@ -46,9 +46,10 @@ import bisect
 import json
 import logging
 import time
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig, redact_url
 from airflow_provider_pulsarstate.engine.errors import (
@@ -418,7 +419,7 @@ class TopicStream:
         from airflow_provider_pulsarstate.engine.backends.pulsar import client_options
 
         opts = self.options
-        self._client = pa.Client(self.config.url, **client_options(self.config))
+        self._client = _acquire_client(self.config, lambda: pa.Client(self.config.url, **client_options(self.config)))
         try:
             for topic in opts.topics:
                 await self._require_topic(topic)
@@ -509,7 +510,7 @@ class TopicStream:
 
     async def _close_client(self) -> None:
         client, self._client = self._client, None
-        if client is not None:
+        if client is not None and _release_client(self.config, client):
             try:
                 await asyncio.wait_for(client.close(), self.config.operation_timeout)
             except Exception:
@@ -753,6 +754,40 @@ class TopicStream:
             name: {"inflight": sorted(lane.inflight), "failed": sorted(lane.failed)}
             for name, lane in self._lanes.items() if lane.inflight or lane.failed
         }
+
+
+# event loop -> connection -> [client, streams using it]: one client (one broker connection, one
+# set of client threads) per connection and loop, however many streams a triggerer runs.
+_CLIENTS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[ConnectionConfig, list[Any]]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _acquire_client(config: ConnectionConfig, make: Callable[[], Any]) -> Any:
+    """The running loop's ``pulsar.asyncio`` client of ``config``, made by ``make`` for the first
+    stream; one more user. Synchronous: streams opening at once cannot race."""
+    clients = _CLIENTS.setdefault(asyncio.get_running_loop(), {})
+    entry = clients.get(config)
+    if entry is None:
+        entry = clients[config] = [make(), 0]
+    entry[1] += 1
+    return entry[0]
+
+
+def _release_client(config: ConnectionConfig, client: Any) -> bool:
+    """One user of ``client`` fewer; True when it was the last (the caller closes it)."""
+    try:
+        clients = _CLIENTS.get(asyncio.get_running_loop(), {})
+    except RuntimeError:  # no running loop: nobody else can use it
+        return True
+    entry = clients.get(config)
+    if entry is None or entry[0] is not client:
+        return True
+    entry[1] -= 1
+    if entry[1] > 0:
+        return False
+    del clients[config]
+    return True
 
 
 def read_topic_message(client: Any, topic: str, message_id: bytes, *, timeout: float) -> TopicMessage:

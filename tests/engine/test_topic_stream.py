@@ -398,3 +398,29 @@ def test_read_topic_message_reads_a_referenced_message_also_inside_a_batch(confi
             read_topic_message(client, elsewhere, batch[7].message_id, timeout=1)
     finally:
         client.close()
+
+
+@pytest.mark.pulsar
+def test_streams_of_one_connection_share_one_client(config: ConnectionConfig) -> None:
+    from airflow_provider_pulsarstate.engine import topic_stream
+
+    topics = [_fresh() for _ in range(3)]
+    for topic in topics:
+        _make_topic(config, topic)
+        _publish(config, topic, [b"x"])
+
+    async def go() -> list[int]:
+        streams = [open_topic_stream(config, topics=[t], subscription="s", initial_position="earliest") for t in topics]
+        for stream in streams:
+            await stream.open()
+        clients = topic_stream._CLIENTS[asyncio.get_running_loop()]
+        assert len(clients) == 1 and clients[config][1] == 3  # one client for the three streams
+        assert len({id(s._client) for s in streams}) == 1
+        await streams[0].aclose()  # the others go on with the shared client
+        got = [len(await s.receive_batch(max_messages=5, max_wait=0.5, timeout=10)) for s in streams[1:]]
+        for stream in streams[1:]:
+            await stream.aclose()
+        assert config not in topic_stream._CLIENTS[asyncio.get_running_loop()]  # closed with the last
+        return got
+
+    assert run(go()) == [1, 1]
