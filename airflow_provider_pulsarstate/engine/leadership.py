@@ -23,7 +23,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from airflow_provider_pulsarstate.engine.backends.base import Backend, partition_topic_name
+from airflow_provider_pulsarstate.engine.backends.base import Backend, partition_topic_name, writer_base_name
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, LeadershipError
 from airflow_provider_pulsarstate.engine.worker_thread import WorkerThread, acquire_backend, release_backend
@@ -39,7 +39,9 @@ class Leadership:
     :ivar topic: the topic (for a partitioned topic, the partitioned topic's name).
     :ivar partition: the partition, or None for a non-partitioned topic.
     :ivar leader: the exclusive producer's name; None when nobody holds the topic exclusively (or,
-        embedded, when the holder recorded no name: a file written by an older version).
+        embedded, when the holder recorded no name: a file written by an older version). A state
+        manager's writer shows as its ``writer_name`` with a per-attempt suffix (``name~1a2b3c4d``):
+        :attr:`writer_name` strips it.
     :ivar access_mode: the leader's access mode (None: no leader).
     :ivar epoch: the topic epoch (Pulsar ``topicEpoch``; embedded: the writer epoch); None when no
         exclusive producer ever held it. It grows with every new exclusive producer; on Pulsar it
@@ -58,6 +60,11 @@ class Leadership:
     other_producers: tuple[str, ...] = ()
 
     @property
+    def writer_name(self) -> str | None:
+        """The leader's name as its owner chose it (:attr:`leader` without the per-attempt suffix)."""
+        return writer_base_name(self.leader)
+
+    @property
     def has_leader(self) -> bool:
         """Whether an exclusive producer holds this partition now."""
         return self.access_mode is not None
@@ -67,6 +74,7 @@ class Leadership:
         return {
             "partition": self.partition,
             "leader": self.leader,
+            "writer_name": self.writer_name,
             "access_mode": self.access_mode,
             "epoch": self.epoch,
             "waiting_publishers": self.waiting_publishers,

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
-from airflow_provider_pulsarstate.engine.backends.base import EARLIEST, AcquireMode, Backend, RawEntry, RawReader, RawWriter, is_earliest
+from airflow_provider_pulsarstate.engine.backends.base import EARLIEST, AcquireMode, Backend, RawEntry, RawReader, RawWriter, attempt_writer_name, is_earliest
 from airflow_provider_pulsarstate.engine.envelope import NO_OFFSET, Frame, FrameError, RecordKind, decode_frame, encode_frames
 from airflow_provider_pulsarstate.engine.errors import CorruptEntryError
 
@@ -80,12 +80,13 @@ def open_writer(
 ) -> LogWriter:
     """Take the exclusive writer of ``topic`` and announce the new epoch with an EPOCH record.
 
-    ``name`` names the writer where leadership is observed (see :meth:`Backend.acquire_writer`).
+    ``name`` names the writer where leadership is observed (see :meth:`Backend.acquire_writer`),
+    with a suffix unique to this call (:func:`attempt_writer_name`: ``name~1a2b3c4d``).
 
     The caller must then read up to that EPOCH record (see :meth:`LogReader.read_next`) before
     generating anything from the state: everything in the log before it is then known.
     """
-    raw = backend.acquire_writer(topic, mode=mode, timeout=timeout, name=name)
+    raw = backend.acquire_writer(topic, mode=mode, timeout=timeout, name=attempt_writer_name(name))
     writer = LogWriter(raw, writer_id=writer_id, max_frame_bytes=max_frame_bytes)
     try:
         writer.append(RecordKind.EPOCH, timeout=timeout)

@@ -47,7 +47,7 @@ from airflow_provider_pulsarstate.engine.offsets import (
     open_publisher,
 )
 from airflow_provider_pulsarstate.engine.offsets import create_topic as _create_topic
-from airflow_provider_pulsarstate.engine.recipes.lease import DEFAULT_LEASE_TOPIC, Lease, Leases
+from airflow_provider_pulsarstate.engine.recipes.lease import DEFAULT_LEASE_TOPIC, Lease, LeaseKeeper, Leases
 from airflow_provider_pulsarstate.engine.recipes.map import PulsarMap
 from airflow_provider_pulsarstate.engine.recipes.state_store import (
     KEEP,

@@ -27,7 +27,6 @@ and fails when its ``execute`` returns. Retrying it cannot help: clear the group
 
 from __future__ import annotations
 
-import threading
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
@@ -35,7 +34,7 @@ from airflow.sdk import BaseOperator, TaskGroup, TriggerRule
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError, LeaseLostError, LeaseTimeoutError
-from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+from airflow_provider_pulsarstate.hooks.pulsarstate import LeaseKeeper, PulsarStateHook
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -191,13 +190,11 @@ def _parse(hook: PulsarStateHook, handle: Any, task_id: str) -> "Lease":
 
 
 # ---------------------------------------------------------------------------------- renewal
-class LeaseRenewer:
-    """Renews a lease every ``interval`` seconds in a daemon thread until stopped, or until it is lost.
-
-    A renewal that raises :class:`LeaseLostError` ends the thread: :attr:`lost` holds the error
-    and ``on_lost`` is called (from the thread). A renewal that fails otherwise (the broker is
-    unreachable) is retried sooner; once :meth:`Leases.remaining` says the lease ran out here,
-    it counts as lost too: a holder that cannot renew stops believing it holds the lease.
+class LeaseRenewer(LeaseKeeper):
+    """A :class:`~airflow_provider_pulsarstate.engine.recipes.lease.LeaseKeeper` for a task: renews
+    the lease every ``interval`` seconds (default ``ttl / 3``) and calls ``on_lost`` once the lease
+    is taken over, released, or not renewed before it expired as this process counts it, at the
+    latest at that expiry even while a renew call is blocked (:attr:`lost` holds the error).
 
     :param leases: the recipe the lease lives in.
     :param lease: the (already renewed) lease.
@@ -215,57 +212,7 @@ class LeaseRenewer:
         on_lost: Callable[[LeaseLostError], None] | None = None,
         log: Any = None,
     ) -> None:
-        self._leases = leases
-        self.lease = lease
-        self.interval = interval if interval is not None else lease.ttl / 3.0
-        self._on_lost = on_lost
-        self._log = log
-        self.lost: LeaseLostError | None = None
-        self.renewals = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"lease-renewer-{lease.name}", daemon=True)
-
-    def start(self) -> "LeaseRenewer":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=max(5.0, self.lease.ttl))
-
-    def _run(self) -> None:
-        delay = self.interval
-        while not self._stop.wait(delay):
-            try:
-                self.lease = self._leases.renew(self.lease)
-                self.renewals += 1
-                delay = self.interval
-            except LeaseLostError as exc:
-                self._lose(exc)
-                return
-            except Exception as exc:  # noqa: BLE001 - transient: retry until the lease runs out here
-                remaining = self._leases.remaining(self.lease)
-                if self._log is not None:
-                    self._log.warning("renewing lease %r failed (%s); %.1fs left", self.lease.name, exc, remaining)
-                if remaining <= 0:
-                    self._lose(LeaseLostError(
-                        f"could not renew lease {self.lease.name!r} before it expired: {exc}",
-                        lease=self.lease.name, token=self.lease.token,
-                    ))
-                    return
-                delay = min(self.interval, max(0.1, remaining / 4))
-
-    def _lose(self, exc: LeaseLostError) -> None:
-        self.lost = exc
-        if self._log is not None:
-            self._log.error("%s", describe_loss(self.lease, exc))
-        if self._on_lost is not None and not self._stop.is_set():
-            try:
-                self._on_lost(exc)
-            except Exception:  # noqa: BLE001 - stopping the task is best effort; it fails anyway
-                if self._log is not None:
-                    self._log.exception("stopping the task after losing lease %r failed", self.lease.name)
+        super().__init__(leases, lease, interval=interval, on_lost=on_lost, log=log)
 
     def check(self) -> None:
         """:raises AirflowFailException: the lease was lost (names lease, token and new holder)."""

@@ -58,7 +58,7 @@ def partition_met(seen: Mapping[str, Any], mode: str, *, leader_name: str | None
     """Whether one partition's observation (``Leadership.as_json()``) satisfies ``mode``."""
     held = seen.get("access_mode") is not None
     if mode == "leader":
-        return held and (leader_name is None or seen.get("leader") == leader_name)
+        return held and (leader_name is None or leader_name in (seen.get("leader"), seen.get("writer_name")))
     if mode == "no_leader":
         return not held
     if mode == "changed":

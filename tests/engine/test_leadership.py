@@ -73,12 +73,27 @@ def test_leader_no_leader_and_the_epoch_grows_with_each_new_exclusive_writer(bac
 def test_a_state_managers_writer_name_is_what_observers_see(backend: Backend, topic: str) -> None:
     with PulsarMap(backend, topic, writer_name="deployment-a", writer_idle_timeout=None) as named:
         named.put("k", 1)
-        assert _one(backend, topic).leader == "deployment-a"
+        seen = _one(backend, topic)
+        assert seen.writer_name == "deployment-a" and seen.leader.startswith("deployment-a~")  # type: ignore[union-attr]
+        assert seen.as_json()["writer_name"] == "deployment-a"
     assert not _one(backend, topic).has_leader  # closing the map released the writer
     with PulsarMap(backend, topic, writer_idle_timeout=None) as anonymous:
         anonymous.put("k", 2)
         leader = _one(backend, topic).leader
         assert leader is not None and leader.startswith("pulsarstate-") and len(leader) == len("pulsarstate-") + 12
+
+
+def test_two_acquisitions_under_one_chosen_writer_name_get_distinct_producer_names(backend: Backend, topic: str) -> None:
+    """A chosen name is not a producer name: each acquisition adds its own suffix, so an orphan
+    left by one attempt (dropped by name) can never be confused with a live writer of another."""
+    names = []
+    for value in (1, 2):
+        with PulsarMap(backend, topic, writer_name="deployment-a", writer_idle_timeout=None) as named:
+            named.put("k", value)
+            seen = _one(backend, topic)
+            assert seen.writer_name == "deployment-a"
+            names.append(seen.leader)
+    assert len(set(names)) == 2, names
 
 
 def test_a_partitioned_topic_answers_per_partition(backend: Backend, topic: str) -> None:

@@ -28,8 +28,8 @@ from airflow_provider_pulsarstate.engine.errors import (
     LeaseLostError,
     LeaseTimeoutError,
 )
-from airflow_provider_pulsarstate.engine.recipes.lease import Lease, LeaseInfo, Leases
-from airflow_provider_pulsarstate.testing import wait_until
+from airflow_provider_pulsarstate.engine.recipes.lease import Lease, LeaseInfo, LeaseKeeper, Leases, boot_clock
+from airflow_provider_pulsarstate.testing import FaultInjectingBackend, wait_until
 from tests.engine.test_epochs import append_foreign_frame
 
 WORKER = Path(__file__).with_name("lease_worker.py")
@@ -274,3 +274,50 @@ def test_bad_input_names_the_field(leases: Any, backend: Backend, topic: str) ->
     with pytest.raises(CorruptEntryError) as err:
         leases().describe("n")
     assert "'token'" in str(err.value) and f"offset {offset + 1}" in str(err.value) and err.value.topic == topic
+
+
+# -- keeping a lease: on time when cut off, on a clock that runs through suspend ---------------------
+def test_a_keeper_cut_off_from_the_lease_log_reports_the_loss_by_the_expiry(backend: Backend, topic: str) -> None:
+    """A renew that blocks (the lease log does not answer) does not hold back ``on_lost``: it fires
+    at the expiry of the last renew that got through, long before the blocked call returns."""
+    ttl, blocked_for = 2.0, 8.0
+    faulty = FaultInjectingBackend(backend)
+    leases = Leases(faulty, topic, poll_interval=0.05, operation_timeout=20.0)
+    try:
+        lease = leases.acquire("spark-job", holder="a", ttl=ttl, timeout=20)
+        lost_at: list[float] = []
+        keeper = LeaseKeeper(leases, lease, interval=0.3, on_lost=lambda err: lost_at.append(boot_clock())).start()
+        wait_until(lambda: keeper.renewals >= 2, timeout=20, what="two renewals")
+        faulty.delay_next_append(blocked_for)  # the next renew's append hangs far past the ttl
+        cut_at = boot_clock()  # every renew that got through was sent before this
+        renewals = keeper.renewals
+        wait_until(lambda: lost_at, timeout=blocked_for - 1, what="on_lost")
+        assert lost_at[0] <= cut_at + ttl + 1.5, f"on_lost {lost_at[0] - cut_at:.2f}s after the cut (ttl {ttl}s)"
+        assert "delay" in faulty.injected and keeper.renewals <= renewals + 1
+        assert isinstance(keeper.lost, LeaseLostError) and "expired" in str(keeper.lost)
+        keeper.stop()
+        assert len(lost_at) == 1
+    finally:
+        leases.close()
+
+
+@pytest.mark.skipif(not hasattr(time, "CLOCK_BOOTTIME"), reason="CLOCK_BOOTTIME is Linux only")
+def test_leases_count_validity_on_a_clock_that_runs_through_suspend(
+    backend: Backend, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    boot = [1000.0]
+    real = time.clock_gettime
+    monkeypatch.setattr(time, "clock_gettime", lambda clock: boot[0] if clock == time.CLOCK_BOOTTIME else real(clock))
+    leases = Leases(backend, topic, poll_interval=0.05)  # the default clock
+    try:
+        lease = leases.acquire("suspended", holder="a", ttl=30.0, timeout=10)
+        assert leases.remaining(lease) == 30.0
+        boot[0] += 31.0  # a suspend: boot time moves on, monotonic time does not
+        assert leases.remaining(lease) == 0.0
+        keeper = LeaseKeeper(leases, lease, interval=60.0).start()
+        wait_until(lambda: keeper.lost is not None, timeout=5, what="the loss")
+        keeper.stop()
+        with pytest.raises(LeaseLostError, match="expired"):
+            keeper.check()
+    finally:
+        leases.close()

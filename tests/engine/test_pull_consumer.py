@@ -385,6 +385,38 @@ def test_offsets_for_times(backend: Backend, topic: str, consumers) -> None:
     assert consumer.offsets_for_times(time.time() + 3600) == {0: None}  # past the end
 
 
+def test_offsets_for_times_match_a_scan_at_every_publish_time(backend: Backend, topic: str, consumers) -> None:
+    """Two batched publishers interleaved in bursts a millisecond or two apart: a query at each
+    message's exact publish time (and half a millisecond later) answers what a scan of the
+    partition answers, the first offset published at or after it; 1 ms after the last, None.
+    (Pulsar's own look-up goes by the broker's timestamp, later than ``publish_time``: it answered
+    early.)"""
+    create_topic(backend, topic)
+    publishers = [open_publisher(backend, topic, batching=True) for _ in range(2)]
+    try:
+        for burst in range(40):
+            for i in range(7):
+                publishers[(burst + i) % 2].send(f"b{burst:02d}-{i}".encode())
+            time.sleep(0.001 + 0.001 * (burst % 3))
+        for publisher in publishers:
+            publisher.flush(timeout=FLUSH)
+    finally:
+        for publisher in publishers:
+            publisher.close()
+    consumer = consumers(None)
+    messages = drain(consumer, consumer.beginning_offsets()[0], size=500)
+    assert len(messages) == 280
+
+    def scan(ts: float) -> int | None:
+        return next((m.offset for m in messages if m.publish_time >= ts), None)
+
+    stamps = sorted({m.publish_time for m in messages})
+    queries = stamps + [ts + 0.0005 for ts in stamps] + [stamps[-1] + 0.001]
+    wrong = {ts: (got, scan(ts)) for ts in queries if (got := consumer.offsets_for_times(ts)[0]) != scan(ts)}
+    assert not wrong, f"{len(wrong)} of {len(queries)} queries differ from the scan (got, scan): {wrong}"
+    assert consumer.offsets_for_times(stamps[-1] + 0.001) == {0: None}
+
+
 # -- out of range ----------------------------------------------------------------------------
 def test_offset_past_the_end_is_out_of_range(backend: Backend, topic: str, consumers) -> None:
     create_topic(backend, topic)

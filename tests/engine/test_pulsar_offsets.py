@@ -6,6 +6,7 @@ Each test names the reference implementation's bug it guards against where there
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import threading
 import time
@@ -320,6 +321,8 @@ def test_offsets_across_ledger_rollovers(backend: PulsarBackend, topic: str, con
         result = consumers(topic).pull(target, max_messages=2)
         assert [m.value for m in result.messages] == values[target : target + 2]
     assert consumers(topic).pull(75).messages == []
+    for ts in sorted({m.publish_time for m in got}) + [got[-1].publish_time + 0.001]:  # the scan crosses ledgers
+        assert consumer.offsets_for_times(ts) == {0: next((m.offset for m in got if m.publish_time >= ts), None)}
     publish(backend, topic, [b"after"], batching=False)
     assert [(m.offset, m.value) for m in consumer.pull(75).messages] == [(75, b"after")]
 
@@ -329,7 +332,7 @@ def test_offsets_for_times(backend: PulsarBackend, topic: str, consumers: Any) -
     assert consumer.offsets_for_times(time.time()) == {0: None}
     stamps = []
     for i in range(4):
-        stamps.append(time.time())
+        stamps.append(math.floor(time.time() * 1000) / 1000)  # publish times are whole milliseconds
         publish(backend, topic, [b"t%d-%d" % (i, j) for j in range(3)], batching=True)
         time.sleep(0.05)
     got = pull_all(consumer, 0)
@@ -337,7 +340,8 @@ def test_offsets_for_times(backend: PulsarBackend, topic: str, consumers: Any) -
     for i, ts in enumerate(stamps):
         first = consumer.offsets_for_times(ts)[0]
         assert first == 3 * i, (i, first)
-        assert got[first].publish_time >= ts - 0.001
+        assert got[first].publish_time >= ts
+        assert first == 0 or got[first - 1].publish_time < ts
     assert consumer.offsets_for_times(time.time() + 60) == {0: None}
 
 

@@ -24,6 +24,7 @@ Guarantees every back end gives:
 from __future__ import annotations
 
 import enum
+import re
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -54,6 +55,22 @@ def partition_topic_name(topic: str, partition: int) -> str:
 def default_writer_name() -> str:
     """A unique writer name, for writers not given one (``pulsarstate-`` and 12 hex digits)."""
     return f"pulsarstate-{uuid.uuid4().hex[:12]}"
+
+
+ATTEMPT_SEPARATOR = "~"
+_ATTEMPT_SUFFIX = re.compile(r"~[0-9a-f]{8}\Z")
+
+
+def attempt_writer_name(name: str | None) -> str | None:
+    """``name`` with a suffix unique to this attempt (``name~`` and 8 hex digits); None stays None
+    (the back end generates a unique name). Two writers, or two attempts of one, never share a
+    producer name, so a sweep that drops an orphan by name cannot drop a live writer."""
+    return None if name is None else f"{name}{ATTEMPT_SEPARATOR}{uuid.uuid4().hex[:8]}"
+
+
+def writer_base_name(producer_name: str | None) -> str | None:
+    """The name a writer was given, without the suffix :func:`attempt_writer_name` added."""
+    return None if producer_name is None else _ATTEMPT_SUFFIX.sub("", producer_name)
 
 
 def is_earliest(start: Any) -> bool:

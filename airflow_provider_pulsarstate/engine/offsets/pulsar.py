@@ -76,6 +76,8 @@ PARTITIONS_TTL = 2.0
 END_TTL = 1.0
 """Seconds an end offset observed by a pull is reused by the next pulls (exact at the tail)."""
 _RECEIVER_QUEUE = 1000
+_TIME_SCAN_MESSAGES = 500
+_TIME_SCAN_BYTES = 1 << 20
 
 
 class _Tail:
@@ -569,14 +571,49 @@ class PulsarOffsetLog(OffsetLog):
 
     # -- time search ----------------------------------------------------------------------------
     def offset_for_time(self, partition: int, timestamp: float) -> int | None:
+        """The first offset whose ``publish_time`` is >= ``timestamp``, or None past the end.
+
+        The broker's ``messageid/{ms}`` searches by its own entry timestamp, which is later than the
+        client's ``publish_time`` (stamped when the batch was created): its answer is where the search
+        starts, never the answer itself. From there messages are read forward until the first one
+        published at or after ``timestamp`` (within the entry and across entries), as the embedded
+        back end answers. Exact as long as producers' clocks are not ahead of the broker's (a
+        message stamped later than the broker received it could sit before the broker's answer).
+        """
         pt = self._ptopic(partition)
-        body = self._admin.message_id_by_time(pt, math.ceil(timestamp * 1000))
-        pos = parse_position(body)
-        if pos is None:  # the broker's "earliest": every retained message is that recent
+        start = self._time_search_start(partition, pt, timestamp)
+        return None if start is None else self._first_published_from(partition, start, timestamp)
+
+    def _time_search_start(self, partition: int, pt: str, timestamp: float) -> int | None:
+        """The first offset of the first entry the broker stamped at or after ``timestamp`` (no
+        message before it was published that late), or None when none was."""
+        pos = parse_position(self._admin.message_id_by_time(pt, math.ceil(timestamp * 1000)))
+        if pos is None:  # the broker's "earliest": every retained entry was stamped that late
             beginning, end = self.beginning_offset(partition), self.end_offset(partition)
             return beginning if beginning < end else None
         ref = self._entry_ref(pt, pos[0], max(pos[1], 0))
         return None if ref is None else ref.first  # a position past the last entry: none is that recent
+
+    def _first_published_from(self, partition: int, offset: int, timestamp: float) -> int | None:
+        """Read from ``offset`` to the tail; the offset of the first message published at or after
+        ``timestamp``, None when the tail comes first. Restarts at the beginning offset when
+        retention trims the messages under the scan."""
+        while True:
+            try:
+                messages, _end = self.read(
+                    partition, offset, max_messages=_TIME_SCAN_MESSAGES, max_bytes=_TIME_SCAN_BYTES, timeout=0.0
+                )
+            except OffsetOutOfRangeError as exc:
+                if exc.beginning <= offset:
+                    raise
+                offset = exc.beginning
+                continue
+            if not messages:
+                return None
+            for message in messages:
+                if message.publish_time >= timestamp:
+                    return message.offset
+            offset = messages[-1].offset + 1
 
     # -- commits --------------------------------------------------------------------------------
     def commit(self, subscription: str, partition: int, next_offset: int) -> None:

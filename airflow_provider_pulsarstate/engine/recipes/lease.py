@@ -8,9 +8,12 @@ log before :meth:`Leases.acquire` returns it.
 
 Clocks. Safety never depends on synchronised wall clocks:
 
-* a holder measures its lease's validity on its own monotonic clock from when it *sent* its
-  acquire or renew (:meth:`Leases.remaining`): it stops believing it holds the lease no later
-  than anybody else may take it;
+* a holder measures its lease's validity on its own clock from when it *sent* its acquire or
+  renew (:meth:`Leases.remaining`): it stops believing it holds the lease no later than anybody
+  else may take it. The clock keeps running while the machine is suspended (:func:`boot_clock`,
+  ``CLOCK_BOOTTIME`` on Linux): a holder resumed after a suspend does not overstate its validity;
+* :class:`LeaseKeeper` renews in the background and calls ``on_lost`` at the latest when that
+  validity runs out, even while a renew call is still blocked;
 * a challenger measures expiry from when *it observed* the last acquire or renew (replaying or
   following the lease log): a lease is taken over only after ``ttl`` of silence as seen locally.
   A process that starts now and finds a held lease waits a full ``ttl`` before taking it.
@@ -72,6 +75,19 @@ DEFAULT_CHECKPOINT_AFTER_BYTES = 1 << 20
 MAX_HOLDER_BYTES = 1024
 _ACQUIRE, _RENEW, _RELEASE = "acquire", "renew", "release"
 _IMAGE_VERSION = 1
+_BOOT_CLOCK_ID: int | None = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+def boot_clock() -> float:
+    """Seconds on a clock that never goes back and keeps counting while the machine is suspended
+    (``CLOCK_BOOTTIME`` on Linux; ``time.monotonic`` where there is none). The default clock of
+    :class:`Leases`: ``time.monotonic`` stops during a suspend, so a holder resumed from one would
+    believe its lease valid for longer than a challenger does."""
+    if _BOOT_CLOCK_ID is None:
+        return time.monotonic()
+    return time.clock_gettime(_BOOT_CLOCK_ID)
+
+
 _CONTENDED = (WriterFencedError, WriterBusyError, UnknownOutcomeError, BackendUnavailableError)
 """An attempt that decided nothing: candidates fenced each other's lease-log writer, or the log was unreachable."""
 
@@ -218,7 +234,8 @@ class Leases(Recipe):
     :param operation_timeout: seconds one append or catch-up may take.
     :param poll_interval: how often a waiting :meth:`acquire` re-reads the log when it has not
         been woken by a change (seconds); also the follow interval of :meth:`watch`.
-    :param clock: the monotonic clock (injectable for tests; never wall time).
+    :param clock: the clock validity and expiry are measured on (default :func:`boot_clock`, which
+        keeps counting through a suspend; injectable for tests; never wall time).
     :param options: further SharedStateManager options (``acquire_mode`` defaults to ``"fence"``,
         ``max_retries`` to 10, ``writer_idle_timeout`` to 1 s, ``checkpoint_after_bytes`` to 1 MiB).
     :raises CorruptEntryError: (from any call) the lease log holds an entry that is not a valid
@@ -241,7 +258,7 @@ class Leases(Recipe):
             raise ConfigurationError(f"poll_interval must be a positive number of seconds, got {poll_interval!r}")
         self.topic = topic
         self.poll_interval = float(poll_interval)
-        self._clock = clock or time.monotonic
+        self._clock = clock or boot_clock
         # Local, never replicated or checkpointed: when this process observed each name's last
         # acquire/renew ((fingerprint, monotonic time)), and when it sent its own ((name, token) -> (time, ttl)).
         self._observed: dict[str, tuple[tuple[int, int, float], float]] = {}
@@ -353,13 +370,18 @@ class Leases(Recipe):
 
         return ops
 
-    def renew(self, lease: Lease, *, ttl: float | None = None) -> Lease:
+    def renew(self, lease: Lease, *, ttl: float | None = None, timeout: float | None = None) -> Lease:
         """Extend ``lease`` by its ttl (or a new ``ttl``) from now; also re-validates a handle that
         came from another process. Allowed after expiry as long as nobody took the lease over.
+
+        :param timeout: stop retrying a contended or unreachable lease log after this many seconds
+            (None: at least ``operation_timeout``). One attempt already sent is not interrupted:
+            :class:`LeaseKeeper` does not wait for it to tell that the lease ran out.
 
         :returns: the lease (same token) with the ttl in force.
         :raises LeaseLostError: the lease log holds another token or holder for the name, or the
             lease was released (``err.current`` is what the log says).
+        :raises LeaseTimeoutError: ``timeout`` ran out while the lease log was contended or unreachable.
         :raises ConfigurationError: a bad handle or ttl, or a handle of another lease log.
         """
         self._check_handle(lease)
@@ -377,7 +399,8 @@ class Leases(Recipe):
 
         sent = self._clock()
         try:
-            self._write(ops, what=f"renew lease {lease.name!r} (token {lease.token})", lease=lease.name)
+            self._write(ops, what=f"renew lease {lease.name!r} (token {lease.token})", lease=lease.name,
+                        until=None if timeout is None else sent + max(0.0, timeout), at_most=timeout is not None)
         except LeaseLostError:
             self._forget(lease)
             raise
@@ -449,8 +472,8 @@ class Leases(Recipe):
         return unsubscribe
 
     def remaining(self, lease: Lease) -> float:
-        """Seconds this process may still treat ``lease`` as held: its ttl minus the monotonic time
-        since this process sent the acquire or renew that granted it (0.0 when it never did here,
+        """Seconds this process may still treat ``lease`` as held: its ttl minus the time (on this
+        object's clock, :func:`boot_clock` by default) since this process sent the acquire or renew that granted it (0.0 when it never did here,
         e.g. a handle from another process not renewed yet)."""
         with self._sent_lock:
             entry = self._sent.get((lease.name, lease.token))
@@ -462,7 +485,7 @@ class Leases(Recipe):
     # ------------------------------------------------------------------ internals
     def _write(
         self, ops: Callable[[dict[str, _Record]], list[dict[str, Any]]], reader: Any = None, *,
-        what: str, lease: str, until: float | None = None,
+        what: str, lease: str, until: float | None = None, at_most: bool = False,
     ) -> Any:
         """A write whose ops see the tail, retried while the lease log's writer is contended.
 
@@ -470,13 +493,15 @@ class Leases(Recipe):
         meanwhile), but lease writers fence each other: without the read, a "held" or "lost"
         answer that appends nothing could come from a stale replica. Candidates racing for the
         lease log's writer fence each other's attempts; such an attempt decided nothing, so it is
-        tried again (jittered) until ``until`` (at least one ``operation_timeout`` from now). A
+        tried again (jittered) until ``until`` (at least one ``operation_timeout`` from now, unless
+        ``at_most``: then the first attempt is always made, and no retry starts after ``until``). A
         retried write whose first send may have landed is safe: every op is decided again on the
         latest state (an acquire that did land is then re-acquired under the next token).
 
         :raises LeaseTimeoutError: still contended at the end (``__cause__`` is the last error).
         """
-        until = max(until or 0.0, self._clock() + self.manager.operation_timeout)
+        if not at_most or until is None:
+            until = max(until or 0.0, self._clock() + self.manager.operation_timeout)
         backoff = Backoff(initial=0.02, maximum=0.5)
         attempts = 0
         while True:
@@ -595,6 +620,136 @@ class Leases(Recipe):
             state[name] = rec = _Record(holder, token, float(ttl), float(acquired_at), float(renewed_at), transitions, offset)
             self._observe(name, rec)  # observed at load time
         return state
+
+
+class LeaseKeeper:
+    """Keeps a lease renewed in the background and says, on time, when it is no longer held.
+
+    Guarantees:
+
+    * ``on_lost`` is called at most once, and no later than the lease's expiry as this process
+      counts it (``sent + ttl`` of the last acquire or renew that succeeded, on the leases' clock)
+      plus ``watch_interval`` and thread scheduling, whatever a renew call is doing: a watchdog
+      thread checks :meth:`Leases.remaining` while another thread renews;
+    * once lost, always lost: a renew that was blocked and succeeds afterwards is not used;
+    * each renew stops retrying when the lease's remaining validity runs out.
+
+    Example::
+
+        keeper = LeaseKeeper(leases, lease, on_lost=lambda err: job.kill()).start()
+        try:
+            ...  # guarded writes pass lease=keeper.lease
+        finally:
+            keeper.stop()
+        keeper.check()
+
+    :param leases: the recipe the lease lives in.
+    :param lease: a lease this process acquired or renewed (else it counts as expired at once).
+    :param interval: seconds between renewals (default ``ttl / 3``).
+    :param on_lost: called once with the loss, from the watchdog or the renewing thread.
+    :param watch_interval: the longest the watchdog sleeps between checks (it also wakes at the
+        expected expiry); bounds how late a loss is reported after a suspend.
+    :param log: a logger for renewals and failures (default: this module's).
+    """
+
+    def __init__(
+        self,
+        leases: Leases,
+        lease: Lease,
+        *,
+        interval: float | None = None,
+        on_lost: Callable[[LeaseLostError], None] | None = None,
+        watch_interval: float = 0.1,
+        log: Any = None,
+    ) -> None:
+        interval = lease.ttl / 3.0 if interval is None else interval
+        if not _positive(interval) or not _positive(watch_interval):
+            raise ConfigurationError(
+                f"lease {lease.name!r}: interval and watch_interval must be positive seconds, got {interval!r}, {watch_interval!r}"
+            )
+        self._leases = leases
+        self.lease = lease
+        self.interval = float(interval)
+        self.watch_interval = float(watch_interval)
+        self._on_lost = on_lost
+        self._log = log if log is not None else logging.getLogger(__name__)
+        self.lost: LeaseLostError | None = None
+        self.renewals = 0
+        self._stop = threading.Event()
+        self._lost_lock = threading.RLock()  # on_lost may call stop()
+        self._threads = [
+            threading.Thread(target=self._renew_loop, name=f"lease-renewer-{lease.name}", daemon=True),
+            threading.Thread(target=self._watch_loop, name=f"lease-watchdog-{lease.name}", daemon=True),
+        ]
+
+    def start(self) -> "LeaseKeeper":
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop renewing (``on_lost`` is not called after this returns). Waits briefly for the
+        renewing thread; one blocked in a renew call is left behind (it is a daemon)."""
+        self._stop.set()
+        with self._lost_lock:
+            pass  # an on_lost call already running finishes before stop returns
+        for thread in self._threads:
+            if thread.is_alive() and thread is not threading.current_thread():
+                thread.join(timeout=min(5.0, self.lease.ttl))
+
+    def check(self) -> None:
+        """:raises LeaseLostError: the lease was lost while kept."""
+        if self.lost is not None:
+            raise self.lost
+
+    def _renew_loop(self) -> None:
+        delay = self.interval
+        while not self._stop.wait(delay):
+            remaining = self._leases.remaining(self.lease)
+            if remaining <= 0:
+                return  # the watchdog reports it
+            try:
+                renewed = self._leases.renew(self.lease, timeout=remaining)
+            except LeaseLostError as exc:
+                self._lose(exc)
+                return
+            except Exception as exc:  # noqa: BLE001 - transient: retry while the lease is valid here
+                left = self._leases.remaining(self.lease)
+                self._log.warning("renewing lease %r failed (%s); %.1fs left", self.lease.name, exc, left)
+                delay = min(self.interval, max(0.05, left / 4))
+                continue
+            if self.lost is not None:
+                return  # the watchdog fired while the renew was blocked: the loss stands
+            self.lease = renewed
+            self.renewals += 1
+            delay = self.interval
+
+    def _watch_loop(self) -> None:
+        while True:
+            remaining = self._leases.remaining(self.lease)
+            if remaining <= 0:
+                self._lose(LeaseLostError(
+                    f"{self._leases.topic}: lease {self.lease.name!r} (token {self.lease.token}) expired here: "
+                    f"not renewed within its ttl of {self.lease.ttl:g}s (the lease log did not answer in time)",
+                    lease=self.lease.name, token=self.lease.token,
+                ))
+                return
+            # Short waits: Event.wait counts monotonic time, which stops during a suspend.
+            if self._stop.wait(min(remaining, self.watch_interval)):
+                return
+
+    def _lose(self, exc: LeaseLostError) -> None:
+        with self._lost_lock:
+            if self.lost is not None:
+                return
+            self.lost = exc
+            self._log.error("%s", exc)
+            if self._on_lost is None or self._stop.is_set():
+                return
+            try:
+                self._on_lost(exc)
+            except Exception:  # noqa: BLE001 - stopping the guarded work is best effort
+                self._log.exception("on_lost of lease %r failed", self.lease.name)
 
 
 # ---------------------------------------------------------------------- op codec
