@@ -17,9 +17,12 @@ Clocks. Safety never depends on synchronised wall clocks:
 
 Expiry gives liveness only. Safety comes from the token: pass the :class:`Lease` to the writes it
 guards (``PulsarMap.put(..., lease=lease)``, ``StateTable.apply(..., lease=lease)``,
-``SharedStateManager.write(..., lease=lease)``); each state log refuses a token lower than one it
-has seen for that name (:class:`~airflow_provider_pulsarstate.engine.errors.LeaseFencedError`),
-so a holder that was paused past expiry and wakes up after a new holder wrote changes nothing.
+``SharedStateManager.write(..., lease=lease)``); each state log refuses a token this lease log
+never granted (:class:`~airflow_provider_pulsarstate.engine.errors.LeaseNotGrantedError`) and a
+token lower than one it has seen for that name of this lease log
+(:class:`~airflow_provider_pulsarstate.engine.errors.LeaseFencedError`), so a holder that was
+paused past expiry and wakes up after a new holder wrote changes nothing, and a forged handle
+changes nothing either.
 
 Example::
 
