@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from airflow.cli.cli_config import ActionCommand, GroupCommand
 
-from airflow_provider_pulsarstate.cli import state_store_cleanup, state_store_migrate, xcom_cleanup
+from airflow_provider_pulsarstate.cli import fence_reset, state_store_cleanup, state_store_migrate, xcom_cleanup
 
 
 def get_cli_commands() -> list[GroupCommand]:
-    """``airflow pulsarstate xcom-cleanup``, ``state-store-cleanup`` and ``state-store-migrate``."""
+    """``airflow pulsarstate xcom-cleanup``, ``state-store-cleanup``, ``state-store-migrate`` and ``reset-fence``."""
     return [
         GroupCommand(
             name="pulsarstate",
@@ -34,6 +34,13 @@ def get_cli_commands() -> list[GroupCommand]:
                     func=state_store_migrate.state_store_migrate,
                     args=state_store_migrate.ARGS,
                     description=state_store_migrate.__doc__,
+                ),
+                ActionCommand(
+                    name="reset-fence",
+                    help="Remove a lease fence from a table, with a record in its log (after a forged token)",
+                    func=fence_reset.reset_fence,
+                    args=fence_reset.ARGS,
+                    description=fence_reset.__doc__,
                 ),
             ],
         )

@@ -72,8 +72,11 @@ class CheckpointInfo:
     """The predecessor's image topic (deleted when the next checkpoint is written)."""
     log_id: str | None = None
     """The log's GENESIS id (None: a log written before GENESIS records existed)."""
-    fences: dict[str, int] = field(default_factory=dict)
-    """The highest fencing token per lease name applied up to ``offset`` (part of the state)."""
+    fences: dict[tuple[str, str], int] = field(default_factory=dict)
+    """The highest fencing token per (lease log, lease name) applied up to ``offset`` (part of
+    the state). In the manifest, fences of lease log ``""`` (frames of earlier versions) are the
+    name -> token object ``fences`` that earlier versions wrote; the others are
+    ``lease_fences``, a list of ``[lease log, name, token]``."""
 
 
 class CheckpointStore:
@@ -149,11 +152,7 @@ class CheckpointStore:
             log_id = m.get("log_id")
             if log_id is not None and not (isinstance(log_id, str) and _HEX32.fullmatch(log_id)):
                 raise ValueError(f"log_id {log_id!r} is not 32 hex digits")
-            fences = m.get("fences", {})
-            if not isinstance(fences, dict) or not all(
-                isinstance(k, str) and k and type(v) is int and v > 0 for k, v in fences.items()
-            ):
-                raise ValueError("fences is not an object of lease name -> positive integer token")
+            fences = _parse_fences(m)
             try:
                 position = self.backend.decode_position(base64.b64decode(_field(m, "position", str), validate=True))
             except Exception as exc:  # noqa: BLE001 - whatever the back end's decoder raises on foreign bytes
@@ -222,7 +221,7 @@ class CheckpointStore:
     # ------------------------------------------------------------------ writing
     def save(
         self, *, offset: int, epoch: int, position: Any, data: bytes, log_id: str | None = None,
-        fences: dict[str, int] | None = None,
+        fences: dict[tuple[str, str], int] | None = None,
     ) -> CheckpointInfo:
         """Store ``data`` as the image at ``offset``, then publish its manifest.
 
@@ -230,7 +229,7 @@ class CheckpointStore:
         image is invisible, so a writer dying half-way leaves only an unreferenced image topic.
 
         :param log_id: the log's GENESIS id, recorded in the manifest.
-        :param fences: the highest fencing token per lease name, recorded in the manifest.
+        :param fences: the highest fencing token per (lease log, lease name), recorded in the manifest.
         :raises CheckpointError: the image or its manifest could not be stored.
         """
         started = time.monotonic()
@@ -255,7 +254,9 @@ class CheckpointStore:
             "format": FORMAT, "topic": self.topic, "offset": offset, "epoch": epoch,
             "position": base64.b64encode(self.backend.encode_position(position)).decode(),
             "data_topic": data_topic, "id": info.checkpoint_id, "size": info.size, "crc32": info.crc32,
-            "created": info.created, "previous": info.previous, "log_id": log_id, "fences": info.fences,
+            "created": info.created, "previous": info.previous, "log_id": log_id,
+            "fences": {name: t for (ref, name), t in info.fences.items() if ref == ""},
+            "lease_fences": sorted([ref, name, t] for (ref, name), t in info.fences.items() if ref != ""),
         }).encode()
         try:
             # Kept like the log: the manifests witness that the table existed (a deleted log is then
@@ -295,3 +296,21 @@ def _field(manifest: dict[str, Any], name: str, kind: type | tuple[type, ...], *
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} {value!r} is below {minimum}")
     return value
+
+
+def _parse_fences(manifest: dict[str, Any]) -> dict[tuple[str, str], int]:
+    """The manifest's fences: ``fences`` (lease name -> token, lease log ``""``; all that earlier
+    versions wrote) and ``lease_fences`` (``[lease log, name, token]`` lists)."""
+    legacy = manifest.get("fences", {})
+    if not isinstance(legacy, dict) or not all(_is_fence("", k, v) for k, v in legacy.items()):
+        raise ValueError("fences is not an object of lease name -> positive integer token")
+    keyed = manifest.get("lease_fences", [])
+    if not isinstance(keyed, list) or not all(isinstance(e, list) and len(e) == 3 and _is_fence(*e) for e in keyed):
+        raise ValueError("lease_fences is not a list of [lease log, lease name, positive integer token]")
+    fences = {("", name): token for name, token in legacy.items()}
+    fences.update({(ref, name): token for ref, name, token in keyed})
+    return fences
+
+
+def _is_fence(ref: Any, name: Any, token: Any) -> bool:
+    return isinstance(ref, str) and isinstance(name, str) and bool(name) and type(token) is int and 0 < token < 2**64

@@ -11,8 +11,12 @@ Header layout (big-endian, 44 bytes)::
     | part index u32 | part count u32
 
 The body of a DATA record is a sequence of writes, each ``seq u64 | op count u32`` followed by
-``len u32 | op bytes`` per op (see :func:`encode_writes`). A write made under a lease has the top
-bit of its op count set and ``name length u16 | lease name (UTF-8) | token u64`` after its head.
+``len u32 | op bytes`` per op (see :func:`encode_writes`). A write made under a lease has bit 30 of
+its op count set and ``lease log length u16 | lease log (UTF-8) | name length u16 | lease name
+(UTF-8) | token u64`` after its head; token 0 there resets that fence instead (no lease log is
+ever granted token 0). Writes of earlier versions set the top bit instead and carry
+``name length u16 | lease name | token u64`` (no lease log): they still decode, with the lease
+log ``""``.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 MAGIC = b"PS"
 VERSION = 1
@@ -29,7 +33,10 @@ _WRITE_HEAD = struct.Struct(">QI")
 _OP_LEN = struct.Struct(">I")
 _FENCE_NAME_LEN = struct.Struct(">H")
 _FENCE_TOKEN = struct.Struct(">Q")
-_FENCED = 0x8000_0000
+_FENCED = 0x8000_0000  # earlier versions: name and token only
+_LEASED = 0x4000_0000  # lease log, name and token (0: a reset)
+_COUNT_MASK = 0x3FFF_FFFF
+_MAX_U16 = 0xFFFF
 NO_OFFSET = -1
 
 
@@ -100,51 +107,89 @@ def decode_frame(payload: bytes) -> Frame:
     return Frame(record_kind, epoch, offset, writer_id, index, count, payload[HEADER.size :])
 
 
-def encode_writes(writes: Iterable[tuple[int, Sequence[bytes]] | tuple[int, Sequence[bytes], tuple[str, int] | None]]) -> bytes:
-    """Encode ``[(seq, [op bytes, ...]), ...]`` as a DATA record body; a third item
-    ``(lease name, token)`` marks a write made under a lease."""
-    out = bytearray()
-    for seq, ops, *rest in writes:
-        fence = rest[0] if rest else None
-        if fence is None:
-            out += _WRITE_HEAD.pack(seq, len(ops))
-        else:
-            name = fence[0].encode()
-            out += _WRITE_HEAD.pack(seq, len(ops) | _FENCED)
-            out += _FENCE_NAME_LEN.pack(len(name)) + name + _FENCE_TOKEN.pack(fence[1])
+FenceTag = tuple[str, str, int]
+"""What a write carries about its lease: ``(lease log, lease name, token)``; token 0 is a reset."""
+
+
+def encode_writes(writes: Iterable[tuple[int, Sequence[bytes]] | tuple[int, Sequence[bytes], tuple[Any, ...] | None]]) -> bytes:
+    """Encode ``[(seq, [op bytes, ...]), ...]`` as a DATA record body; a third item marks a write
+    made under a lease: ``(lease log, lease name, token)`` (see :func:`encode_write`)."""
+    return b"".join(encode_write(seq, ops, rest[0] if rest else None) for seq, ops, *rest in writes)
+
+
+def encode_write(seq: int, ops: Sequence[bytes], fence: tuple[Any, ...] | None = None) -> bytes:
+    """One write of a DATA record body.
+
+    ``fence`` is ``(lease log, lease name, token)`` (token 0: a reset of that fence), or the
+    ``(lease name, token)`` of earlier versions (for tests of old logs).
+
+    :raises FrameError: a field does not fit the format (names it); nothing is returned.
+    """
+    if len(ops) > _COUNT_MASK:
+        raise FrameError(f"write {seq} has {len(ops)} ops; at most {_COUNT_MASK} fit a write")
+    try:
+        out = bytearray(_WRITE_HEAD.pack(seq, len(ops) | _fence_flag(fence)))
+        if fence is not None:
+            out += _encode_fence(fence)
         for op in ops:
             out += _OP_LEN.pack(len(op))
             out += op
+    except struct.error as exc:
+        raise FrameError(f"write {seq} does not fit the frame format: {exc}") from None
     return bytes(out)
 
 
-def decode_fenced_writes(body: bytes) -> list[tuple[int, list[bytes], tuple[str, int] | None]]:
-    """Inverse of :func:`encode_writes`: ``(seq, ops, (lease name, token) or None)`` per write.
+def _fence_flag(fence: tuple[Any, ...] | None) -> int:
+    if fence is None:
+        return 0
+    return _FENCED if len(fence) == 2 else _LEASED
 
-    :raises FrameError: a truncated body, or a lease name that is not UTF-8.
+
+def _encode_fence(fence: tuple[Any, ...]) -> bytes:
+    *texts, token = fence
+    if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < 2**64:
+        raise FrameError(f"fencing token {token!r} of lease {texts[-1]!r} is not a u64")
+    out = bytearray()
+    for field, text in zip(("lease log", "lease name")[-len(texts):], texts):
+        try:
+            data = text.encode()
+        except (UnicodeEncodeError, AttributeError) as exc:
+            raise FrameError(f"{field} {text!r:.60} is not UTF-8 text: {exc}") from None
+        if len(data) > _MAX_U16:
+            raise FrameError(f"{field} {text[:40]!r}... is longer than {_MAX_U16} bytes")
+        out += _FENCE_NAME_LEN.pack(len(data)) + data
+    return bytes(out + _FENCE_TOKEN.pack(token))
+
+
+def decode_fenced_writes(body: bytes) -> list[tuple[int, list[bytes], FenceTag | None]]:
+    """Inverse of :func:`encode_writes`: ``(seq, ops, (lease log, lease name, token) or None)`` per
+    write; a write of an earlier version (lease name only) has the lease log ``""``.
+
+    :raises FrameError: a truncated body, or a lease log or name that is not UTF-8.
     """
-    writes: list[tuple[int, list[bytes], tuple[str, int] | None]] = []
+    writes: list[tuple[int, list[bytes], FenceTag | None]] = []
     pos, end = 0, len(body)
     view = memoryview(body)
     try:
         while pos < end:
             seq, n = _WRITE_HEAD.unpack_from(body, pos)
             pos += _WRITE_HEAD.size
-            fence = None
+            fence: FenceTag | None = None
             if n & _FENCED:
                 n &= ~_FENCED
-                (length,) = _FENCE_NAME_LEN.unpack_from(body, pos)
-                pos += _FENCE_NAME_LEN.size
-                if pos + length > end:
-                    raise FrameError(f"lease name of {length} bytes runs past the end of the record body")
-                try:
-                    name = bytes(view[pos : pos + length]).decode()
-                except UnicodeDecodeError:
-                    raise FrameError(f"lease name at byte {pos} is not UTF-8") from None
-                pos += length
+                name, pos = _decode_text(body, view, pos, "lease name")
                 (token,) = _FENCE_TOKEN.unpack_from(body, pos)
                 pos += _FENCE_TOKEN.size
-                fence = (name, token)
+                if token == 0:  # never written by those versions; would read as a reset here
+                    raise FrameError(f"write {seq} carries token 0 of lease {name!r}")
+                fence = ("", name, token)
+            elif n & _LEASED:
+                n &= _COUNT_MASK
+                lease_log, pos = _decode_text(body, view, pos, "lease log")
+                name, pos = _decode_text(body, view, pos, "lease name")
+                (token,) = _FENCE_TOKEN.unpack_from(body, pos)
+                pos += _FENCE_TOKEN.size
+                fence = (lease_log, name, token)
             ops = []
             for _ in range(n):
                 (length,) = _OP_LEN.unpack_from(body, pos)
@@ -159,6 +204,17 @@ def decode_fenced_writes(body: bytes) -> list[tuple[int, list[bytes], tuple[str,
     return writes
 
 
+def _decode_text(body: bytes, view: memoryview, pos: int, field: str) -> tuple[str, int]:
+    (length,) = _FENCE_NAME_LEN.unpack_from(body, pos)
+    pos += _FENCE_NAME_LEN.size
+    if pos + length > len(body):
+        raise FrameError(f"{field} of {length} bytes runs past the end of the record body")
+    try:
+        return bytes(view[pos : pos + length]).decode(), pos + length
+    except UnicodeDecodeError:
+        raise FrameError(f"{field} at byte {pos} is not UTF-8") from None
+
+
 def decode_writes(body: bytes) -> list[tuple[int, list[bytes]]]:
     """``[(seq, ops), ...]`` of a body without lease writes (staged view rows).
 
@@ -167,7 +223,7 @@ def decode_writes(body: bytes) -> list[tuple[int, list[bytes]]]:
     writes = []
     for seq, ops, fence in decode_fenced_writes(body):
         if fence is not None:
-            raise FrameError(f"write {seq} carries lease {fence[0]!r}, not expected here")
+            raise FrameError(f"write {seq} carries lease {fence[1]!r}, not expected here")
         writes.append((seq, ops))
     return writes
 

@@ -416,3 +416,30 @@ class CommitNotFoundError(TableFeedError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class LeaseNotGrantedError(LeaseFencedError):
+    """A write carried a fencing token its lease log never granted (a forged or foreign handle).
+
+    Nothing was queued or appended. A subclass of :class:`LeaseFencedError`: either way the
+    write must not happen under this handle.
+
+    :ivar topic: the state log the write was meant for.
+    :ivar lease: the lease name.
+    :ivar token: the token the write carried.
+    :ivar lease_log: the lease log the handle names.
+    :ivar granted: the last token that lease log granted for the name (0: none).
+    """
+
+    def __init__(self, *, topic: str, lease: str, token: int, lease_log: str, granted: int) -> None:
+        LeaseError.__init__(
+            self,
+            f"write to {topic} under lease {lease!r} with fencing token {token} refused: lease log {lease_log} "
+            f"never granted that token (the last token it granted for {lease!r} is {granted}); nothing was applied",
+        )
+        self.topic = topic
+        self.lease = lease
+        self.token = token
+        self.newer_token = granted
+        self.lease_log = lease_log
+        self.granted = granted

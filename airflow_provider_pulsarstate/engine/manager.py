@@ -27,17 +27,20 @@ Guarantees:
 * **Fencing.** A fenced writer never appends again. The write is retried on a new epoch with ops
   regenerated from the new state, or fails with WriterFencedError when ``retry=False``.
 * **Fencing tokens.** A write may carry a lease (:mod:`~airflow_provider_pulsarstate.engine.fencing`).
-  The log keeps the highest token it has applied per lease name (in checkpoints too); a write
-  whose token is lower fails with LeaseFencedError before anything is appended, and a record
-  holding one anyway (forged, or written by a broken client) is skipped by every replica on
-  replay. A write under a token the log has not seen is appended even with no ops, so the new
-  token fences older holders from then on.
+  Its token is checked against the lease log that granted it before it is queued (a token never
+  granted fails with LeaseNotGrantedError). The log keeps the highest token it has applied per
+  (lease log, lease name) (in checkpoints too); a write whose token is lower fails with
+  LeaseFencedError before anything is appended, and a record holding one anyway (forged, or
+  written by a broken client) is skipped by every replica on replay. A write under a token the
+  log has not seen is appended even with no ops, so the new token fences older holders from then
+  on. :meth:`reset_fence` removes a fence with a record of its own.
 * **Reads.** ``read(latest=False)`` answers from local state and never waits for the writer to be
   taken (the writer is acquired without the state lock); ``latest=True`` first reads up to the
   tail as of the call; ``linearizable=True`` goes through the writer and appends a BARRIER record
   (the PIP's "dummy write"), proving no newer writer exists.
 * **Group commit.** Writes submitted while another is in flight share one writer acquisition and
-  one record; each still gets its own result, computed right after its own ops are applied.
+  one record; each still gets its own result, computed right after its own ops are applied. A
+  write that cannot be generated, serialized or encoded fails alone: the others land.
 * **Bounded waits.** Taking the writer waits at most ``acquire_timeout``; an idle writer is
   released after ``writer_idle_timeout`` so other instances are not starved. ``read``, ``write``
   and :meth:`outcome` take a ``timeout`` for the whole call.
@@ -85,7 +88,7 @@ from typing import Any, Callable, Generic, Iterable, Iterator, TypeVar
 
 from airflow_provider_pulsarstate.engine.backends.base import EARLIEST, AcquireMode, Backend
 from airflow_provider_pulsarstate.engine.checkpoint import CheckpointInfo, CheckpointStore
-from airflow_provider_pulsarstate.engine.envelope import RecordKind, decode_fenced_writes, encode_writes
+from airflow_provider_pulsarstate.engine.envelope import FenceTag, RecordKind, decode_fenced_writes, encode_write
 from airflow_provider_pulsarstate.engine.errors import (
     BackendUnavailableError,
     CheckpointError,
@@ -101,7 +104,16 @@ from airflow_provider_pulsarstate.engine.errors import (
     WriteId,
     WriterFencedError,
 )
-from airflow_provider_pulsarstate.engine.fencing import Fence, check_fence
+from airflow_provider_pulsarstate.engine.fencing import (
+    ANY_LEASE_LOG,
+    Fence,
+    FenceKey,
+    check_fence,
+    check_lease_log,
+    check_lease_name,
+    reset_matches,
+)
+from airflow_provider_pulsarstate.engine.grants import LeaseGrants
 from airflow_provider_pulsarstate.engine.genesis import new_genesis_body, parse_genesis, read_beginning
 from airflow_provider_pulsarstate.engine.log import DEFAULT_MAX_FRAME_BYTES, CorruptPolicy, LogReader, LogRecord, LogWriter, open_writer
 from airflow_provider_pulsarstate.engine.progress import Progress
@@ -242,7 +254,8 @@ class SharedStateManager(Generic[S, O]):
 
         self._lock = threading.RLock()  # state, reader, writer, offsets
         self._state: Any = None
-        self._fences: dict[str, int] = {}  # lease name -> highest token applied (part of the state)
+        self._fences: dict[FenceKey, int] = {}  # (lease log, lease name) -> highest token applied (part of the state)
+        self._grants = LeaseGrants(backend, topic, operation_timeout=operation_timeout)
         self._reader: LogReader | None = None
         self._writer: LogWriter | None = None
         self._applied_offset = -1
@@ -315,6 +328,7 @@ class SharedStateManager(Generic[S, O]):
                 self._reader = None
         if self._read_pool is not None:
             self._read_pool.shutdown(wait=False)
+        self._grants.close()
 
     def __enter__(self) -> "SharedStateManager[S, O]":
         return self.start()
@@ -363,6 +377,11 @@ class SharedStateManager(Generic[S, O]):
     def applying_offset(self) -> int:
         """While the applier runs: the offset of the record its op belongs to (for versioning)."""
         return self._applying_offset
+
+    @property
+    def log_id(self) -> str | None:
+        """The log's GENESIS id once replayed (None: not replayed yet, empty, or older than GENESIS records)."""
+        return self._log_id
 
     @property
     def holds_writer(self) -> bool:
@@ -439,8 +458,12 @@ class SharedStateManager(Generic[S, O]):
         :param timeout: seconds to wait for the result (None: until the write completes; each
             step is bounded by ``acquire_timeout`` / ``operation_timeout``).
         :param lease: the lease (any :class:`~airflow_provider_pulsarstate.engine.fencing.Fence`)
-            the write is made under: refused if the log has seen a newer token of that lease.
+            the write is made under: refused if its lease log never granted its token, or the log
+            has seen a newer token of that lease. Checked against the lease log before the write
+            is queued (without I/O once this instance's replica of the lease log shows the token).
+        :raises LeaseNotGrantedError: the lease log never granted ``lease``'s token; nothing was queued.
         :raises LeaseFencedError: the log has seen a higher token of ``lease``; nothing was appended.
+        :raises ConfigurationError: ``lease`` is malformed (names the field); nothing was queued.
         :raises WriterFencedError: fenced and ``retry=False`` (or retries exhausted).
         :raises WriterBusyError: FAIL_FAST mode and another instance holds the writer.
         :raises OperationTimeoutError: the writer did not come free within ``acquire_timeout``, or
@@ -466,21 +489,83 @@ class SharedStateManager(Generic[S, O]):
         return self._enqueue(ops_generator, reader, retry=retry, lease=lease).future
 
     @property
-    def fences(self) -> dict[str, int]:
-        """The highest fencing token applied per lease name, as of the local state (a copy)."""
+    def fences(self) -> dict[FenceKey, int]:
+        """The highest fencing token applied per (lease log, lease name), as of the local state (a
+        copy). The lease log is its topic and GENESIS id (``topic#id``); ``""`` for fences of frames
+        written by earlier versions, which named none."""
         with self._lock:
             return dict(self._fences)
 
+    def reset_fence(self, name: str, *, lease_log: str | None = None, timeout: float | None = None) -> dict[FenceKey, int]:
+        """Remove the fence of lease ``name`` with a record of its own in the log (an administrator's tool).
+
+        For a fence raised by a token no lease log granted: a frame forged with a writer of its
+        own, or one written by a version that did not check grants. Every replica removes it at
+        the record's offset, and checkpoints after it do not hold it. Until the next guarded write
+        under ``name`` sets the fence again, holders of older tokens are not fenced: reset while
+        no stale holder can write.
+
+        :param lease_log: the lease log whose fence goes (its topic, or a ``topic#id`` key of
+            :attr:`fences`); None: every lease log's fence of that name, the ``""`` one included.
+        :returns: the fences removed, as of the record (empty: there were none; the reset is
+            recorded anyway).
+        :raises ConfigurationError: a bad name or lease log (names the field).
+        """
+        name = check_lease_name(name)
+        scope = ANY_LEASE_LOG if lease_log is None else check_lease_log(lease_log, name=name, field="lease_log")
+        log.warning("%s: resetting the fence of lease %r (lease log %s)", self.topic, name, scope)
+        removed = self._await(self._enqueue(None, None, retry=True, fence_tag=(scope, name, 0)), timeout)
+        return removed or {}
+
+    def _resolve_fence(self, lease: Fence) -> FenceTag:
+        """``(lease log ref, name, token)`` of a lease whose lease log granted its token.
+
+        A token below this log's fence may come from a recreated lease log that this instance's
+        replica predates: it is checked again on a fresh replica before the write is refused.
+        """
+        lease_log, name, token = check_fence(lease)
+        ref = self._grants.verify(lease_log, name, token)
+        if token < self._fences.get((ref, name), 0):
+            ref = self._grants.verify(lease_log, name, token, fresh=True)
+        return ref, name, token
+
     def _fence_check(self, w: PendingWrite) -> bool | None:
-        """None: not under a lease; True: a token the log has not seen (append it); False: the
-        current token. Raises LeaseFencedError for an older token. Call with the state lock held."""
+        """None: not under a lease; True: a token the log has not seen, or a reset (append it);
+        False: the current token. Raises LeaseFencedError for an older token. Call with the state
+        lock held."""
         if w.fence is None:
             return None
-        name, token = w.fence
-        seen = self._fences.get(name, 0)
+        ref, name, token = w.fence
+        if token == 0:
+            return True
+        seen = self._fences.get((ref, name), 0)
         if token < seen:
             raise LeaseFencedError(topic=self.topic, lease=name, token=token, newer_token=seen)
         return token > seen
+
+    def _take_fence(self, fence: FenceTag) -> dict[FenceKey, int]:
+        """Record an admitted token, or apply a reset (token 0); returns the fences a reset removed."""
+        ref, name, token = fence
+        if token:
+            self._fences[(ref, name)] = token
+            return {}
+        removed = {key: t for key, t in self._fences.items() if reset_matches(key, lease_log=ref, name=name)}
+        for key in removed:
+            del self._fences[key]
+        log.warning("%s: fence of lease %r reset (lease log %s); removed %s", self.topic, name, ref, removed or "none")
+        return removed
+
+    def _admit_replayed(self, fence: FenceTag, seq: int, offset: int) -> LeaseFencedError | None:
+        """The replay rule, the same on every replica: None (admitted, fence taken) or the refusal."""
+        ref, name, token = fence
+        seen = self._fences.get((ref, name), 0) if token else 0
+        if token and token < seen:
+            self.stats["fenced_skipped"] += 1
+            refused = LeaseFencedError(topic=self.topic, lease=name, token=token, newer_token=seen)
+            log.warning("%s: skipping write %d at offset %d: %s", self.topic, seq, offset, refused)
+            return refused
+        self._take_fence(fence)
+        return None
 
     def outcome(self, write_id: WriteId | tuple[bytes, int], *, timeout: float | None = None) -> WriteOutcome:
         """What became of a write whose caller got UnknownOutcomeError (``err.write_id``).
@@ -514,9 +599,9 @@ class SharedStateManager(Generic[S, O]):
 
     def _enqueue(
         self, generator: Any, reader: Any, *, retry: bool, barrier: bool = False, probe: bool = False,
-        lease: Fence | None = None,
+        lease: Fence | None = None, fence_tag: FenceTag | None = None,
     ) -> PendingWrite:
-        fence = check_fence(lease) if lease is not None else None
+        fence = self._resolve_fence(lease) if lease is not None else fence_tag
         w = PendingWrite(next(self._seq), generator, reader, retry, barrier, probe, fence=fence)
         w.future.write_id = WriteId(self.writer_id, w.seq)  # type: ignore[attr-defined]
         with self._cv:
@@ -750,7 +835,7 @@ class SharedStateManager(Generic[S, O]):
 
     def _stage_and_append(self, batch: list[PendingWrite]) -> None:
         """Generate, serialize and apply each write's ops, then append them as one record."""
-        staged: list[tuple[PendingWrite, list[O], list[bytes], bool]] = []  # (write, ops, payloads, sent)
+        staged: list[tuple[PendingWrite, list[O], bytes, bool]] = []  # (write, ops, encoded write, sent)
         writer = self._writer
         assert writer is not None
         dirty = False  # ops of this record were applied: prepared ops of later writes are stale
@@ -772,19 +857,21 @@ class SharedStateManager(Generic[S, O]):
                     ops, payloads = prepared[1], prepared[2]  # the state did not move since they were made
                 else:
                     ops, payloads = self._generate(w)
-            except Exception as exc:  # a stale lease, or the caller's generator or serializer: fail this write only
+                encoded = self._encode(w, payloads) if ops or new_token else b""
+            except Exception as exc:  # a stale lease, the caller's generator or serializer, an unencodable write: fail it only
                 w.fail(exc)
                 continue
             if ops or new_token:
                 dirty = True
                 self._broken = True  # until the append is acknowledged
                 self._applying_offset = self._applied_offset + 1
-                if w.fence is not None:
-                    self._fences[w.fence[0]] = w.fence[1]
+                removed = self._take_fence(w.fence) if w.fence is not None else {}
                 try:
                     for op in ops:
                         self._apply_op(op)
                     w.result = w.reader(self._state) if w.reader is not None else None
+                    if w.fence is not None and w.fence[2] == 0:
+                        w.result = removed  # a reset answers with what it removed
                 except Exception as exc:
                     w.fail(exc)
                     raise _Restage() from exc
@@ -794,16 +881,15 @@ class SharedStateManager(Generic[S, O]):
                 except Exception as exc:
                     w.fail(exc)
                     continue
-            staged.append((w, ops, payloads, bool(ops or new_token)))
+            staged.append((w, ops, encoded, bool(ops or new_token)))
         if not staged:
             return
-        data = [(w.seq, payloads, w.fence) for w, _, payloads, sent in staged if sent]
-        if data:
+        body = b"".join(encoded for _, _, encoded, sent in staged if sent)
+        if any(sent for _, _, _, sent in staged):
             offset = self._applied_offset + 1
             for w, _, _, sent in staged:
                 if sent:
                     self._inflight[w.seq] = w
-            body = encode_writes(data)
             try:
                 position = writer.append(RecordKind.DATA, body, offset=offset, timeout=self.operation_timeout)
             except (WriterFencedError, BackendUnavailableError):
@@ -826,6 +912,13 @@ class SharedStateManager(Generic[S, O]):
             self._inflight.pop(w.seq, None)
             w.succeed()
         self.stats["writes_committed"] += len(staged)
+
+    def _encode(self, w: PendingWrite, payloads: list[bytes]) -> bytes:
+        """The write as it goes into the record body; SerializationError if it does not fit the format."""
+        try:
+            return encode_write(w.seq, payloads, w.fence)
+        except Exception as exc:
+            raise SerializationError(f"{self.topic}: write {w.seq} cannot be encoded: {_describe(exc)}") from exc
 
     def _generate(self, w: PendingWrite) -> tuple[list[O], list[bytes]]:
         """The write's ops from the current state, and their bytes (raises what the caller's code raises)."""
@@ -1014,7 +1107,7 @@ class SharedStateManager(Generic[S, O]):
             image = self._take_image()
         return None if image is None else self._store_image(image)
 
-    def _take_image(self) -> tuple[int, int, Any, bytes, dict[str, int]] | None:
+    def _take_image(self) -> tuple[int, int, Any, bytes, dict[FenceKey, int]] | None:
         """(offset, epoch, position, serialized state, fences); call with the state lock held."""
         if self._applied_offset < 0:
             return None
@@ -1028,7 +1121,7 @@ class SharedStateManager(Generic[S, O]):
         self._bytes_since_checkpoint = 0
         return self._applied_offset, self._applied_epoch, self._applied_position, bytes(data), dict(self._fences)
 
-    def _store_image(self, image: tuple[int, int, Any, bytes, dict[str, int]]) -> CheckpointInfo:
+    def _store_image(self, image: tuple[int, int, Any, bytes, dict[FenceKey, int]]) -> CheckpointInfo:
         offset, epoch, position, data, fences = image
         info = self.checkpoints.save(
             offset=offset, epoch=epoch, position=position, data=data, log_id=self._log_id, fences=fences
@@ -1178,15 +1271,7 @@ class SharedStateManager(Generic[S, O]):
         self._applying_offset = record.offset
         applied_ops: list[O] = []
         for seq, ops, fence in writes:
-            refused: LeaseFencedError | None = None
-            if fence is not None:
-                seen = self._fences.get(fence[0], 0)
-                if fence[1] < seen:
-                    refused = LeaseFencedError(topic=self.topic, lease=fence[0], token=fence[1], newer_token=seen)
-                    self.stats["fenced_skipped"] += 1
-                    log.warning("%s: skipping write %d at offset %d: %s", self.topic, seq, record.offset, refused)
-                else:
-                    self._fences[fence[0]] = fence[1]
+            refused = self._admit_replayed(fence, seq, record.offset) if fence is not None else None
             if refused is None:
                 try:
                     for op in ops:

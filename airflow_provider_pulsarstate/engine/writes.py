@@ -58,8 +58,9 @@ class PendingWrite:
     """That send's outcome is not known: it may land until a newer epoch begins without it."""
     abandoned: bool = False
     """Its caller's timeout ran out while it was being sent; its outcome goes to the book."""
-    fence: tuple[str, int] | None = None
-    """(lease name, fencing token) it was made under, checked against the log's fences."""
+    fence: tuple[str, str, int] | None = None
+    """(lease log ref, lease name, fencing token) it was made under, checked against the log's
+    fences; token 0: a reset of the fences of that name and lease log."""
 
     @property
     def needs_writer(self) -> bool:

@@ -47,6 +47,7 @@ from airflow_provider_pulsarstate.engine.offsets import (
     open_publisher,
 )
 from airflow_provider_pulsarstate.engine.offsets import create_topic as _create_topic
+from airflow_provider_pulsarstate.engine.recipes.fence_admin import reset_fence
 from airflow_provider_pulsarstate.engine.recipes.lease import DEFAULT_LEASE_TOPIC, Lease, LeaseKeeper, Leases
 from airflow_provider_pulsarstate.engine.recipes.map import PulsarMap
 from airflow_provider_pulsarstate.engine.recipes.state_store import (
@@ -353,6 +354,26 @@ class PulsarStateHook(BaseHook):
         config, backend = self._open()
         options.setdefault("operation_timeout", config.operation_timeout)
         return self._own(Leases(backend, config.topic_name(topic or DEFAULT_LEASE_TOPIC), **options))
+
+    def reset_fence(self, topic: str, *, lease: str, lease_log: str | None = None) -> dict[tuple[str, str], int]:
+        """Remove the fence of lease ``lease`` from the state log ``topic`` (a map's or a table's),
+        with a record in the log (``airflow pulsarstate reset-fence``). For a fence raised by a
+        token no lease log granted; until the next guarded write sets it again, older holders are
+        not fenced.
+
+        :param topic: a short name or a full ``persistent://...``.
+        :param lease_log: the lease log whose fence goes (a short name, a full topic, or a
+            ``topic#id`` key of ``fences``); None: the fences of that lease name of every lease log.
+        :returns: the fences removed ((lease log, lease name) -> token).
+        :raises TableNotFoundError: the log is empty.
+        :raises ConfigurationError: a bad name or lease log (names the field).
+        """
+        config, backend = self._open()
+        if lease_log is not None and "://" not in lease_log:
+            lease_log = config.topic_name(lease_log)
+        return reset_fence(
+            backend, config.topic_name(topic), lease, lease_log=lease_log, operation_timeout=config.operation_timeout
+        )
 
     @staticmethod
     def lease_from_json(handle: Any) -> Lease:

@@ -13,7 +13,7 @@ from airflow_provider_pulsarstate.engine.backends.base import AcquireMode, Backe
 from airflow_provider_pulsarstate.engine.envelope import RecordKind, encode_writes
 from airflow_provider_pulsarstate.engine.errors import CommitNotFoundError, ConfigurationError, TableNotFoundError
 from airflow_provider_pulsarstate.engine.log import open_writer
-from airflow_provider_pulsarstate.engine.recipes.lease import Lease
+from airflow_provider_pulsarstate.engine.recipes.lease import Leases
 from airflow_provider_pulsarstate.engine.recipes.table import StateTable
 from airflow_provider_pulsarstate.engine.recipes.table_feed import TableFeed, read_commit
 from airflow_provider_pulsarstate.engine.recipes.table_ops import canonical, encode_op, set_op
@@ -132,14 +132,17 @@ def test_errors_name_the_table_and_the_offset(backend: Backend, topic: str, tabl
 def test_a_write_refused_by_its_lease_fence_is_no_change(backend: Backend, topic: str, table: StateTable) -> None:
     """The feed applies the log's acceptance rules: a record holding only a write under an older
     token (a paused holder's, or forged) changes nothing on any replica, so it is no commit."""
-    new = Lease(name="nightly", holder="b", token=2, ttl=5.0, topic="persistent://public/default/leases")
-    table.put("k", {"v": "new holder"}, lease=new)
+    with Leases(backend, f"{topic}-leases") as leases:
+        leases.acquire("nightly", "a", ttl=5.0)
+        new = leases.acquire("nightly", "b", ttl=5.0, steal=True)
+        table.put("k", {"v": "new holder"}, lease=new)
+    [lease_log] = [ref for ref, _ in table.manager.fences]
     with TableFeed(backend, topic) as feed:
         feed.start()
         offset = table.manager.applied_offset + 1
         writer = open_writer(backend, topic, writer_id=uuid.uuid4().bytes, mode=AcquireMode.FENCE, timeout=20)
         try:
-            body = encode_writes([(1, [encode_op(set_op("k", canonical({"v": "old holder"})))], ("nightly", 1))])
+            body = encode_writes([(1, [encode_op(set_op("k", canonical({"v": "old holder"})))], (lease_log, "nightly", 1))])
             writer.append(RecordKind.DATA, body, offset=offset, timeout=20)
         finally:
             writer.close()

@@ -20,9 +20,12 @@ Clocks. Safety never depends on synchronised wall clocks:
 
 Expiry gives liveness only. Safety comes from the token: pass the :class:`Lease` to the writes it
 guards (``PulsarMap.put(..., lease=lease)``, ``StateTable.apply(..., lease=lease)``,
-``SharedStateManager.write(..., lease=lease)``); each state log refuses a token lower than one it
-has seen for that name (:class:`~airflow_provider_pulsarstate.engine.errors.LeaseFencedError`),
-so a holder that was paused past expiry and wakes up after a new holder wrote changes nothing.
+``SharedStateManager.write(..., lease=lease)``); each state log refuses a token this lease log
+never granted (:class:`~airflow_provider_pulsarstate.engine.errors.LeaseNotGrantedError`) and a
+token lower than one it has seen for that name of this lease log
+(:class:`~airflow_provider_pulsarstate.engine.errors.LeaseFencedError`), so a holder that was
+paused past expiry and wakes up after a new holder wrote changes nothing, and a forged handle
+changes nothing either.
 
 Example::
 
@@ -59,7 +62,13 @@ from airflow_provider_pulsarstate.engine.errors import (
     WriterBusyError,
     WriterFencedError,
 )
-from airflow_provider_pulsarstate.engine.fencing import MAX_LEASE_NAME_BYTES, check_fence
+from airflow_provider_pulsarstate.engine.fencing import (
+    MAX_LEASE_NAME_BYTES,
+    MAX_TOKEN,
+    check_lease_log,
+    check_lease_name,
+    check_token,
+)
 from airflow_provider_pulsarstate.engine.manager import Change, SharedStateManager, json_op_serializer
 from airflow_provider_pulsarstate.engine.recipes.base import Recipe
 from airflow_provider_pulsarstate.engine.retry import Backoff
@@ -117,7 +126,9 @@ class Lease:
     def from_json(cls, data: Mapping[str, Any] | str) -> "Lease":
         """A lease from :meth:`to_json`'s output (a dict or its JSON text), checked field by field.
 
-        Only the shape is checked here; :meth:`Leases.renew` checks it against the lease log.
+        Only the shape is checked here (a name that is UTF-8 text, a token a frame can hold: 1 ..
+        2**64 - 1); :meth:`Leases.renew` checks it against the lease log, and so does every
+        guarded write.
 
         :raises ConfigurationError: not a lease: names the missing or bad field.
         """
@@ -131,21 +142,13 @@ class Lease:
         missing = [f for f in ("name", "holder", "token", "ttl", "topic") if f not in data]
         if missing:
             raise ConfigurationError(f"lease handle lacks field(s) {', '.join(missing)}")
-        name, token = check_fence(_Fields(data["name"], data["token"]))
-        holder, ttl, topic = data["holder"], data["ttl"], data["topic"]
-        if not isinstance(holder, str) or not holder:
-            raise ConfigurationError(f"lease {name!r}: field 'holder' must be a non-empty string, got {holder!r}")
+        name = check_lease_name(data["name"])
+        token = check_token(data["token"], name=name)
+        holder, ttl = _check_holder(data["holder"]), data["ttl"]
         if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(ttl) or ttl <= 0:
             raise ConfigurationError(f"lease {name!r}: field 'ttl' must be a positive number of seconds, got {ttl!r}")
-        if not isinstance(topic, str) or not topic:
-            raise ConfigurationError(f"lease {name!r}: field 'topic' must be a non-empty string, got {topic!r}")
+        topic = check_lease_log(data["topic"], name=name)
         return cls(name=name, holder=holder, token=token, ttl=float(ttl), topic=topic)
-
-
-@dataclass(frozen=True, slots=True)
-class _Fields:
-    name: Any
-    token: Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -779,8 +782,8 @@ def _validate(op: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(holder, str) or not holder or len(holder.encode()) > MAX_HOLDER_BYTES:
         raise ValueError(f"lease {name!r}: op field 'holder' must be a non-empty string of at most {MAX_HOLDER_BYTES} bytes, got {holder!r:.80}")
     token = op.get("token")
-    if isinstance(token, bool) or not isinstance(token, int) or token < 1:
-        raise ValueError(f"lease {name!r}: op field 'token' must be a positive integer, got {token!r}")
+    if isinstance(token, bool) or not isinstance(token, int) or not 1 <= token <= MAX_TOKEN:
+        raise ValueError(f"lease {name!r}: op field 'token' must be an integer in 1 .. 2**64 - 1, got {token!r}")
     out = {"op": kind, "name": name, "holder": holder, "token": token, "at": _number(op, "at", name)}
     if kind != _RELEASE:
         ttl = op.get("ttl")
@@ -810,14 +813,16 @@ def _serialize_image(state: dict[str, _Record]) -> bytes:
 
 
 def _check_name(name: object) -> None:
-    if not isinstance(name, str) or not name.strip():
-        raise ConfigurationError(f"lease name must be a non-empty string, got {name!r}")
-    if len(name.encode()) > MAX_LEASE_NAME_BYTES:
-        raise ConfigurationError(f"lease name {name[:40]!r}... is longer than {MAX_LEASE_NAME_BYTES} bytes")
+    check_lease_name(name)
 
 
-def _check_holder(holder: object) -> None:
+def _check_holder(holder: object) -> str:
     if not isinstance(holder, str) or not holder.strip():
-        raise ConfigurationError(f"lease holder must be a non-empty string, got {holder!r}")
-    if len(holder.encode()) > MAX_HOLDER_BYTES:
-        raise ConfigurationError(f"lease holder {holder[:40]!r}... is longer than {MAX_HOLDER_BYTES} bytes")
+        raise ConfigurationError(f"lease holder must be a non-empty string, got {holder!r} (field 'holder')")
+    try:
+        size = len(holder.encode())
+    except UnicodeEncodeError as exc:
+        raise ConfigurationError(f"lease holder (field 'holder') is not UTF-8 encodable ({exc.reason}): {holder[:40]!r}") from None
+    if size > MAX_HOLDER_BYTES:
+        raise ConfigurationError(f"lease holder (field 'holder') {holder[:40]!r}... is longer than {MAX_HOLDER_BYTES} bytes")
+    return holder
