@@ -203,8 +203,10 @@ class EmbeddedBackend(Backend):
                         f"waited {timeout:.1f}s for the writer of {self.topic_url(topic)}; it is still held"
                     )
                 waiting.raise_flag()
-                if not self._await_release(conn, topic, deadline):
-                    backoff.sleep(deadline)  # no holder to wait for: a concurrent acquirer is mid-way
+                # FENCE lost a race with a concurrent acquirer, which it fences at the next try;
+                # WAIT sleeps until the holder lets go, or briefly when one is only mid-way in.
+                if mode is AcquireMode.FENCE or not self._await_release(conn, topic, deadline):
+                    backoff.sleep(deadline)
         except BaseException:
             _close_quietly(conn)
             raise
