@@ -186,7 +186,7 @@ class EmbeddedBackend(Backend):
     def acquire_writer(self, topic: str, *, mode: AcquireMode, timeout: float, name: str | None = None) -> RawWriter:
         mode = AcquireMode(mode)
         deadline = time.monotonic() + timeout
-        backoff = Backoff(initial=0.005, maximum=0.05)
+        backoff = Backoff(initial=0.002, maximum=0.02)
         name = name or default_writer_name()
         conn = self.connect()
         waiting = _WaitingFlag(self.waiting_path(topic))
@@ -214,17 +214,19 @@ class EmbeddedBackend(Backend):
             waiting.lower()
 
     def _await_release(self, conn: sqlite3.Connection, topic: str, deadline: float) -> bool:
-        """Sleep until the holder of the current epoch lets go of its lock, at most :data:`_RECHECK`
-        seconds and never past ``deadline``. False at once when no holder holds it."""
-        path = self.lock_path(topic, self._current_epoch(conn, topic))
-        try:
-            event = self._release_watch(path)
-        except OSError as exc:
-            raise BackendUnavailableError(f"cannot watch the writer lock of {self.topic_url(topic)}: {exc}") from exc
-        if event is None:
-            return False
-        event.wait(max(0.0, min(_RECHECK, deadline - time.monotonic())))
-        return True
+        """Sleep until whoever is in the way lets go of its lock (the holder of the current epoch,
+        or an acquirer that took the next epoch's lock and is about to publish it), at most
+        :data:`_RECHECK` seconds and never past ``deadline``. False at once when neither holds one."""
+        epoch = self._current_epoch(conn, topic)
+        for path in (self.lock_path(topic, epoch), self.lock_path(topic, epoch + 1)):
+            try:
+                event = self._release_watch(path)
+            except OSError as exc:
+                raise BackendUnavailableError(f"cannot watch the writer lock of {self.topic_url(topic)}: {exc}") from exc
+            if event is not None:
+                event.wait(max(0.0, min(_RECHECK, deadline - time.monotonic())))
+                return True
+        return False
 
     def _release_watch(self, path: Path) -> threading.Event | None:
         """An event set when the holder of lock file ``path`` lets go (None: nobody holds it now).
