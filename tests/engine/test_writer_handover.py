@@ -268,3 +268,29 @@ def test_without_handover_the_idle_writer_is_kept(backend: Backend, second: Back
     finally:
         holder.close()
         other.close()
+
+
+@pytest.mark.pulsar
+def test_a_writer_granted_after_waiting_survives_an_unload(pulsar_broker: Any, topic: str) -> None:
+    """A writer that queued for the topic lives on a client of its own: an unload (as the orphan
+    sweeper does) disconnects it, and it reconnects with its epoch and leadership, losing no write."""
+    from tests.conftest import pulsar_config
+
+    first = open_backend(pulsar_config(pulsar_broker))
+    second = open_backend(pulsar_config(pulsar_broker))
+    try:
+        holder = first.acquire_writer(topic, mode=AcquireMode.FAIL_FAST, timeout=10, name="holder")
+        threading.Timer(1.0, holder.close).start()
+        writer = second.acquire_writer(topic, mode=AcquireMode.WAIT, timeout=ACQUIRE, name="waited")
+        writer.append([b"before"], timeout=10)
+        second.admin.unload(topic)  # type: ignore[attr-defined]
+        writer.append([b"after"], timeout=10)
+        seen = read_leadership(second, topic)[0]
+        assert seen.leader == "waited" and second.current_epoch(topic) == writer.epoch
+        writer.close()
+        reader = second.create_reader(topic)
+        assert [reader.read_next(timeout=10).payload for _ in range(2)] == [b"before", b"after"]  # type: ignore[union-attr]
+        reader.close()
+    finally:
+        first.close()
+        second.close()
