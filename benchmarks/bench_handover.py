@@ -59,7 +59,8 @@ CTX = multiprocessing.get_context("spawn")
 def _writer_process(conn: dict[str, Any], topic: str, key: str, options: dict[str, Any], go: Any, stop: Any, out: Any) -> None:
     """One task-like process: replay, wait for the release, write once, stay until told to stop."""
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)  # pulsar-client's C++ warnings (one per refused Exclusive attempt) would drown the table
+    for fd in (1, 2):  # pulsar-client's C++ warnings (one per refused Exclusive attempt) would drown the table
+        os.dup2(devnull, fd)
     from airflow_provider_pulsarstate import ConnectionConfig, open_backend
     from airflow_provider_pulsarstate.engine.manager import SharedStateManager
 
@@ -140,7 +141,7 @@ def _row(backend: str, label: str, r: dict[str, Any], processes: int) -> list[st
     spread = (f"{statistics.median(lat):.0f} / {percentile(lat, 99):.0f} / {max(lat):.0f}" if lat else "-")
     busy = r["cpu"] / r["makespan"]
     broker = "-" if r["broker_cpu"] is None else f"{r['broker_cpu']:.1f} s"
-    return [backend, label, f"{len(r['failures'])}/{processes}", spread, f"{r['makespan']:.1f} s",
+    return [backend, label, f"{len(r['failures'])}/{processes}", spread, f"{r['makespan']:.2f} s",
             f"{r['cpu']:.1f} s ({busy:.2f} CPUs)", broker]
 
 
