@@ -98,8 +98,39 @@ def _broker_cpu(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run(conn: dict[str, Any], processes: int, options: dict[str, Any], *, broker_pid: int | None) -> dict[str, Any]:
-    """One run on a fresh topic; returns latencies, failures, makespan and CPU."""
+def _cpu_of(pids: list[int]) -> float:
+    """Seconds of CPU the processes used so far (user + system)."""
+    return sum(_broker_cpu(pid) or 0.0 for pid in pids)
+
+
+def _held(conn: dict[str, Any], topic: str, seconds: float, pids: list[int]) -> tuple[float, float]:
+    """Hold ``topic``'s writer for ``seconds`` (never handed over) while the processes wait for it;
+    returns the CPU they used meanwhile and the time from its release to the first write landing."""
+    from airflow_provider_pulsarstate import ConnectionConfig, open_backend
+    from airflow_provider_pulsarstate.engine.backends.base import AcquireMode
+
+    backend = open_backend(ConnectionConfig(**conn))
+    try:
+        writer = backend.acquire_writer(topic, mode=AcquireMode.FAIL_FAST, timeout=30)
+        time.sleep(min(2.0, seconds / 2))  # every process is in its wait by then
+        cpu, started = _cpu_of(pids), time.monotonic()
+        time.sleep(seconds)
+        cpu, waited = _cpu_of(pids) - cpu, time.monotonic() - started
+        epoch = writer.epoch
+        writer.close()
+        released = time.monotonic()
+        while backend.current_epoch(topic) <= epoch:
+            time.sleep(0.001)
+        return cpu / waited, time.monotonic() - released
+    finally:
+        backend.close()
+
+
+def run(
+    conn: dict[str, Any], processes: int, options: dict[str, Any], *, broker_pid: int | None, hold: float = 0.0
+) -> dict[str, Any]:
+    """One run on a fresh topic; returns latencies, failures, makespan and CPU. With ``hold``, the
+    topic's writer is first held for that long by this process while all of them wait for it."""
     topic = f"persistent://public/default/bench-handover-{uuid.uuid4().hex[:10]}"
     go, stop, out = CTX.Event(), CTX.Event(), CTX.Queue()
     procs = [
@@ -114,7 +145,15 @@ def run(conn: dict[str, Any], processes: int, options: dict[str, Any], *, broker
         time.sleep(1.0)  # let the start-up CPU settle before the release
         broker0 = _broker_cpu(broker_pid)
         released = time.monotonic()
+        waiting_cpu = first_grant = None
+        if hold:
+            holding = CTX.Pool(1)
+            pending = holding.apply_async(_held, (conn, topic, hold, [proc.pid for proc in procs]))
+            time.sleep(1.0)  # the writer is held before they start
         go.set()
+        if hold:
+            waiting_cpu, first_grant = pending.get(hold + 120)
+            holding.close()
         latencies: list[float] = []
         failures: list[str] = []
         while len(latencies) + len(failures) < processes:
@@ -133,6 +172,7 @@ def run(conn: dict[str, Any], processes: int, options: dict[str, Any], *, broker
     return {
         "latencies": latencies, "failures": failures, "makespan": makespan, "cpu": cpu,
         "broker_cpu": None if broker0 is None or broker1 is None else broker1 - broker0,
+        "waiting_cpu": waiting_cpu, "first_grant": first_grant,
     }
 
 
@@ -152,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--writer-idle-timeout", type=float, default=10.0)
     p.add_argument("--acquire-timeout", type=float, default=30.0)
     p.add_argument("--skip-baseline", action="store_true", help="only the handover run")
+    p.add_argument("--hold", type=float, default=0.0,
+                   help="instead: hold the writer this long while every process waits (their CPU while waiting, "
+                        "and how soon after the release one of them has it), then let them write")
     p.add_argument("--service-url")
     p.add_argument("--admin-url")
     p.add_argument("--broker-pid", type=int, help="the broker's pid, to report its CPU (a broker started here: its own)")
@@ -166,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     backends = ["embedded", "pulsar"] if args.backend == "both" else [args.backend]
     rows: list[list[str]] = []
     ratios: list[str] = []
+    holds: list[str] = []
     result: dict[str, Any] = {"processes": args.processes, **base}
     with contextlib.ExitStack() as stack:
         for backend in backends:
@@ -179,9 +223,13 @@ def main(argv: list[str] | None = None) -> int:
             p50: dict[str, float] = {}
             for label, options in modes:
                 print(f"{backend}, {label}: {args.processes} processes ...", flush=True)
-                r = run(conn, args.processes, options, broker_pid=broker_pid)
+                r = run(conn, args.processes, options, broker_pid=broker_pid, hold=args.hold)
                 result[f"{backend}/{label}"] = r
                 rows.append(_row(backend, label, r, args.processes))
+                if args.hold:
+                    holds.append(f"{backend}, {label}: {args.processes} processes waiting {args.hold:g} s used "
+                                 f"{r['waiting_cpu']:.3f} CPUs; the first had the writer {1000 * r['first_grant']:.1f} ms "
+                                 "after its release")
                 if r["latencies"]:
                     p50[label] = statistics.median(r["latencies"])
                 for failure in sorted(set(r["failures"]))[:2]:
@@ -196,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(writer_idle_timeout {args.writer_idle_timeout:g} s, acquire_timeout {args.acquire_timeout:g} s)")
     for row in [header, ["-" * w for w in widths], *rows]:
         print("| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths)) + " |")
-    for line in ratios:
+    for line in ratios + holds:
         print(line)
     print("(the baseline's latencies are those of the writes that succeeded; failures timed out waiting for the writer)")
     if args.json:
