@@ -42,8 +42,10 @@ import queue
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -103,15 +105,17 @@ def _cpu_of(pids: list[int]) -> float:
     return sum(_broker_cpu(pid) or 0.0 for pid in pids)
 
 
-def _held(conn: dict[str, Any], topic: str, seconds: float, pids: list[int]) -> tuple[float, float]:
-    """Hold ``topic``'s writer for ``seconds`` (never handed over) while the processes wait for it;
-    returns the CPU they used meanwhile and the time from its release to the first write landing."""
+def _held(conn: dict[str, Any], topic: str, seconds: float, pids: list[int], held: threading.Event) -> tuple[float, float]:
+    """Hold ``topic``'s writer for ``seconds`` (never handed over) while the processes wait for it
+    (``held`` is set once it is taken); returns the CPU they used meanwhile and the time from its
+    release to the next holder's epoch."""
     from airflow_provider_pulsarstate import ConnectionConfig, open_backend
     from airflow_provider_pulsarstate.engine.backends.base import AcquireMode
 
     backend = open_backend(ConnectionConfig(**conn))
     try:
         writer = backend.acquire_writer(topic, mode=AcquireMode.FAIL_FAST, timeout=30)
+        held.set()
         time.sleep(min(2.0, seconds / 2))  # every process is in its wait by then
         cpu, started = _cpu_of(pids), time.monotonic()
         time.sleep(seconds)
@@ -147,13 +151,14 @@ def run(
         released = time.monotonic()
         waiting_cpu = first_grant = None
         if hold:
-            holding = CTX.Pool(1)
-            pending = holding.apply_async(_held, (conn, topic, hold, [proc.pid for proc in procs]))
-            time.sleep(1.0)  # the writer is held before they start
+            held = threading.Event()
+            holding = ThreadPoolExecutor(1)
+            pending = holding.submit(_held, conn, topic, hold, [proc.pid for proc in procs], held)
+            held.wait(60)  # the writer is held before they start
         go.set()
         if hold:
-            waiting_cpu, first_grant = pending.get(hold + 120)
-            holding.close()
+            waiting_cpu, first_grant = pending.result(hold + 120)
+            holding.shutdown()
         latencies: list[float] = []
         failures: list[str] = []
         while len(latencies) + len(failures) < processes:
