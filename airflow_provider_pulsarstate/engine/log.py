@@ -70,6 +70,10 @@ class LogWriter:
         )
         return self.raw.append(frames, timeout=timeout)[-1]
 
+    def has_waiters(self) -> bool:
+        """Whether another acquirer waits for this writer (:meth:`RawWriter.has_waiters`)."""
+        return self.raw.has_waiters()
+
     def close(self) -> None:
         self.raw.close()
 

@@ -44,6 +44,11 @@ Guarantees:
 * **Bounded waits.** Taking the writer waits at most ``acquire_timeout``; an idle writer is
   released after ``writer_idle_timeout`` so other instances are not starved. ``read``, ``write``
   and :meth:`outcome` take a ``timeout`` for the whole call.
+* **Handover.** A writer with nothing queued is released as soon as another instance (of any
+  process) waits for it, checked every ``handover_check_interval`` while it is idle
+  (:meth:`~airflow_provider_pulsarstate.engine.backends.base.RawWriter.has_waiters`); a writer
+  with writes queued commits them first, in groups as always. So writes of many processes to
+  one topic take turns instead of waiting for ``writer_idle_timeout``.
 * **No silent background failures.** The commit thread fails every pending write with the error
   that stopped it and is started again by the next write; the follow thread logs and counts
   (``stats["follower_errors"]``) each failure and keeps following; listener exceptions are
@@ -179,6 +184,10 @@ class SharedStateManager(Generic[S, O]):
     :param acquire_timeout: seconds to wait for the writer.
     :param operation_timeout: seconds a single append or catch-up may take.
     :param writer_idle_timeout: release the writer after this many idle seconds (None: keep it).
+    :param handover_check_interval: seconds between checks, while the writer is held with nothing
+        queued, whether another instance waits for it; it is released at once when one does (the
+        first check follows each commit at once). None: never hand over, keep the writer until
+        ``writer_idle_timeout``.
     :param max_retries: retries of a write after fencing or an unknown outcome.
     :param max_group_writes: most writes committed together in one record.
     :param max_frame_bytes: largest frame sent to the back end.
@@ -217,6 +226,7 @@ class SharedStateManager(Generic[S, O]):
         acquire_timeout: float = 30.0,
         operation_timeout: float = 30.0,
         writer_idle_timeout: float | None = 10.0,
+        handover_check_interval: float | None = 0.02,
         max_retries: int = 5,
         max_group_writes: int = 1000,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
@@ -229,6 +239,8 @@ class SharedStateManager(Generic[S, O]):
         use_checkpoints: bool = True,
         writer_name: str | None = None,
     ) -> None:
+        if handover_check_interval is not None and handover_check_interval <= 0:
+            raise ConfigurationError(f"handover_check_interval must be positive or None, got {handover_check_interval!r}")
         if checkpoint_after_bytes is not None and (state_serializer is None or checkpoint_after_bytes <= 0):
             raise ConfigurationError(
                 "checkpoint_after_bytes needs a state_serializer and a positive size, got "
@@ -245,6 +257,7 @@ class SharedStateManager(Generic[S, O]):
         self.acquire_timeout = acquire_timeout
         self.operation_timeout = operation_timeout
         self.writer_idle_timeout = writer_idle_timeout
+        self.handover_check_interval = handover_check_interval
         self.max_retries = max_retries
         self.max_group_writes = max_group_writes
         self.max_frame_bytes = max_frame_bytes
@@ -293,7 +306,7 @@ class SharedStateManager(Generic[S, O]):
             "records_appended": 0, "writes_committed": 0, "acquisitions": 0, "rebuilds": 0, "retries": 0,
             "records_replayed": 0, "checkpoints_written": 0, "checkpoint_loaded_offset": -1,
             "corrupt_skipped": 0, "fenced_skipped": 0, "unknown_outcomes": 0, "listener_errors": 0, "follower_errors": 0,
-            "committer_errors": 0,
+            "committer_errors": 0, "handovers": 0,
         }
 
     # ------------------------------------------------------------------ lifecycle
@@ -650,33 +663,64 @@ class SharedStateManager(Generic[S, O]):
     def _commit_loop(self) -> None:
         batch: list[PendingWrite] = []
         try:
+            next_check = 0.0  # the first check for waiters follows each commit at once
             while True:
-                release = False
+                look = False  # at the idle writer: release it after its idle timeout or for a waiter
                 with self._cv:
                     while not self._queue and not self._closed:
-                        if self._writer is not None and self.writer_idle_timeout is not None:
-                            idle_left = self._last_write + self.writer_idle_timeout - time.monotonic()
-                            if idle_left <= 0:
-                                release = True
-                                break
-                            self._cv.wait(timeout=idle_left)
-                        else:
-                            self._cv.wait()
+                        wait = self._idle_wait(next_check)
+                        if wait is not None and wait <= 0:
+                            look = True
+                            break
+                        self._cv.wait(timeout=wait)
                     if self._closed:
                         return
-                    if not release:
+                    if not look:
                         batch = [self._queue.popleft() for _ in range(min(len(self._queue), self.max_group_writes))]
-                if release:  # outside the condition: see "Locks" in the module docstring
-                    self._release_idle_writer()
+                if look:  # outside the condition (see "Locks" in the module docstring): may ask the back end
+                    if self._writer_idle_too_long():
+                        self._release_idle_writer()
+                    elif self._writer_wanted():
+                        self._release_idle_writer(handover=True)
+                    next_check = time.monotonic() + (self.handover_check_interval or 0.0)
                     continue
                 self._commit(batch)
                 batch = []
                 self._last_write = time.monotonic()
+                next_check = 0.0
                 self._maybe_checkpoint()
         except BaseException as exc:  # noqa: BLE001 - no write may wait forever on a dead thread
             self._commit_thread_failed(exc, batch)
             if not isinstance(exc, Exception):
                 raise
+
+    def _idle_wait(self, next_check: float) -> float | None:
+        """With nothing queued: seconds to wait for work before looking at the held writer (0:
+        now, its idle timeout ran out or a check for waiters is due; None: until work arrives, no
+        writer is held or it is kept for good). Called under the queue's condition."""
+        if self._writer is None:
+            return None
+        due: list[float] = []
+        if self.writer_idle_timeout is not None:
+            due.append(self._last_write + self.writer_idle_timeout)
+        if self.handover_check_interval is not None:
+            due.append(next_check)
+        return max(0.0, min(due) - time.monotonic()) if due else None
+
+    def _writer_idle_too_long(self) -> bool:
+        idle = self.writer_idle_timeout
+        return idle is not None and time.monotonic() >= self._last_write + idle
+
+    def _writer_wanted(self) -> bool:
+        """Whether another instance waits for the writer we hold (never raises)."""
+        writer = self._writer  # read without the state lock: a closed writer answers False
+        if writer is None or self.handover_check_interval is None:
+            return False
+        try:
+            return writer.has_waiters()
+        except Exception as exc:  # noqa: BLE001 - keeping the writer is always safe
+            log.debug("%s: checking for waiting writers failed: %s", self.topic, _describe(exc))
+            return False
 
     def _commit_thread_failed(self, exc: BaseException, batch: list[PendingWrite]) -> None:
         """Fail the batch and every queued write with ``exc``; the next write starts a new thread."""
@@ -695,14 +739,20 @@ class SharedStateManager(Generic[S, O]):
             with contextlib.suppress(Exception):
                 self._give_up(w, err)
 
-    def _release_idle_writer(self) -> None:
+    def _release_idle_writer(self, *, handover: bool = False) -> None:
+        """Let go of the held writer unless writes were queued meanwhile (``handover``: because
+        another instance waits for it, rather than after ``writer_idle_timeout``)."""
         with self._lock:
             if self._writer is None:
                 return
             with self._cv:
                 if self._queue:
                     return  # work arrived meanwhile: keep the writer
-            log.info("%s: releasing the idle writer (epoch %d)", self.topic, self._writer.epoch)
+            if handover:
+                log.debug("%s: handing the writer (epoch %d) over to a waiting instance", self.topic, self._writer.epoch)
+                self.stats["handovers"] += 1
+            else:
+                log.info("%s: releasing the idle writer (epoch %d)", self.topic, self._writer.epoch)
             self._drop_writer()
 
     def _commit(self, batch: list[PendingWrite]) -> None:

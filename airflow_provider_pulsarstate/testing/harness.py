@@ -223,6 +223,9 @@ class _FaultyWriter(RawWriter):
         self.inner.close()
         raise UnknownOutcomeError(f"injected fault {kind!r} on {self.topic}")
 
+    def has_waiters(self) -> bool:
+        return self.inner.has_waiters()
+
     def close(self) -> None:
         self.inner.close()
         if self.owner._take_close_failure():

@@ -197,7 +197,8 @@ def test_failed_send_is_retried_with_regenerated_ops(backend: Backend, topic: st
 
 # ---------------------------------------------------------------------------------- fencing
 def test_fenced_writer_never_appends_and_retries_on_a_new_epoch(maps: Any, backend: Backend, topic: str) -> None:
-    a = maps(writer_idle_timeout=None, acquire_mode=AcquireMode.FENCE)
+    # a keeps its writer even while b waits for it (no handover): b must take it over
+    a = maps(writer_idle_timeout=None, handover_check_interval=None, acquire_mode=AcquireMode.FENCE)
     b = maps(writer_idle_timeout=None, acquire_mode=AcquireMode.FENCE)
     a.put("n", 1)
     assert a.manager.holds_writer
@@ -211,7 +212,7 @@ def test_fenced_writer_never_appends_and_retries_on_a_new_epoch(maps: Any, backe
 
 
 def test_fail_fast_and_bounded_wait(maps: Any) -> None:
-    a = maps(writer_idle_timeout=None)
+    a = maps(writer_idle_timeout=None, handover_check_interval=None)  # kept while the others try
     a.put("k", 1)
     busy = maps(acquire_mode=AcquireMode.FAIL_FAST)
     with pytest.raises(WriterBusyError):

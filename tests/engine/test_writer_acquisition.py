@@ -16,7 +16,7 @@ from tests.engine.test_conformance import records
 
 
 def test_local_reads_do_not_wait_while_the_writer_is_being_taken(maps: Any) -> None:
-    holder = maps(writer_idle_timeout=None)
+    holder = maps(writer_idle_timeout=None, handover_check_interval=None)  # kept while the other waits
     holder.put("k", 1)
     waiting = maps(acquire_mode=AcquireMode.WAIT, acquire_timeout=30)
     waiting.start()

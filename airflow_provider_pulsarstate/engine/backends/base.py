@@ -16,6 +16,8 @@ Guarantees every back end gives:
 * the last entry of a topic can be read without reading the others (:meth:`Backend.read_last`),
   and positions survive a round trip through bytes (so they can be stored in a checkpoint);
 * the writer lock is released when the holding process dies;
+* a holder can tell cheaply whether another acquirer waits for its writer
+  (:meth:`RawWriter.has_waiters`), and a waiter gets the writer promptly once it is released;
 * the back end can tell the topic's current epoch (:meth:`Backend.current_epoch`);
 * every failure surfaces as one of our errors (never a driver's own exception type), and a
   writer or reader that is closed is forgotten by its back end (no list grows with their number).
@@ -112,6 +114,16 @@ class RawWriter(ABC):
         """
         positions = self.append(payloads, timeout=timeout)
         return lambda: positions
+
+    def has_waiters(self) -> bool:
+        """Whether another acquirer (WAIT or FENCE mode, any process) waits for this writer now.
+
+        Cheap enough to ask every few tens of milliseconds while the writer is idle: a back end
+        whose check costs more may answer from its last check. False when it cannot tell (the
+        default, and a closed writer): the holder then keeps the writer, which is always safe.
+        Never raises.
+        """
+        return False
 
     @abstractmethod
     def close(self) -> None:

@@ -11,6 +11,12 @@ How the contract is kept:
   is free, just as Pulsar frees an exclusive producer when its connection drops. A FENCE takeover
   bumps the epoch without waiting for the old holder. ``writer_holders`` records the name and
   access mode of each epoch's writer in the same transaction as the epoch (:meth:`writer_lock`).
+* **Handover.** An acquirer that waits (WAIT or FENCE) holds a shared ``flock`` on the topic's
+  ``<db>.locks/<topic>.waiting`` file while it waits; the holder learns of it with a
+  non-blocking exclusive ``flock`` (:meth:`EmbeddedWriter.has_waiters`: two system calls). A
+  waiter sleeps in a blocking shared ``flock`` on the holder's epoch lock file (one thread per
+  lock file and process), so the kernel wakes it the instant the holder lets go: no polling.
+  Both locks vanish with their process, so a waiter can never hold a topic up.
 * **Durability.** A committed append survives the crash of any process (WAL, ``synchronous=NORMAL``);
   pass ``synchronous="FULL"`` to also survive power loss.
 * **Readers** poll the file; they see committed entries only, in append order.
@@ -98,6 +104,9 @@ CREATE TABLE IF NOT EXISTS subscriptions (
 ) WITHOUT ROWID;
 """
 _READ_BATCH = 512
+_RECHECK = 0.25
+"""Longest a waiting acquirer sleeps before it reads the topic's epoch again (a FENCE takeover
+moves the writer to a new epoch without the old holder letting go of its lock)."""
 # Every row that belongs to one topic (delete_topic removes them all).
 _TOPIC_ROWS = (
     ("entries", "topic"), ("topics", "name"), ("offset_topics", "name"), ("entry_meta", "topic"),
@@ -133,6 +142,7 @@ class EmbeddedBackend(Backend):
         self._children: set[RawWriter | RawReader] = set()
         self._children_lock = threading.Lock()
         self._initialized = False
+        self._release_watches: dict[Path, threading.Event] = {}  # lock file -> set once its holder let go
 
     # -- connections ------------------------------------------------------------------------
     def connect(self) -> sqlite3.Connection:
@@ -166,16 +176,20 @@ class EmbeddedBackend(Backend):
         return f"{topic} (embedded {self.path})"
 
     def lock_path(self, topic: str, epoch: int) -> Path:
-        digest = hashlib.sha1(topic.encode()).hexdigest()[:16]
-        return self._lock_dir / f"{digest}.{epoch}.lock"
+        return self._lock_dir / f"{_digest(topic)}.{epoch}.lock"
+
+    def waiting_path(self, topic: str) -> Path:
+        """The file waiting acquirers of ``topic`` hold a shared lock on (see "Handover" above)."""
+        return self._lock_dir / f"{_digest(topic)}.waiting"
 
     # -- writer -----------------------------------------------------------------------------
     def acquire_writer(self, topic: str, *, mode: AcquireMode, timeout: float, name: str | None = None) -> RawWriter:
         mode = AcquireMode(mode)
         deadline = time.monotonic() + timeout
-        backoff = Backoff(initial=0.01, maximum=0.25)
+        backoff = Backoff(initial=0.002, maximum=0.02)
         name = name or default_writer_name()
         conn = self.connect()
+        waiting = _WaitingFlag(self.waiting_path(topic))
         try:
             while True:
                 writer = self._try_acquire(conn, topic, fence=mode is AcquireMode.FENCE, name=name)
@@ -188,10 +202,65 @@ class EmbeddedBackend(Backend):
                     raise OperationTimeoutError(
                         f"waited {timeout:.1f}s for the writer of {self.topic_url(topic)}; it is still held"
                     )
-                backoff.sleep(deadline)
+                waiting.raise_flag()
+                # FENCE lost a race with a concurrent acquirer, which it fences at the next try;
+                # WAIT sleeps until the holder lets go, or briefly when one is only mid-way in.
+                if mode is AcquireMode.FENCE or not self._await_release(conn, topic, deadline):
+                    backoff.sleep(deadline)
         except BaseException:
             _close_quietly(conn)
             raise
+        finally:
+            waiting.lower()
+
+    def _await_release(self, conn: sqlite3.Connection, topic: str, deadline: float) -> bool:
+        """Sleep until whoever is in the way lets go of its lock (the holder of the current epoch,
+        or an acquirer that took the next epoch's lock and is about to publish it), at most
+        :data:`_RECHECK` seconds and never past ``deadline``. False at once when neither holds one."""
+        epoch = self._current_epoch(conn, topic)
+        for path in (self.lock_path(topic, epoch), self.lock_path(topic, epoch + 1)):
+            try:
+                event = self._release_watch(path)
+            except OSError as exc:
+                raise BackendUnavailableError(f"cannot watch the writer lock of {self.topic_url(topic)}: {exc}") from exc
+            if event is not None:
+                event.wait(max(0.0, min(_RECHECK, deadline - time.monotonic())))
+                return True
+        return False
+
+    def _release_watch(self, path: Path) -> threading.Event | None:
+        """An event set when the holder of lock file ``path`` lets go (None: nobody holds it now).
+
+        A daemon thread per lock file sleeps in a blocking shared ``flock`` on it, shared by every
+        waiter of this process; it ends when the holder releases the lock or dies. A thread whose
+        waiters all gave up stays until then (at most one per held lock file).
+        """
+        with self._children_lock:
+            event = self._release_watches.get(path)
+            if event is not None:
+                return event
+            if not _lock_is_held(path):
+                return None
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                return None
+            event = self._release_watches[path] = threading.Event()
+        threading.Thread(
+            target=self._watch_release, args=(path, fd, event), name="pulsarstate-writer-watch", daemon=True
+        ).start()
+        return event
+
+    def _watch_release(self, path: Path, fd: int, event: threading.Event) -> None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # granted once the holder's exclusive lock is gone
+        except OSError as exc:
+            log.debug("watching the writer lock %s: %s", path, exc)
+        finally:
+            os.close(fd)  # also drops our shared lock: never seen as a holder
+            with self._children_lock:
+                self._release_watches.pop(path, None)
+            event.set()
 
     def _current_epoch(self, conn: sqlite3.Connection, topic: str) -> int:
         try:
@@ -370,6 +439,7 @@ class EmbeddedWriter(RawWriter):
         self._fd: int | None = fd
         self._shared = epoch < 0
         self._lock = threading.Lock()
+        self._waiting_fd: int | None = None  # the topic's .waiting file, opened by the first has_waiters
 
     def append(self, payloads: Sequence[bytes], *, timeout: float) -> list[Any]:
         with self._lock:
@@ -416,10 +486,31 @@ class EmbeddedWriter(RawWriter):
                 ) from exc
             return list(range(first, first + len(payloads)))
 
+    def has_waiters(self) -> bool:
+        """Whether an acquirer holds the topic's waiting flag: our non-blocking exclusive lock on
+        it fails then (and is dropped at once when it succeeds)."""
+        with self._lock:
+            if self._fd is None:
+                return False
+            try:
+                if self._waiting_fd is None:
+                    self._waiting_fd = _open_private(self.backend.waiting_path(self.topic))
+                fcntl.flock(self._waiting_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            except OSError as exc:
+                log.debug("checking %s for waiting writers: %s", self.backend.topic_url(self.topic), exc)
+                return False
+            fcntl.flock(self._waiting_fd, fcntl.LOCK_UN)
+            return False
+
     def _release(self) -> None:
         if self._fd is not None:
             fd, self._fd = self._fd, None
             _release_flock(fd, self.backend.lock_path(self.topic, self.epoch))
+        if self._waiting_fd is not None:
+            fd, self._waiting_fd = self._waiting_fd, None
+            os.close(fd)
 
     def close(self) -> None:
         with self._lock:
@@ -516,9 +607,53 @@ def _create_private(path: Path) -> None:
     os.close(fd)
 
 
+def _digest(topic: str) -> str:
+    """The topic's part of its lock file names."""
+    return hashlib.sha1(topic.encode()).hexdigest()[:16]
+
+
+def _open_private(path: Path) -> int:
+    # 0600: another local user who could open a lock file could also flock it and block writers.
+    return os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+
+
+class _WaitingFlag:
+    """A shared ``flock`` on a topic's waiting file, held while an acquirer waits for its writer."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._fd: int | None = None
+        self._raised = False
+
+    def raise_flag(self) -> None:
+        """Hold the shared lock (idempotent). Non-blocking: a holder's probe holds the file
+        exclusively for microseconds, so a few quick tries get it; failing that, the next call
+        tries again. Best effort: a failure only costs the holder's prompt release."""
+        if self._raised:
+            return
+        try:
+            if self._fd is None:
+                self._fd = _open_private(self._path)
+            for _ in range(5):
+                try:
+                    fcntl.flock(self._fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    time.sleep(0.0005)
+                    continue
+                self._raised = True
+                return
+        except OSError as exc:
+            log.debug("announcing a waiting writer on %s: %s", self._path, exc)
+
+    def lower(self) -> None:
+        if self._fd is not None:
+            fd, self._fd, self._raised = self._fd, None, False
+            with contextlib.suppress(OSError):
+                os.close(fd)  # drops the lock
+
+
 def _try_flock(path: Path) -> int | None:
-    # 0600: another local user who could open the lock file could also flock it and block writers.
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = _open_private(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -2,10 +2,15 @@
 
 How the contract is kept:
 
-* **Exclusive writer.** Every writer is a ``ProducerAccessMode.Exclusive`` producer. WAIT polls
-  Exclusive with back-off until the deadline instead of using ``WaitForExclusive``, which can block
-  forever (apache/pulsar#24516) and, when abandoned, leaves an orphaned producer behind. FENCE
-  waits up to :data:`FENCE_GRACE` for the holder to let go, then takes the topic over with a
+* **Exclusive writer.** Every writer is an exclusive producer. WAIT first tries ``Exclusive``; when
+  the topic is held it queues with ``WaitForExclusive`` (:meth:`PulsarBackend._queue_for_exclusive`):
+  the broker hands the topic over the instant the holder closes, and lists the waiter in the
+  topic stats (``waitingPublishers``), from which the holder learns to let go
+  (:meth:`PulsarWriter.has_waiters`). The wait is bounded by the caller's deadline and runs on a
+  client of its own whose connection is dropped when we give up, so an abandoned wait can never
+  leave a producer holding the topic; beside a Shared producer (never promoted then,
+  apache/pulsar#24516) WAIT polls ``Exclusive`` with back-off instead. FENCE queues likewise for
+  up to :data:`FENCE_GRACE` for the holder to let go, then takes the topic over with a
   short-lived ``ExclusiveWithFencing`` producer that is closed at once, and takes Exclusive like
   the others: ``ExclusiveWithFencing`` producers created concurrently can
   all be admitted and all send (seen on Pulsar 4.2.4: three listed as publishers at once, the topic
@@ -64,6 +69,11 @@ FENCE_GRACE = 2.0
 producer racing a holder's own close was seen to hang its creation for ~60 s (Pulsar 4.2.4), so
 fencing is kept for holders that do not let go (a paused or partitioned process)."""
 _UNREACHABLE = (pulsar.ConnectError, pulsar.Timeout, pulsar.LookupError, pulsar.ServiceUnitNotReady)
+WAITERS_CHECK_MIN = 0.05
+WAITERS_CHECK_MAX = 1.0
+"""Bounds (seconds) of how often a held writer reads its topic's stats for waiting acquirers: a
+stats request costs the broker several ms of CPU, so the interval grows with the writer's idle
+time (a tenth of it), from the minimum right after an append to the maximum."""
 _RECONNECTING = (pulsar.BrokerMetadataError, pulsar.NotConnected, pulsar.ConnectError, pulsar.ServiceUnitNotReady)
 """A reader's tail check while its consumer re-subscribes (after a broker restart): transient."""
 
@@ -105,6 +115,7 @@ class PulsarBackend(Backend):
         self._children: set[RawWriter | RawReader] = set()
         self._durable: set[str] = set()  # topics whose retention policies were checked
         self._orphans = OrphanSweeper(self._open_admin)
+        self._queued: set[pulsar.Client] = set()  # clients of waits for exclusive access under way
         self._closed = False
 
     def _open_admin(self) -> PulsarAdmin:
@@ -160,18 +171,10 @@ class PulsarBackend(Backend):
         busy_since: float | None = None
         # An earlier call of ours that timed out under this name may have left an orphan behind.
         timed_out = self._orphans.claim(topic, name)
+        owner: pulsar.Client | None = None  # the client of a granted wait (the producer lives on it)
         while True:
             try:
-                producer = self.client.create_producer(
-                    topic,
-                    producer_name=name,
-                    access_mode=access,
-                    batching_enabled=False,
-                    chunking_enabled=False,
-                    block_if_queue_full=True,
-                    max_pending_messages=10000,
-                    send_timeout_millis=max(1, int(self.config.operation_timeout * 1000)),
-                )
+                producer = self.client.create_producer(topic, producer_name=name, access_mode=access, **self._writer_options())
                 break
             except _BUSY as exc:
                 if timed_out and self._drop_orphan(topic, name, wait=0.0):
@@ -190,6 +193,12 @@ class PulsarBackend(Backend):
                         f"waited {timeout:.1f}s for the writer of {self.topic_url(topic)}; it is still held "
                         f"({self._blockers(topic, name)})"
                     ) from exc
+                if mode is AcquireMode.WAIT or busy_since is not None:
+                    until = deadline if busy_since is None else min(deadline, busy_since + FENCE_GRACE)
+                    granted = self._queue_for_exclusive(topic, name, until=until)
+                    if granted is not None:
+                        producer, owner = granted
+                        break
                 backoff.sleep(deadline)
             except pulsar.Timeout as exc:
                 # The broker may still create the producer after the client gave up on it
@@ -218,10 +227,71 @@ class PulsarBackend(Backend):
                 producer.close()
             except Exception as exc:
                 log.warning("closing the exclusive producer %r of %s failed: %s", name, self.topic_url(topic), exc)
-                self._drop_orphan(topic, name, wait=0.0)
+                if owner is None:  # a producer on a client of its own goes with its connection below
+                    self._drop_orphan(topic, name, wait=0.0)
+            finally:
+                _shutdown_quietly(owner)
             raise
         log.debug("acquired writer %r of %s at epoch %d", name, topic, epoch)
-        return self._track(PulsarWriter(self, topic, epoch, producer))
+        return self._track(PulsarWriter(self, topic, epoch, producer, owner=owner))
+
+    def _writer_options(self) -> dict[str, Any]:
+        """``create_producer`` options of an exclusive writer (besides name and access mode)."""
+        return dict(
+            batching_enabled=False, chunking_enabled=False, block_if_queue_full=True, max_pending_messages=10000,
+            send_timeout_millis=max(1, int(self.config.operation_timeout * 1000)),
+        )
+
+    def _queue_for_exclusive(self, topic: str, name: str, *, until: float) -> tuple[pulsar.Producer, pulsar.Client] | None:
+        """Wait in the broker's queue for exclusive access to ``topic`` until ``until`` (monotonic).
+
+        Returns the producer and the client it lives on (closed with the writer), or None: not
+        granted in time, refused (a FENCE takeover fails every waiter), or not queued at all
+        because a Shared producer is connected (apache/pulsar#24516: never promoted then) or the
+        broker could not be asked; the caller then goes on as without waiting.
+
+        The creation runs on a client of its own, in a thread bounded by ``until`` (the client's
+        own time-out, when shorter, ends it earlier). Giving up shuts that client down: its
+        connection drops, and with it anything the broker still holds for us, whether created
+        just now or still queued (a waiter of a dead connection is dropped the moment the broker
+        promotes it). So no abandoned wait can hold the topic.
+        """
+        try:
+            if any(p.get("accessMode") == "Shared" for p in self._publishers(topic)):
+                return None
+            client = pulsar.Client(self.config.url, **client_options(self.config))
+        except Exception as exc:  # noqa: BLE001 - the caller polls instead, and reports what it meets
+            log.debug("not queueing for %s: %s", self.topic_url(topic), exc)
+            return None
+        with self._lock:
+            if self._closed:
+                _shutdown_quietly(client)
+                return None
+            self._queued.add(client)
+        outcome: dict[str, Any] = {}
+        done = threading.Event()
+
+        def create() -> None:
+            try:
+                outcome["producer"] = client.create_producer(
+                    topic, producer_name=name, access_mode=pulsar.ProducerAccessMode.WaitForExclusive,
+                    **self._writer_options(),
+                )
+            except Exception as exc:  # noqa: BLE001 - reported by the waiting thread
+                outcome["error"] = exc
+            finally:
+                done.set()
+
+        threading.Thread(target=create, name="pulsarstate-wait-exclusive", daemon=True).start()
+        granted = done.wait(max(0.0, until - time.monotonic())) and "producer" in outcome
+        with self._lock:
+            self._queued.discard(client)
+        if granted:
+            return outcome["producer"], client
+        _shutdown_quietly(client)
+        if "error" in outcome:
+            log.debug("waiting for the writer of %s: %s", self.topic_url(topic), outcome["error"])
+        return None
 
     def _fence(self, topic: str, name: str) -> None:
         """Close every producer of ``topic`` (the broker bumps its epoch): a fencing producer that
@@ -395,6 +465,10 @@ class PulsarBackend(Backend):
             children, self._children = self._children, set()
             self._closed = True
         self._orphans.close()  # closing the client drops any orphan: it lives on our connection
+        with self._lock:
+            queued, self._queued = self._queued, set()
+        for waiting in queued:  # their waits end at once, granted nothing
+            _shutdown_quietly(waiting)
         for child in children:
             child.close()
         _close_quietly(self._client)
@@ -404,11 +478,19 @@ class PulsarBackend(Backend):
 class PulsarWriter(RawWriter):
     """An exclusive producer holding one topic epoch."""
 
-    def __init__(self, backend: PulsarBackend, topic: str, epoch: int, producer: pulsar.Producer) -> None:
+    def __init__(
+        self, backend: PulsarBackend, topic: str, epoch: int, producer: pulsar.Producer, *, owner: pulsar.Client | None = None
+    ) -> None:
+        """``owner``: the client the producer lives on when it is not the back end's (a granted
+        wait's); shut down with the writer."""
         self.backend = backend
         self.topic = topic
         self.epoch = epoch
         self._producer: pulsar.Producer | None = producer
+        self._owner = owner
+        self._last_append = time.monotonic()
+        self._next_check = 0.0
+        self._waiters = False
 
     def _fenced(self, detail: str) -> WriterFencedError:
         self.close()
@@ -425,6 +507,7 @@ class PulsarWriter(RawWriter):
         producer = self._producer
         if producer is None:
             raise WriterFencedError(f"writer of {self.topic} at epoch {self.epoch} is closed", topic=self.topic, epoch=self.epoch)
+        self._last_append = time.monotonic()
         n = len(payloads)
         results: list[Any] = [None] * n
         done = threading.Event()
@@ -467,9 +550,33 @@ class PulsarWriter(RawWriter):
 
         return wait
 
+    def has_waiters(self) -> bool:
+        """Whether the topic stats list a waiting exclusive producer (``waitingPublishers``).
+
+        Asked more often than every :data:`WAITERS_CHECK_MIN` .. :data:`WAITERS_CHECK_MAX`
+        seconds (a tenth of the time since the last append), it answers from the last look. A
+        waiter whose client gave up may still be listed until the next holder lets go: the holder
+        then releases the writer a little early, which is harmless.
+        """
+        if self._producer is None:
+            return False
+        now = time.monotonic()
+        if now < self._next_check:
+            return self._waiters
+        try:
+            self._waiters = int(self.backend.admin.topic_stats(self.topic).get("waitingPublishers") or 0) > 0
+        except Exception as exc:  # noqa: BLE001 - keeping the writer is always safe
+            log.debug("checking %s for waiting writers: %s", self.backend.topic_url(self.topic), exc)
+            self._waiters = False
+        idle = time.monotonic() - self._last_append
+        self._next_check = time.monotonic() + min(WAITERS_CHECK_MAX, max(WAITERS_CHECK_MIN, idle / 10))
+        return self._waiters
+
     def close(self) -> None:
         producer, self._producer = self._producer, None
-        _close_quietly(producer)
+        _close_quietly(producer)  # first: the broker promotes the next waiter as it closes
+        owner, self._owner = self._owner, None
+        _shutdown_quietly(owner)
         self.backend._untrack(self)
 
 
@@ -539,6 +646,15 @@ def _id_tuple(msg_id: Any) -> tuple[int, int, int, int]:
 
 def _entry(msg: pulsar.Message) -> RawEntry:
     return RawEntry(msg.message_id(), msg.data(), msg.publish_timestamp() / 1000.0)
+
+
+def _shutdown_quietly(client: pulsar.Client | None) -> None:
+    """Drop a client's connections at once, without waiting for anything in flight."""
+    if client is not None:
+        try:
+            client.shutdown()
+        except pulsar.PulsarException as exc:
+            log.debug("shutting a Pulsar client down: %s", exc)
 
 
 def _close_quietly(resource: pulsar.Client | pulsar.Producer | pulsar.Reader | None) -> None:
