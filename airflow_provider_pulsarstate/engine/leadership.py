@@ -26,7 +26,7 @@ from typing import Any, Mapping
 from airflow_provider_pulsarstate.engine.backends.base import Backend, partition_topic_name, writer_base_name
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, LeadershipError
-from airflow_provider_pulsarstate.engine.worker_thread import WorkerThread, acquire_backend, release_backend
+from airflow_provider_pulsarstate.engine.worker_thread import WorkerThread, close_on_shared_backend, open_on_shared_backend
 
 EXCLUSIVE_MODES = ("Exclusive", "ExclusiveWithFencing", "WaitForExclusive")
 """Access modes of a producer that holds the topic alone (a promoted WaitForExclusive one included)."""
@@ -254,7 +254,7 @@ class AsyncLeaseObserver:
     def __init__(self, config: ConnectionConfig, topic: str) -> None:
         self.topic = topic
         self._worker: WorkerThread[Any] = WorkerThread(
-            lambda: _open_leases(config, topic), _close_leases,
+            lambda: _open_leases(config, topic), close_on_shared_backend,
             name="pulsarstate-lease-observer", what="this lease observer",
             share_key=("lease-observer", config, topic),  # one replica of the lease log per process
         )
@@ -272,21 +272,9 @@ class AsyncLeaseObserver:
 def _open_leases(config: ConnectionConfig, topic: str) -> Any:
     from airflow_provider_pulsarstate.engine.recipes.lease import Leases
 
-    backend = acquire_backend(config)
-    try:
-        return Leases(backend, topic, operation_timeout=config.operation_timeout), config
-    except BaseException:
-        release_backend(config)
-        raise
-
-
-def _close_leases(opened: Any) -> None:
-    leases, config = opened
-    try:
-        leases.close()
-    except Exception:  # closing is best effort; nothing was written
-        pass
-    release_backend(config)
+    return open_on_shared_backend(
+        config, lambda backend: Leases(backend, topic, operation_timeout=config.operation_timeout)
+    )
 
 
 def open_async_leadership_probe(config: ConnectionConfig) -> AsyncLeadershipProbe:

@@ -178,6 +178,24 @@ def release_backend(config: Any) -> None:
     RESOURCES.release(shared_backend_key(config), _close_quietly)
 
 
+def open_on_shared_backend(config: Any, make: Callable[[Any], T]) -> tuple[T, Any]:
+    """``(make(backend), config)`` on the connection's shared back end (:func:`acquire_backend`);
+    the back end is given back if ``make`` fails. Close the pair with :func:`close_on_shared_backend`."""
+    backend = acquire_backend(config)
+    try:
+        return make(backend), config
+    except BaseException:
+        release_backend(config)
+        raise
+
+
+def close_on_shared_backend(opened: tuple[Any, Any]) -> None:
+    """Close what :func:`open_on_shared_backend` made, then give the back end back."""
+    made, config = opened
+    _close_quietly(made)
+    release_backend(config)
+
+
 def _close_quietly(closable: Any) -> None:
     try:
         closable.close()

@@ -282,22 +282,11 @@ class PulsarStateHook(BaseHook):
         :raises ConfigurationError: invalid connection or topic name.
         """
         if shared:
-            # Remembered by connection id: in a task process reading the connection is a round trip
-            # to the execution API (~10 ms, which doubled an embedded XCom push+pull).
-            by_id = ("xcom", self.pulsarstate_conn_id, topic, namespace, tuple(sorted(options.items())))
-            pid = os.getpid()
-            with _shared_lock:
-                held = _shared_by_conn_id.get(by_id)
-            if held is not None and held[0] == pid:
-                return held[1]
-            config = self.get_config()
+            config = self.cached_config()  # in a task process reading a connection is an API round trip
             full_topic = config.topic_name(topic)
             options.setdefault("operation_timeout", config.operation_timeout)
             key = ("xcom", full_topic, namespace, tuple(sorted(options.items())))
-            store = _shared(config, key, lambda backend: XComStore(backend, full_topic, namespace=namespace, **options))
-            with _shared_lock:
-                _shared_by_conn_id[by_id] = (pid, store)
-            return store
+            return _shared(config, key, lambda backend: XComStore(backend, full_topic, namespace=namespace, **options))
         config, backend = self._open()
         options.setdefault("operation_timeout", config.operation_timeout)
         return self._own(XComStore(backend, config.topic_name(topic), namespace=namespace, **options))

@@ -45,7 +45,7 @@ from airflow_provider_pulsarstate.engine.log import CorruptPolicy
 from airflow_provider_pulsarstate.engine.manager import Change, SharedStateManager
 from airflow_provider_pulsarstate.engine.recipes.table import TableChange
 from airflow_provider_pulsarstate.engine.recipes.table_ops import decode_checked_op, decode_row, encode_op
-from airflow_provider_pulsarstate.engine.worker_thread import WorkerThread, acquire_backend, release_backend
+from airflow_provider_pulsarstate.engine.worker_thread import WorkerThread, close_on_shared_backend, open_on_shared_backend
 
 __all__ = ["AsyncTableFeed", "CommitChanges", "TableCommit", "TableFeed", "read_commit"]
 
@@ -429,7 +429,7 @@ class AsyncTableFeed:
             _check_offset("after", after, -1)
         self.topic = topic
         self._worker: WorkerThread[tuple[TableFeed, ConnectionConfig]] = WorkerThread(
-            lambda: _open_feed(config, topic, after, key_prefix), _close_feed,
+            lambda: _open_feed(config, topic, after, key_prefix), close_on_shared_backend,
             name="pulsarstate-table-feed", what=f"the table feed of {topic}",
         )
 
@@ -450,18 +450,8 @@ class AsyncTableFeed:
 
 
 def _open_feed(config: ConnectionConfig, topic: str, after: int | None, key_prefix: str | None) -> tuple[TableFeed, ConnectionConfig]:
-    backend = acquire_backend(config)  # one per connection, shared by every feed of the process
-    try:
-        return TableFeed(backend, topic, after=after, key_prefix=key_prefix, operation_timeout=config.operation_timeout), config
-    except BaseException:
-        release_backend(config)
-        raise
-
-
-def _close_feed(opened: tuple[TableFeed, ConnectionConfig]) -> None:
-    feed, config = opened
-    try:
-        feed.close()
-    except Exception:  # closing is best effort; nothing was written
-        pass
-    release_backend(config)
+    return open_on_shared_backend(  # one back end per connection, shared by every feed of the process
+        config, lambda backend: TableFeed(
+            backend, topic, after=after, key_prefix=key_prefix, operation_timeout=config.operation_timeout
+        ),
+    )
