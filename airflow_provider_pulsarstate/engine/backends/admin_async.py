@@ -31,10 +31,14 @@ def _ssl_context(cafile: str | None) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=cafile) if cafile else ssl.create_default_context()
 
 
-PROBES_PER_CLIENT = 8
-"""Probes on one loop share HTTP clients, up to this many each. One client per probe made 100
-triggers starting together stall the loop ~0.5 s; one client for all made every poll cost ~40% more
-CPU (a connection pool's bookkeeping grows with its connections and waiting requests)."""
+PROBES_PER_CLIENT = 32
+"""Probes on one loop share HTTP clients, up to this many each, and a client keeps at most
+:data:`CONNECTIONS_PER_CLIENT` connections: a thousand probes hold at most ~128 admin connections.
+One client per probe made 100 triggers starting together stall the loop ~0.5 s and a thousand
+probes hold a thousand sockets; one client for all made every poll cost ~40% more CPU (a
+connection pool's bookkeeping grows with its connections and waiting requests)."""
+
+CONNECTIONS_PER_CLIENT = 4
 
 _ClientKey = tuple[str, "str | None", "str | None", float]
 # event loop -> admin endpoint and credentials -> [[client, probes using it], ...]
@@ -54,6 +58,7 @@ def _acquire_client(config: ConnectionConfig) -> tuple[list[list[Any]], httpx.As
         headers = {"Authorization": f"Bearer {config.auth_token}"} if config.auth_token else {}
         client = httpx.AsyncClient(
             base_url=f"{config.resolved_admin_url}/admin/v2/", headers=headers,
+            limits=httpx.Limits(max_connections=CONNECTIONS_PER_CLIENT, max_keepalive_connections=CONNECTIONS_PER_CLIENT),
             verify=_ssl_context(config.tls_trust_certs_file_path), timeout=config.operation_timeout,
         )
         entry = [client, 0]
