@@ -167,7 +167,7 @@ def _start_reaper_locked() -> None:
 def _reap_forever() -> None:
     pid = os.getpid()
     while True:
-        time.sleep(max(1.0, _limits["idle_seconds"] / 4))
+        time.sleep(min(5.0, max(0.05, _limits["idle_seconds"] / 4)))
         with _lock:
             doomed = _reap_locked(pid)
         _close_all_of(doomed)
