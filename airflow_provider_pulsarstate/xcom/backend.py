@@ -76,7 +76,7 @@ from airflow_provider_pulsarstate.engine.errors import (
     XComStoreUnavailableError,
     XComValueTooLargeError,
 )
-from airflow_provider_pulsarstate.hooks.pulsarstate import XComStore, run_topic
+from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook, XComStore, run_topic
 from airflow_provider_pulsarstate.hooks.provider_config import (
     LEGACY_KEY_NAMESPACE,
     ProviderSettings,
@@ -136,25 +136,20 @@ def run_store(settings: ProviderSettings, dag_id: str, run_id: str) -> Iterator[
 
     :raises XComStoreUnavailableError: the connection is invalid or the store cannot be opened.
     """
-    from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
-
-    try:
-        cm = PulsarStateHook(settings.conn_id).xcom_run_store(
-            settings.xcom_topic, namespace=settings.key_namespace, dag_id=dag_id, run_id=run_id,
-            max_value_bytes=settings.xcom_max_value_bytes,
-        )
-        store = cm.__enter__()
-    except XComError:
-        raise
-    except Exception as exc:
-        raise XComStoreUnavailableError(
-            f"cannot open the XCom store of run {run_id!r} of {dag_id!r} (connection {settings.conn_id!r}, "
-            f"topic {settings.xcom_topic!r}): {type(exc).__name__}: {exc}"
-        ) from exc
-    try:
+    with contextlib.ExitStack() as stack:
+        try:
+            store = stack.enter_context(PulsarStateHook(settings.conn_id).xcom_run_store(
+                settings.xcom_topic, namespace=settings.key_namespace, dag_id=dag_id, run_id=run_id,
+                max_value_bytes=settings.xcom_max_value_bytes,
+            ))
+        except XComError:
+            raise
+        except Exception as exc:
+            raise XComStoreUnavailableError(
+                f"cannot open the XCom store of run {run_id!r} of {dag_id!r} (connection {settings.conn_id!r}, "
+                f"topic {settings.xcom_topic!r}): {type(exc).__name__}: {exc}"
+            ) from exc
         yield store
-    finally:
-        cm.__exit__(None, None, None)
 
 
 def _settings() -> ProviderSettings:
@@ -181,8 +176,6 @@ def get_store(settings: ProviderSettings | None = None) -> Any:
     :raises XComStoreUnavailableError: the connection is invalid or the store cannot be opened.
     """
     settings = settings or provider_settings()
-    from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
-
     try:
         return PulsarStateHook(settings.conn_id).get_xcom_store(
             settings.xcom_topic, namespace=settings.key_namespace, shared=True,
@@ -468,8 +461,6 @@ class PulsarXComBackend(BaseXCom):
                 identity = XComStore.parse_key_of(LEGACY_KEY_NAMESPACE, map_key)
             expected, target_topic = get_store(settings).topic, None
         else:
-            from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
-
             identity = XComStore.parse_key_of(settings.key_namespace, map_key)
             expected = run_topic(
                 PulsarStateHook(settings.conn_id).cached_topic_name(settings.xcom_topic),
