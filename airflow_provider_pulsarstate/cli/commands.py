@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+from types import ModuleType
+from typing import Callable
+
 from airflow.cli.cli_config import ActionCommand, GroupCommand
 
 from airflow_provider_pulsarstate.cli import fence_reset, state_store_cleanup, state_store_migrate, xcom_cleanup
+
+_COMMANDS: list[tuple[str, str, ModuleType, Callable[..., None]]] = [
+    ("xcom-cleanup", "Remove the XCom maps of runs no longer in the metadata DB or finished longer ago than a retention",
+     xcom_cleanup, xcom_cleanup.xcom_cleanup),
+    ("state-store-cleanup", "Remove expired task and asset state (Airflow's own clean-up skips custom backends)",
+     state_store_cleanup, state_store_cleanup.state_store_cleanup),
+    ("state-store-migrate", "Move task and asset state of the earlier single-map layout into the per-run and per-asset maps",
+     state_store_migrate, state_store_migrate.state_store_migrate),
+    ("reset-fence", "Remove a lease fence from a table, with a record in its log (after a forged token)",
+     fence_reset, fence_reset.reset_fence),
+]
 
 
 def get_cli_commands() -> list[GroupCommand]:
@@ -14,34 +28,8 @@ def get_cli_commands() -> list[GroupCommand]:
             name="pulsarstate",
             help="Pulsar State provider commands",
             subcommands=[
-                ActionCommand(
-                    name="xcom-cleanup",
-                    help="Remove XCom entries of runs no longer in the metadata DB or older than a retention",
-                    func=xcom_cleanup.xcom_cleanup,
-                    args=xcom_cleanup.ARGS,
-                    description=xcom_cleanup.__doc__,
-                ),
-                ActionCommand(
-                    name="state-store-cleanup",
-                    help="Remove expired task and asset state entries (Airflow's own clean-up skips custom backends)",
-                    func=state_store_cleanup.state_store_cleanup,
-                    args=state_store_cleanup.ARGS,
-                    description=state_store_cleanup.__doc__,
-                ),
-                ActionCommand(
-                    name="state-store-migrate",
-                    help="Move task and asset state of the earlier single-map layout into the per-run and per-asset maps",
-                    func=state_store_migrate.state_store_migrate,
-                    args=state_store_migrate.ARGS,
-                    description=state_store_migrate.__doc__,
-                ),
-                ActionCommand(
-                    name="reset-fence",
-                    help="Remove a lease fence from a table, with a record in its log (after a forged token)",
-                    func=fence_reset.reset_fence,
-                    args=fence_reset.ARGS,
-                    description=fence_reset.__doc__,
-                ),
+                ActionCommand(name=name, help=help_text, func=func, args=module.ARGS, description=module.__doc__)
+                for name, help_text, module, func in _COMMANDS
             ],
         )
     ]
