@@ -89,7 +89,7 @@ def test_outcome_of_writes_it_does_not_track(backend: Backend, topic: str) -> No
 
 
 def test_a_write_that_times_out_waiting_for_the_writer_is_never_sent(backend: Backend, topic: str) -> None:
-    holder = counter_manager(backend, topic, Counting(), writer_idle_timeout=None)
+    holder = counter_manager(backend, topic, Counting(), writer_idle_timeout=None, handover_check_interval=None)
     m = counter_manager(backend, topic, Counting(), acquire_timeout=30)
     try:
         holder.write(inc)

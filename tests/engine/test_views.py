@@ -272,7 +272,7 @@ def test_table_calls_take_a_timeout(backend: Backend, topic: str) -> None:
 
     from airflow_provider_pulsarstate.engine.errors import OperationTimeoutError
 
-    holder = StateTable(backend, topic, writer_idle_timeout=None)
+    holder = StateTable(backend, topic, writer_idle_timeout=None, handover_check_interval=None)
     waiter = StateTable(backend, topic, acquire_timeout=60)
     try:
         holder.put("a", {"v": 1})  # holds the writer until closed
