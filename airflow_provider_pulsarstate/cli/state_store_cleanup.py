@@ -14,21 +14,17 @@ metadata DB's clock (see :mod:`~airflow_provider_pulsarstate.state_store.cleanup
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from airflow.cli.cli_config import Arg
 
-
-class _Print:
-    def info(self, fmt: str, *values: Any) -> None:
-        print(fmt % values, flush=True)
+from airflow_provider_pulsarstate.cli.output import PrintLog
 
 
 def state_store_cleanup(args: argparse.Namespace) -> None:
     """The command: clean this deployment's state maps and print what was done."""
     from airflow_provider_pulsarstate.state_store.backend import PulsarStateStoreBackend
 
-    report = PulsarStateStoreBackend().cleanup_report(dry_run=args.dry_run, log_to=_Print())
+    report = PulsarStateStoreBackend().cleanup_report(dry_run=args.dry_run, log_to=PrintLog())
     verb = "would remove" if args.dry_run else "removed"
     n = report.entries_deleted
     print(f"state-store-cleanup: {verb} {n} expired entr{'y' if n == 1 else 'ies'}")

@@ -16,6 +16,8 @@ from typing import Any
 
 from airflow.cli.cli_config import Arg
 
+from airflow_provider_pulsarstate.cli.output import PrintLog
+
 _BATCH = 500
 
 
@@ -65,10 +67,6 @@ def xcom_cleanup(args: argparse.Namespace) -> None:
     if args.keep_missing and args.older_than_days is None:
         raise SystemExit("xcom-cleanup: --keep-missing needs --older-than-days (otherwise there is nothing to select)")
 
-    class _Print:
-        def info(self, fmt: str, *values: Any) -> None:
-            print(fmt % values, flush=True)
-
     run_cleanup(
         run_statuses=run_statuses_in_db,
         remove_missing_runs=not args.keep_missing,
@@ -76,7 +74,7 @@ def xcom_cleanup(args: argparse.Namespace) -> None:
         now=db_now(),
         dry_run=args.dry_run,
         dag_id=args.dag_id,
-        log=_Print(),
+        log=PrintLog(),
     )
 
 
