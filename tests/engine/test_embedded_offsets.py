@@ -504,3 +504,41 @@ def _expected_pull(model: list[bytes], start: int, max_messages: int, max_bytes:
             break
         expected.append(value)
     return expected
+
+
+def test_opening_retries_while_another_process_recovers_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # SQLite answers "locked" to the journal-mode statement during another process's WAL recovery
+    # without calling the busy handler; opening waits that out instead of failing the caller
+    real_connect = sqlite3.connect
+    refusals = {"left": 3}
+
+    class Recovering:
+        def __init__(self, conn: sqlite3.Connection) -> None:
+            self._conn = conn
+
+        def execute(self, sql: str, *args: object) -> object:
+            if sql.startswith("PRAGMA journal_mode") and refusals["left"] > 0:
+                refusals["left"] -= 1
+                raise sqlite3.OperationalError("database is locked")
+            return self._conn.execute(sql, *args)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self._conn, name)
+
+    monkeypatch.setattr(sqlite3, "connect", lambda *a, **k: Recovering(real_connect(*a, **k)))
+    backend = EmbeddedBackend(tmp_path / "state.db", busy_timeout=5.0)
+    try:
+        conn = backend.connect()
+        assert refusals["left"] == 0
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        conn.close()
+    finally:
+        backend.close()
+
+    refusals["left"] = 10**6  # a lock that never clears still fails, naming the file, once the timeout passed
+    backend = EmbeddedBackend(tmp_path / "state.db", busy_timeout=0.3)
+    try:
+        with pytest.raises(BackendUnavailableError, match="state.db.*locked"):
+            backend.connect()
+    finally:
+        backend.close()

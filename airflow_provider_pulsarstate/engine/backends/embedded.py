@@ -114,6 +114,12 @@ _TOPIC_ROWS = (
 )
 
 
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    """Whether ``exc`` is SQLite's "locked"/"busy" answer, which passes once the other holder is done."""
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
+
 class EmbeddedBackend(Backend):
     """The embedded single-host log.
 
@@ -149,19 +155,38 @@ class EmbeddedBackend(Backend):
         """A new connection to the file, schema ensured (one per writer or reader)."""
         if self._closed:
             raise ClosedError(f"embedded back end {self.path} is closed")
-        try:
-            _create_private(self.path)
-            conn = sqlite3.connect(
-                self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
-            )
+        deadline = time.monotonic() + self.busy_timeout
+        backoff = Backoff(initial=0.005, maximum=0.2)
+        while True:
+            conn = None
+            try:
+                _create_private(self.path)
+                conn = sqlite3.connect(
+                    self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
+                )
+                self._set_up(conn)
+                return conn
+            except sqlite3.OperationalError as exc:
+                if conn is not None:
+                    conn.close()
+                # WAL recovery and the journal-mode switch answer "locked" without calling the busy
+                # handler, so a connection opened while another process recovers the file retries here
+                if not _is_busy(exc) or time.monotonic() >= deadline:
+                    raise BackendUnavailableError(f"cannot open embedded state file {self.path}: {exc}") from exc
+                backoff.sleep(deadline)
+            except (sqlite3.Error, OSError) as exc:
+                if conn is not None:
+                    conn.close()
+                raise BackendUnavailableError(f"cannot open embedded state file {self.path}: {exc}") from exc
+
+    def _set_up(self, conn: sqlite3.Connection) -> None:
+        (mode,) = conn.execute("PRAGMA journal_mode").fetchone()
+        if str(mode).lower() != "wal":
             conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(f"PRAGMA synchronous={self.synchronous}")
-            if not self._initialized:
-                conn.executescript(_SCHEMA)
-                self._initialized = True
-        except (sqlite3.Error, OSError) as exc:
-            raise BackendUnavailableError(f"cannot open embedded state file {self.path}: {exc}") from exc
-        return conn
+        conn.execute(f"PRAGMA synchronous={self.synchronous}")
+        if not self._initialized:
+            conn.executescript(_SCHEMA)
+            self._initialized = True
 
     def _track(self, child: Any) -> Any:
         with self._children_lock:
