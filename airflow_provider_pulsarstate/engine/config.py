@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from dataclasses import dataclass, field, fields, replace
+import warnings
+from dataclasses import InitVar, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlparse, urlsplit, urlunsplit
@@ -77,10 +78,12 @@ class ConnectionConfig:
     :param operation_timeout: seconds any single broker operation may take.
     :param tls_hostname_verification: check that the broker's TLS certificate names the host
         (on by default; turn off only for test certificates).
-    :param allow_insecure_token: allow sending ``auth_token`` over plain ``http://`` to a host
+    :param allow_plaintext_auth: allow sending ``auth_token`` over plain ``http://`` to a host
         that is not loopback (off: such a config is refused).
     :param allow_other_namespaces: accept full topic names outside ``tenant/namespace`` (off: a
         full name must be in the connection's own namespace).
+    :param allow_insecure_token: deprecated spelling of ``allow_plaintext_auth`` (a DeprecationWarning;
+        true turns ``allow_plaintext_auth`` on).
     """
 
     url: str = ""
@@ -91,22 +94,31 @@ class ConnectionConfig:
     tls_trust_certs_file_path: str | None = None
     operation_timeout: float = 30.0
     tls_hostname_verification: bool = True
-    allow_insecure_token: bool = False
+    allow_plaintext_auth: bool = False
     allow_other_namespaces: bool = False
+    allow_insecure_token: InitVar[bool | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, allow_insecure_token: bool | None) -> None:
+        if allow_insecure_token is not None:
+            warnings.warn(
+                "ConnectionConfig(allow_insecure_token=...) is deprecated: use allow_plaintext_auth",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            if allow_insecure_token:
+                object.__setattr__(self, "allow_plaintext_auth", True)
         if self.operation_timeout <= 0:
             raise ConfigurationError(f"operation_timeout must be positive, got {self.operation_timeout!r}")
         self.kind  # validates the URL scheme early
         if self.kind == "embedded":
             self.embedded_path  # validates a file:// URL early
-        elif self.auth_token and not self.allow_insecure_token:
+        elif self.auth_token and not self.allow_plaintext_auth:
             admin = urlparse(self.resolved_admin_url)
             if admin.scheme != "https" and not is_loopback_host(admin.hostname):
                 raise ConfigurationError(
                     f"admin_url {redact_url(self.resolved_admin_url)!r} is plain {admin.scheme}:// to a host "
                     "that is not loopback: the auth token would travel unencrypted. Use an https:// admin_url "
-                    "(a pulsar+ssl:// service URL derives one), or set allow_insecure_token to accept the risk"
+                    "(a pulsar+ssl:// service URL derives one), or set allow_plaintext_auth to accept the risk"
                 )
 
     def __repr__(self) -> str:

@@ -8,6 +8,9 @@ same names back from the connection's extra.
 Each field is stored under its own name in the connection's extra, e.g.
 ``{"service_url": "pulsar://localhost:6650", "operation_timeout": 10}``; the legacy prefixed form
 ``extra__pulsarstate__service_url`` is accepted too.
+
+No field that is not a secret carries a word Airflow treats as sensitive in its name (``token``,
+``password``, ``secret``, ``key``, ...): the form would show and save its value as ``***``.
 """
 
 from __future__ import annotations
@@ -76,13 +79,13 @@ CONN_FIELDS: Final[dict[str, dict[str, Any]]] = {
         "description": "Check that the broker's TLS certificate names the host (pulsar+ssl://). Turn off only for test certificates.",
         "schema": {"type": ["boolean", "null"], "default": _DEFAULTS["tls_hostname_verification"]},
     },
-    "allow_insecure_token": {
+    "allow_plaintext_auth": {
         "label": "Allow the token over plain http",
         "description": (
             "Send the auth token to a plain http:// admin URL on a host that is not loopback. Off: such a "
             "connection is refused; use https:// instead."
         ),
-        "schema": {"type": ["boolean", "null"], "default": _DEFAULTS["allow_insecure_token"]},
+        "schema": {"type": ["boolean", "null"], "default": _DEFAULTS["allow_plaintext_auth"]},
     },
     "allow_other_namespaces": {
         "label": "Allow topics of other namespaces",
@@ -103,5 +106,11 @@ UI_FIELD_BEHAVIOUR: Final[dict[str, Any]] = {
 }
 """``ui-field-behaviour`` of the connection type (provider-info, kebab-case keys)."""
 
+SECRET_FIELDS: Final = frozenset(name for name, spec in CONN_FIELDS.items() if spec["schema"].get("format") == "password")
+"""Fields whose value is a secret (the form masks them, and so does Airflow by their name)."""
+
+RENAMED_FIELDS: Final[dict[str, str]] = {"allow_insecure_token": "allow_plaintext_auth"}
+"""Old extra keys still read from connections saved earlier (with a DeprecationWarning) -> their new name."""
+
 FIELD_NAMES: Final = frozenset(CONN_FIELDS)
-"""The extra keys a ``pulsarstate`` connection may carry."""
+"""The extra keys a ``pulsarstate`` connection may carry (besides the old names of :data:`RENAMED_FIELDS`)."""

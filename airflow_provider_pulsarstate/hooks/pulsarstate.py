@@ -15,7 +15,7 @@ import logging
 import math
 import os
 import threading
-from pathlib import Path
+import warnings
 from typing import Any, Callable, Iterator, Mapping
 
 from airflow.sdk import BaseHook
@@ -25,11 +25,14 @@ from airflow_provider_pulsarstate.engine.backends import Backend, open_backend
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig, redact_url, url_secrets
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError
 from airflow_provider_pulsarstate.hooks import shared_objects
+from airflow_provider_pulsarstate.hooks.airflow_internals import in_server_context
+from airflow_provider_pulsarstate.hooks.embedded_check import check_embedded_file
 from airflow_provider_pulsarstate.hooks.connection_form import (
     CONN_TYPE,
     FIELD_NAMES,
     HOOK_NAME,
     LEGACY_EXTRA_PREFIX,
+    RENAMED_FIELDS,
 )
 from airflow_provider_pulsarstate.engine.leadership import (
     AsyncLeadershipProbe,
@@ -92,7 +95,7 @@ __all__ = [
 ]
 
 _STRING_FIELDS = ("service_url", "admin_url", "tenant", "namespace", "auth_token", "tls_trust_certs_file_path")
-_BOOL_FIELDS = ("tls_hostname_verification", "allow_insecure_token", "allow_other_namespaces")
+_BOOL_FIELDS = ("tls_hostname_verification", "allow_plaintext_auth", "allow_other_namespaces")
 _default_logged = threading.Event()
 
 
@@ -110,7 +113,10 @@ class PulsarStateHook(BaseHook):
     When ``pulsarstate_default`` is not defined at all, the hook uses the embedded single-host log
     under ``$AIRFLOW_HOME/pulsarstate/state.db``, but only under an executor that runs every task
     on this host (``LocalExecutor``): elsewhere each host would get a private "shared" file, so it
-    raises :class:`ConfigurationError` instead. Any other missing connection is an error.
+    raises :class:`ConfigurationError` instead. That fallback is for task-side code only: in a
+    server process (API server, scheduler, the provider's ``airflow pulsarstate`` commands), which
+    sees the deployment's connections, a missing ``pulsarstate_default`` is an error naming it and
+    how to define it. Any other missing connection is an error everywhere.
 
     Usage::
 
@@ -168,9 +174,14 @@ class PulsarStateHook(BaseHook):
         conn_id = self.pulsarstate_conn_id
         if conn is None:
             if conn_id != self.default_conn_name:
+                raise ConfigurationError(f"Airflow connection {conn_id!r} is not defined: {how_to_define(conn_id)}")
+            if in_server_context():
+                # A server process sees the deployment's connections; a missing one is a
+                # mistake there, and the embedded file would be a different, empty store.
                 raise ConfigurationError(
-                    f"Airflow connection {conn_id!r} is not defined: create it (type {CONN_TYPE!r}) or set "
-                    f"AIRFLOW_CONN_{conn_id.upper()}"
+                    f"Airflow connection {conn_id!r} is not defined (looked up in the metadata DB, the secrets "
+                    f"backends and the environment); server-side commands do not fall back to the embedded "
+                    f"state log: {how_to_define(conn_id)}"
                 )
             config = ConnectionConfig()
             refuse_multi_host_executor(conn_id)
@@ -626,7 +637,8 @@ class PulsarStateHook(BaseHook):
         that may produce or consume there; no super-user needed), then the binary protocol asks
         for the partition metadata of one of them, or of ``__pulsarstate_healthcheck`` in an
         empty namespace (a metadata lookup creates no topic). Embedded: the state file, when it
-        exists, is opened read-only and read; a missing file is reported, not created.
+        exists, is opened read-only and read; one that does not exist yet is green when the first
+        write can create it (:func:`~.embedded_check.check_embedded_file`); nothing is created.
 
         :return: ``(True, what was reached)`` or ``(False, what failed and why)``.
         """
@@ -635,7 +647,7 @@ class PulsarStateHook(BaseHook):
         except Exception as exc:
             return False, f"{type(exc).__name__}: {exc}"
         if config.kind == "embedded":
-            return _test_embedded_file(config)
+            return check_embedded_file(config)
         target = f"Pulsar broker {redact_url(config.url)} (admin {redact_url(config.resolved_admin_url)})"
         backend: Backend | None = None
         try:
@@ -731,30 +743,6 @@ def close_shared_state_maps() -> None:
     shared_objects.close_all()
 
 
-def _test_embedded_file(config: ConnectionConfig) -> tuple[bool, str]:
-    """Read an existing state file read-only; never create the file or its folder."""
-    import sqlite3
-    from urllib.parse import quote
-
-    path = config.embedded_path
-    target = f"embedded state file {path}"
-    if not path.exists():
-        return False, f"{target} does not exist yet (it is created on the first write; nothing was created now)"
-    # mode=ro still creates -wal/-shm beside a WAL database whose writers are all closed;
-    # then (no -wal) the file alone is the whole state and immutable=1 reads it without them.
-    params = "mode=ro" if Path(f"{path}-wal").exists() else "mode=ro&immutable=1"
-    try:
-        uri = f"file:{quote(str(path.resolve()))}?{params}"
-        conn = sqlite3.connect(uri, uri=True, timeout=config.operation_timeout)
-        try:
-            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        finally:
-            conn.close()
-    except Exception as exc:
-        return False, f"{target}: {type(exc).__name__}: {exc}"
-    return True, f"Read {target}"
-
-
 def _extra_dict(extra: str | dict[str, Any] | None) -> dict[str, Any]:
     if isinstance(extra, dict):
         return extra
@@ -780,6 +768,15 @@ def _mask_secrets(token: str | None, url: str | None, extra: dict[str, Any]) -> 
     for secret in secrets:
         if secret and secret.strip():
             mask_secret(secret.strip())
+
+
+def how_to_define(conn_id: str) -> str:
+    """How to define the connection ``conn_id`` (for error messages)."""
+    return (
+        f"define it with `airflow connections add {conn_id} --conn-type {CONN_TYPE} --conn-extra "
+        f"'{{\"service_url\": \"pulsar://broker:6650\"}}'` (an empty extra selects the embedded state log "
+        f"under $AIRFLOW_HOME/pulsarstate/state.db), or set AIRFLOW_CONN_{conn_id.upper()}"
+    )
 
 
 LOCAL_EXECUTORS = frozenset({"LocalExecutor", "SequentialExecutor", "DebugExecutor"})
@@ -832,7 +829,7 @@ def config_from_connection(
     if conn_type and conn_type != CONN_TYPE:
         log.warning("connection %r has type %r, reading it as %r", conn_id, conn_type, CONN_TYPE)
 
-    fields = _parse_extra(extra, fail)
+    fields = _parse_extra(conn_id, extra, fail)
     values: dict[str, Any] = {}
     for name in _STRING_FIELDS:
         raw = fields.get(name)
@@ -880,7 +877,7 @@ def config_from_connection(
         raise ConfigurationError(f"connection {conn_id!r}: {exc}") from None
 
 
-def _parse_extra(extra: str | dict[str, Any] | None, fail: Any) -> dict[str, Any]:
+def _parse_extra(conn_id: str, extra: str | dict[str, Any] | None, fail: Any) -> dict[str, Any]:
     if extra is None or extra == "":
         return {}
     if isinstance(extra, str):
@@ -893,14 +890,29 @@ def _parse_extra(extra: str | dict[str, Any] | None, fail: Any) -> dict[str, Any
     if not isinstance(data, dict):
         raise fail("extra", f"must be a JSON object, got {type(data).__name__}")
     fields: dict[str, Any] = {}
+    spelled: dict[str, str] = {}  # field -> the key it was read from
     for key, value in data.items():
         name = key[len(LEGACY_EXTRA_PREFIX) :] if key.startswith(LEGACY_EXTRA_PREFIX) else key
+        if name in RENAMED_FIELDS:
+            warnings.warn(
+                f"connection {conn_id!r}: extra field {key!r} is deprecated, rename it to {RENAMED_FIELDS[name]!r} "
+                "(Airflow masks fields named like secrets, so the connection form shows and saves it as '***')",
+                DeprecationWarning,
+                stacklevel=4,
+            )
+            name = RENAMED_FIELDS[name]
         if name not in FIELD_NAMES:
             raise fail(key, f"unknown extra field; expected one of {', '.join(sorted(FIELD_NAMES))}")
-        if name in fields and key.startswith(LEGACY_EXTRA_PREFIX):
-            continue  # the unprefixed spelling wins
-        fields[name] = value
+        if name in fields and _precedence(key) <= _precedence(spelled[name]):
+            continue  # the current, unprefixed spelling wins
+        fields[name], spelled[name] = value, key
     return fields
+
+
+def _precedence(key: str) -> int:
+    """Which spelling of a field wins: current name > renamed one > legacy-prefixed ones."""
+    name = key[len(LEGACY_EXTRA_PREFIX) :] if key.startswith(LEGACY_EXTRA_PREFIX) else key
+    return (0 if key.startswith(LEGACY_EXTRA_PREFIX) else 2) + (0 if name in RENAMED_FIELDS else 1)
 
 
 def _parse_seconds(raw: Any, fail: Any) -> float:

@@ -57,7 +57,7 @@ def test_get_config_embedded_url(env_connection: EnvConnection, tmp_path: Path) 
 
 def test_get_config_falls_back_to_host_and_password(env_connection: EnvConnection) -> None:
     conn_id = env_connection(
-        "ps_host", host="pulsar://h1:6650", password="token-from-password", extra={"allow_insecure_token": True}
+        "ps_host", host="pulsar://h1:6650", password="token-from-password", extra={"allow_plaintext_auth": True}
     )
     config = PulsarStateHook(conn_id).get_config()
     assert (config.url, config.auth_token) == ("pulsar://h1:6650", "token-from-password")

@@ -50,13 +50,13 @@ def test_test_connection_messages_hide_url_credentials(env_connection: EnvConnec
 
 def test_token_over_plain_http_names_the_connection_and_option(env_connection: EnvConnection) -> None:
     conn_id = env_connection("ps_http", extra={"service_url": "pulsar://broker.example:6650", "auth_token": "t"})
-    with pytest.raises(ConfigurationError, match="'ps_http'.*admin_url 'http://broker.example:8080'.*allow_insecure_token"):
+    with pytest.raises(ConfigurationError, match="'ps_http'.*admin_url 'http://broker.example:8080'.*allow_plaintext_auth"):
         PulsarStateHook(conn_id).get_config()
     conn_id = env_connection(
         "ps_http_ok",
-        extra={"service_url": "pulsar://broker.example:6650", "auth_token": "t", "allow_insecure_token": True},
+        extra={"service_url": "pulsar://broker.example:6650", "auth_token": "t", "allow_plaintext_auth": True},
     )
-    assert PulsarStateHook(conn_id).get_config().allow_insecure_token is True
+    assert PulsarStateHook(conn_id).get_config().allow_plaintext_auth is True
 
 
 def test_boolean_options_are_read_and_checked(env_connection: EnvConnection) -> None:
@@ -74,7 +74,7 @@ def test_boolean_options_are_read_and_checked(env_connection: EnvConnection) -> 
 def test_test_connection_embedded_creates_nothing(env_connection: EnvConnection, tmp_path: Path) -> None:
     path = tmp_path / "nested" / "state.db"
     ok, message = PulsarStateHook(env_connection("ps_missing", extra={"service_url": str(path)})).test_connection()
-    assert not ok and "does not exist" in message and str(path) in message
+    assert ok and "will be created" in message and str(path) in message
     assert not path.parent.exists()
 
     with PulsarStateHook(env_connection("ps_write", extra={"service_url": str(path)})) as hook:

@@ -493,7 +493,7 @@ def test_pulsar_config_round_trips_through_the_job_arguments() -> None:
     from airflow_provider_pulsarstate.spark import dump_config
 
     config = ConnectionConfig(
-        url="pulsar://h:6650", admin_url="http://h:8080", tenant="t", namespace="n", auth_token="x", allow_insecure_token=True
+        url="pulsar://h:6650", admin_url="http://h:8080", tenant="t", namespace="n", auth_token="x", allow_plaintext_auth=True
     )
     text = dump_config(config)
     assert "auth_token" not in text

@@ -27,7 +27,7 @@ from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, 
     ],
 )
 def test_token_over_plain_http_to_a_remote_host_is_refused(url: str, admin_url: str) -> None:
-    with pytest.raises(ConfigurationError, match="admin_url .*allow_insecure_token"):
+    with pytest.raises(ConfigurationError, match="admin_url .*allow_plaintext_auth"):
         ConnectionConfig(url=url, admin_url=admin_url, auth_token="jwt")
 
 
@@ -38,7 +38,7 @@ def test_token_over_plain_http_to_a_remote_host_is_refused(url: str, admin_url: 
         dict(url="pulsar://127.0.0.1:6650", admin_url="http://[::1]:8080", auth_token="jwt"),
         dict(url="pulsar+ssl://broker.example:6651", auth_token="jwt"),  # derived https://...:8443
         dict(url="pulsar://broker.example:6650", admin_url="https://broker.example:8443", auth_token="jwt"),
-        dict(url="pulsar://broker.example:6650", auth_token="jwt", allow_insecure_token=True),
+        dict(url="pulsar://broker.example:6650", auth_token="jwt", allow_plaintext_auth=True),
         dict(url="pulsar://broker.example:6650"),  # no token, nothing to leak
     ],
 )
