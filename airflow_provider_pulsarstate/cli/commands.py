@@ -1,7 +1,15 @@
-"""The provider's CLI group, ``airflow pulsarstate`` (listed under ``cli`` in the provider info)."""
+"""The provider's CLI group, ``airflow pulsarstate`` (listed under ``cli`` in the provider info).
+
+Every command runs in Airflow's server context, as ``airflow connections get`` does: connections
+come from the metadata DB, the secrets backends and the environment, and a missing
+``pulsarstate_default`` is an error (exit status 1, naming it and how to define it) instead of a
+silent fallback to an embedded log nobody else uses.
+"""
 
 from __future__ import annotations
 
+import argparse
+import functools
 from types import ModuleType
 from typing import Callable
 
@@ -21,6 +29,24 @@ _COMMANDS: list[tuple[str, str, ModuleType, Callable[..., None]]] = [
 ]
 
 
+def server_side(name: str, func: Callable[[argparse.Namespace], None]) -> Callable[[argparse.Namespace], None]:
+    """``func`` run in Airflow's server context; a configuration error exits with status 1 and
+    its message (no traceback)."""
+
+    @functools.wraps(func)
+    def command(args: argparse.Namespace) -> None:
+        from airflow_provider_pulsarstate.engine.errors import ConfigurationError
+        from airflow_provider_pulsarstate.hooks.airflow_internals import server_context
+
+        with server_context():
+            try:
+                func(args)
+            except ConfigurationError as exc:
+                raise SystemExit(f"airflow pulsarstate {name}: {exc}") from None
+
+    return command
+
+
 def get_cli_commands() -> list[GroupCommand]:
     """``airflow pulsarstate xcom-cleanup``, ``state-store-cleanup``, ``state-store-migrate`` and ``reset-fence``."""
     return [
@@ -28,7 +54,9 @@ def get_cli_commands() -> list[GroupCommand]:
             name="pulsarstate",
             help="Pulsar State provider commands",
             subcommands=[
-                ActionCommand(name=name, help=help_text, func=func, args=module.ARGS, description=module.__doc__)
+                ActionCommand(
+                    name=name, help=help_text, func=server_side(name, func), args=module.ARGS, description=module.__doc__
+                )
                 for name, help_text, module, func in _COMMANDS
             ],
         )

@@ -99,6 +99,18 @@ def test_missing_default_connection_means_the_embedded_default(airflow_home: Pat
     assert config.embedded_path == airflow_home / "pulsarstate" / "state.db"
 
 
+def test_missing_default_connection_is_an_error_in_a_server_process(airflow_home: Path) -> None:
+    from airflow_provider_pulsarstate.hooks.airflow_internals import server_context
+
+    with server_context(), pytest.raises(ConfigurationError) as info:
+        PulsarStateHook().get_config()
+    message = str(info.value)
+    assert "'pulsarstate_default' is not defined" in message and "do not fall back to the embedded" in message
+    assert "airflow connections add pulsarstate_default --conn-type pulsarstate" in message
+    assert "AIRFLOW_CONN_PULSARSTATE_DEFAULT" in message
+    assert PulsarStateHook().get_config().kind == "embedded"  # task side (no server context): the fallback stays
+
+
 def test_missing_other_connection_is_an_error() -> None:
     with pytest.raises(ConfigurationError, match="'ps_nowhere' is not defined"):
         PulsarStateHook("ps_nowhere").get_config()

@@ -72,6 +72,16 @@ def _store():
     return PulsarStateHook().get_state_store()
 
 
+def _cli_env(root: Path) -> dict[str, str]:
+    """A CLI process's environment. The provider's commands never fall back to the embedded log: the
+    embedded case (no connection in this process) names the default file through a connection."""
+    import os
+
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    env.setdefault("AIRFLOW_CONN_PULSARSTATE_DEFAULT", json.dumps({"conn_type": "pulsarstate"}))
+    return env
+
+
 def _recording_opened_maps(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The topics of the state maps this process opens from now on (dag.test() runs the tasks and
     the execution API in this process)."""
@@ -292,7 +302,7 @@ def test_state_store_cleanup_cli_removes_expired_entries_in_a_real_airflow_proce
     airflow_bin = str(Path(sys.executable).with_name("airflow"))
     root = Path(__file__).resolve().parents[2]
     result = subprocess.run(
-        [airflow_bin, "pulsarstate", "state-store-cleanup"], env={**os.environ, "PYTHONPATH": str(root)},
+        [airflow_bin, "pulsarstate", "state-store-cleanup"], env=_cli_env(root),
         capture_output=True, text=True, timeout=300, cwd=root,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -449,7 +459,7 @@ def test_legacy_single_map_state_is_migrated(state_backend: str, airflow_db: Pat
     airflow_bin = str(Path(sys.executable).with_name("airflow"))
     root = Path(__file__).resolve().parents[2]
     result = subprocess.run(
-        [airflow_bin, "pulsarstate", "state-store-migrate"], env={**os.environ, "PYTHONPATH": str(root)},
+        [airflow_bin, "pulsarstate", "state-store-migrate"], env=_cli_env(root),
         capture_output=True, text=True, timeout=300, cwd=root,
     )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -1,0 +1,56 @@
+"""The Airflow internals hooks/airflow_internals.py relies on still behave as it assumes: an
+Airflow upgrade that changes them fails here, by name, instead of changing behaviour silently."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from airflow_provider_pulsarstate.hooks.airflow_internals import (
+    PROCESS_CONTEXT_ENV,
+    in_server_context,
+    is_masked_field_name,
+    server_context,
+)
+
+
+def _backend_names() -> list[str]:
+    from airflow.sdk.execution_time.supervisor import ensure_secrets_backend_loaded
+
+    return [type(b).__name__ for b in ensure_secrets_backend_loaded()]
+
+
+def test_server_context_reads_connections_from_the_metadata_db(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(PROCESS_CONTEXT_ENV, raising=False)
+    assert not in_server_context()
+    assert "MetastoreBackend" not in _backend_names()
+    with server_context():
+        assert in_server_context()
+        assert "MetastoreBackend" in _backend_names()
+    assert PROCESS_CONTEXT_ENV not in os.environ  # restored
+
+
+def test_server_context_restores_a_previous_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PROCESS_CONTEXT_ENV, "client")
+    with server_context():
+        assert in_server_context()
+    assert os.environ[PROCESS_CONTEXT_ENV] == "client"
+
+
+def test_airflow_connections_get_sets_the_same_context() -> None:
+    import inspect
+
+    from airflow.cli.commands import connection_command
+
+    assert f'os.environ["{PROCESS_CONTEXT_ENV}"] = "server"' in inspect.getsource(connection_command.connections_get)
+
+
+def test_the_masked_name_check_is_airflows_own() -> None:
+    from airflow._shared import secrets_masker
+    from airflow.api_fastapi.core_api.datamodels import connections
+
+    # the function the REST API's redaction of extra fields calls is the one we ask
+    assert connections.should_hide_value_for_key is secrets_masker.should_hide_value_for_key
+    assert is_masked_field_name("password") and is_masked_field_name("allow_insecure_token")
+    assert not is_masked_field_name("allow_plaintext_auth")
