@@ -82,6 +82,8 @@ class ConnectionConfig:
         that is not loopback (off: such a config is refused).
     :param allow_other_namespaces: accept full topic names outside ``tenant/namespace`` (off: a
         full name must be in the connection's own namespace).
+    :param source: where these settings come from, e.g. ``connection 'x'`` (not compared): errors
+        of an unreachable broker name it and the field (:meth:`field_origin`).
     :param allow_insecure_token: deprecated spelling of ``allow_plaintext_auth`` (a DeprecationWarning;
         true turns ``allow_plaintext_auth`` on).
     """
@@ -96,6 +98,7 @@ class ConnectionConfig:
     tls_hostname_verification: bool = True
     allow_plaintext_auth: bool = False
     allow_other_namespaces: bool = False
+    source: str = field(default="", compare=False)
     allow_insecure_token: InitVar[bool | None] = None
 
     def __post_init__(self, allow_insecure_token: bool | None) -> None:
@@ -131,6 +134,10 @@ class ConnectionConfig:
                 value = redact_url(value)
             shown.append(f"{f.name}={value!r}")
         return f"ConnectionConfig({', '.join(shown)})"
+
+    def field_origin(self, name: str) -> str:
+        """`` (connection 'x', field 'admin_url')`` for error messages; empty without a :attr:`source`."""
+        return f" ({self.source}, field {name!r})" if self.source else ""
 
     @classmethod
     def from_env(cls, **overrides: object) -> "ConnectionConfig":

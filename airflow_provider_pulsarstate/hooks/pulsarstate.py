@@ -648,7 +648,10 @@ class PulsarStateHook(BaseHook):
             return False, f"{type(exc).__name__}: {exc}"
         if config.kind == "embedded":
             return check_embedded_file(config)
-        target = f"Pulsar broker {redact_url(config.url)} (admin {redact_url(config.resolved_admin_url)})"
+        target = (
+            f"connection {self.pulsarstate_conn_id!r}: Pulsar broker {redact_url(config.url)} "
+            f"(admin {redact_url(config.resolved_admin_url)})"
+        )
         backend: Backend | None = None
         try:
             from airflow_provider_pulsarstate.engine.backends.pulsar import PulsarBackend
@@ -872,7 +875,7 @@ def config_from_connection(
     except ConfigurationError as exc:
         raise fail(url_field, str(exc)) from None
     try:
-        return ConnectionConfig(**config_args)
+        return ConnectionConfig(**config_args, source=f"connection {conn_id!r}")
     except ConfigurationError as exc:  # the URLs together (token over plain http, file URL host)
         raise ConfigurationError(f"connection {conn_id!r}: {exc}") from None
 

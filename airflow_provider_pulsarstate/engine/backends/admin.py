@@ -15,11 +15,15 @@ from airflow_provider_pulsarstate.engine.config import redact_url
 from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, ConfigurationError
 
 
-def admin_unreachable(exc: Exception, method: str, path: str, *, url: str, shown_url: str) -> BackendUnavailableError:
-    """The error for an admin request that got no answer (credentials in ``url`` never shown)."""
+def admin_unreachable(
+    exc: Exception, method: str, path: str, *, url: str, shown_url: str, origin: str = ""
+) -> BackendUnavailableError:
+    """The error for an admin request that got no answer (credentials in ``url`` never shown);
+    ``origin`` (e.g. `` (connection 'x', field 'admin_url')``) follows the URL."""
     detail = str(exc).replace(url, shown_url)
     return BackendUnavailableError(
-        f"Pulsar admin API {shown_url} unreachable ({method} {shown_url}/admin/v2/{path}): {type(exc).__name__}: {detail}"
+        f"Pulsar admin API {shown_url}{origin} unreachable ({method} {shown_url}/admin/v2/{path}): "
+        f"{type(exc).__name__}: {detail}"
     )
 
 
@@ -38,14 +42,17 @@ class PulsarAdmin:
         ``$REQUESTS_CA_BUNDLE`` / ``$CURL_CA_BUNDLE`` cannot replace it); without it the system
         CAs (or those variables) apply.
     :param timeout: seconds per request.
+    :param origin: where the URL comes from, shown after it when it is unreachable.
 
     Error messages and ``repr`` never show credentials inside ``url``.
     """
 
     def __init__(
-        self, url: str, *, auth_token: str | None = None, tls_trust_certs_file_path: str | None = None, timeout: float = 30.0
+        self, url: str, *, auth_token: str | None = None, tls_trust_certs_file_path: str | None = None,
+        timeout: float = 30.0, origin: str = "",
     ) -> None:
         self.url = url.rstrip("/")
+        self._origin = origin
         self.timeout = timeout
         self._shown_url = redact_url(self.url)
         self._session = requests.Session()
@@ -72,7 +79,7 @@ class PulsarAdmin:
         try:
             resp = self._session.request(method, url, timeout=self.timeout, **kwargs)
         except requests.RequestException as exc:
-            raise admin_unreachable(exc, method, path, url=self.url, shown_url=self._shown_url) from None
+            raise admin_unreachable(exc, method, path, url=self.url, shown_url=self._shown_url, origin=self._origin) from None
         check_admin_status(method, path, resp.status_code, resp.text, ok=ok, shown_url=self._shown_url)
         return resp
 

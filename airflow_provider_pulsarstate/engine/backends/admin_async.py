@@ -112,7 +112,9 @@ class AsyncPulsarAdmin:
         try:
             resp = await self._http().request(method, path, params=params)
         except httpx.HTTPError as exc:
-            raise admin_unreachable(exc, method, path, url=self.url, shown_url=self.shown_url) from None
+            raise admin_unreachable(
+                exc, method, path, url=self.url, shown_url=self.shown_url, origin=self._config.field_origin("admin_url")
+            ) from None
         check_admin_status(method, path, resp.status_code, resp.text, ok=ok, shown_url=self.shown_url)
         return resp
 

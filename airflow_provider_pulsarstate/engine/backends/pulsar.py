@@ -123,6 +123,7 @@ class PulsarBackend(Backend):
         return PulsarAdmin(
             cfg.resolved_admin_url, auth_token=cfg.auth_token,
             tls_trust_certs_file_path=cfg.tls_trust_certs_file_path, timeout=cfg.operation_timeout,
+            origin=cfg.field_origin("admin_url"),
         )
 
     @property
@@ -147,7 +148,8 @@ class PulsarBackend(Backend):
 
     def _unreachable(self, what: str, topic: str, exc: Exception) -> BackendUnavailableError:
         return BackendUnavailableError(
-            f"{what} {self.topic_url(topic)} failed within {self.config.operation_timeout:.0f}s: "
+            f"{what} {self.topic_url(topic)}{self.config.field_origin('service_url')} failed within "
+            f"{self.config.operation_timeout:.0f}s: "
             f"{type(exc).__name__}: {exc}"
         )
 
