@@ -150,6 +150,7 @@ def test_the_form_saves_and_tests_a_working_connection(
     fields = entry["extra_fields"]
     assert set(fields) == set(CONN_FIELDS) == set(_EXPECTED_DEFAULTS)
     form = {name: spec["value"] for name, spec in fields.items()}
+    assert [name for name, value in form.items() if value == "***"] == []  # Airflow masked none of them
     assert form == _EXPECTED_DEFAULTS  # every default as the form shows it, none masked to '***'
     assert form == {name: spec["schema"].get("default") for name, spec in CONN_FIELDS.items()}
 
