@@ -104,8 +104,10 @@ class PulsarStateHook(BaseHook):
 
     The connection's extra carries the fields of the connection form (see
     :mod:`~airflow_provider_pulsarstate.hooks.connection_form`): ``service_url``, ``admin_url``,
-    ``tenant``, ``namespace``, ``auth_token``, ``tls_trust_certs_file_path`` and
-    ``operation_timeout`` (seconds). The connection's host stands in for ``service_url`` when it
+    ``tenant``, ``namespace``, ``auth_token``, ``tls_trust_certs_file_path``, ``operation_timeout``
+    (seconds), ``tls_hostname_verification``, ``allow_plaintext_auth`` (formerly
+    ``allow_insecure_token``, still read with a DeprecationWarning) and ``allow_other_namespaces``.
+    The connection's host stands in for ``service_url`` when it
     is a URL or path, its password for ``auth_token``. For example::
 
         AIRFLOW_CONN_PULSARSTATE_DEFAULT='{"conn_type": "pulsarstate", "extra": {"service_url": "pulsar://localhost:6650"}}'
