@@ -655,6 +655,7 @@ class PulsarStateHook(BaseHook):
             f"(admin {redact_url(config.resolved_admin_url)})"
         )
         backend: Backend | None = None
+        field = "admin_url"  # the one the failing step reaches
         try:
             from airflow_provider_pulsarstate.engine.backends.pulsar import PulsarBackend
 
@@ -663,9 +664,11 @@ class PulsarStateHook(BaseHook):
             topics = backend.admin.namespace_topics(config.tenant, config.namespace)
             persistent = sorted(t for t in topics if t.startswith("persistent://"))
             probe = persistent[0] if persistent else f"persistent://{config.tenant}/{config.namespace}/{HEALTHCHECK_TOPIC}"
+            field = "service_url"
             backend.client.get_topic_partitions(probe)
         except Exception as exc:
-            return False, f"{target}: {type(exc).__name__}: {exc}"
+            named = "" if f"field {field!r}" in str(exc) else f" (field {field!r})"
+            return False, f"{target}{named}: {type(exc).__name__}: {exc}"
         finally:
             if backend is not None:
                 try:

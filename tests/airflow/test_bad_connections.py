@@ -16,7 +16,7 @@ import requests
 
 from airflow_provider_pulsarstate import ConfigurationError
 from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError
-from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+from airflow_provider_pulsarstate.hooks.pulsarstate import HEALTHCHECK_TOPIC, PulsarStateHook
 
 EnvConnection = Callable[..., str]
 
@@ -111,4 +111,26 @@ def test_a_silent_broker_is_refused_at_test_and_at_first_use(
     assert time.monotonic() - started < 60
     text = str(info.value)
     assert "'ps_silent'" in text and ("'service_url'" in text or "'admin_url'" in text) and url in text, text
+    assert list(home.iterdir()) == []
+
+
+@pytest.mark.pulsar
+def test_a_silent_service_url_beside_a_working_admin_url_is_named(
+    pulsar_broker: Any, env_connection: EnvConnection, silent_port: int, home: Path
+) -> None:
+    conn_id = env_connection(
+        "ps_silent_binary",
+        extra={
+            "service_url": f"pulsar://127.0.0.1:{silent_port}", "admin_url": pulsar_broker.admin_url,
+            "operation_timeout": 2,
+        },
+    )
+    before = _topics(pulsar_broker.admin_url)
+    started = time.monotonic()
+    ok, message = PulsarStateHook(conn_id).test_connection()
+    assert time.monotonic() - started < 60
+    assert not ok
+    assert "'ps_silent_binary'" in message and "'service_url'" in message, message
+    created = set(_topics(pulsar_broker.admin_url)) - set(before)  # other sessions may share the broker
+    assert not [t for t in created if HEALTHCHECK_TOPIC in t]  # the test created no topic
     assert list(home.iterdir()) == []
