@@ -18,6 +18,7 @@ from airflow_provider_pulsarstate.engine.offsets.base import (
     OffsetLog,
     PulledMessage,
     PullResult,
+    StoredMessage,
     TopicPublisher,
 )
 from airflow_provider_pulsarstate.engine.offsets.consumer import PullConsumer
@@ -44,12 +45,14 @@ def open_offset_log(backend: Backend, topic: str, **options: Any) -> OffsetLog:
     return EmbeddedOffsetLog(backend.underlying(), topic, **options)  # type: ignore[arg-type]
 
 
-def open_publisher(backend: Backend, topic: str, *, batching: bool = True) -> TopicPublisher:
-    """A :class:`TopicPublisher` for ``topic`` (``batching``: Pulsar batches messages into entries)."""
+def open_publisher(backend: Backend, topic: str, *, batching: bool = True, chunking: bool = False) -> TopicPublisher:
+    """A :class:`TopicPublisher` for ``topic`` (``batching``: Pulsar batches messages into entries;
+    ``chunking``: Pulsar splits a message over the broker's size limit into chunks, without batching).
+    The embedded log has no message size limit and ignores both."""
     if _is_pulsar(backend):
         from airflow_provider_pulsarstate.engine.offsets.pulsar import PulsarTopicPublisher
 
-        return PulsarTopicPublisher(backend.underlying(), topic, batching=batching)  # type: ignore[arg-type]
+        return PulsarTopicPublisher(backend.underlying(), topic, batching=batching, chunking=chunking)  # type: ignore[arg-type]
     from airflow_provider_pulsarstate.engine.offsets.embedded import EmbeddedTopicPublisher
 
     return EmbeddedTopicPublisher(backend.underlying(), topic)  # type: ignore[arg-type]
@@ -82,6 +85,6 @@ def open_async_probe(config: ConnectionConfig) -> AsyncOffsetProbe:
 
 
 __all__ = [
-    "AsyncOffsetProbe", "OffsetLog", "PullConsumer", "PullResult", "PulledMessage", "TopicPublisher",
+    "AsyncOffsetProbe", "OffsetLog", "PullConsumer", "PullResult", "PulledMessage", "StoredMessage", "TopicPublisher",
     "create_topic", "open_async_probe", "open_offset_log", "open_publisher",
 ]
