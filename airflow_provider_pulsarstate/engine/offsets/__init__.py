@@ -73,6 +73,28 @@ def create_topic(backend: Backend, topic: str, *, partitions: int = 0) -> None:
     create_embedded_topic(backend.underlying(), topic, partitions=partitions)  # type: ignore[arg-type]
 
 
+def last_position(backend: Backend, topic: str, *, timeout: float) -> bytes | None:
+    """The encoded position of ``topic``'s last entry (None: empty or missing): what
+    :func:`delete_topic_if_unchanged` compares."""
+    entry = backend.read_last(topic, timeout=timeout)
+    return None if entry is None else backend.encode_position(entry.position)
+
+
+def delete_topic_if_unchanged(backend: Backend, topic: str, *, last: bytes | None, timeout: float) -> bool:
+    """Delete a non-partitioned topic only if nothing was appended since :func:`last_position`
+    answered ``last`` (compare-and-delete). Embedded: the check and the deletion are one transaction.
+    Pulsar: the check, then a non-forced deletion, which the broker refuses while a producer or
+    reader is connected (a process that just published keeps its producer open). Returns whether
+    it was deleted."""
+    if _is_pulsar(backend):
+        from airflow_provider_pulsarstate.engine.offsets.pulsar import delete_pulsar_topic_if_last
+
+        return delete_pulsar_topic_if_last(backend.underlying(), topic, last, timeout=timeout)  # type: ignore[arg-type]
+    from airflow_provider_pulsarstate.engine.offsets.embedded import delete_embedded_topic_if_last
+
+    return delete_embedded_topic_if_last(backend.underlying(), topic, last)  # type: ignore[arg-type]
+
+
 def open_async_probe(config: ConnectionConfig) -> AsyncOffsetProbe:
     """An :class:`AsyncOffsetProbe` for the back end ``config`` selects (no I/O until first use)."""
     if config.kind == "pulsar":
@@ -86,5 +108,5 @@ def open_async_probe(config: ConnectionConfig) -> AsyncOffsetProbe:
 
 __all__ = [
     "AsyncOffsetProbe", "OffsetLog", "PullConsumer", "PullResult", "PulledMessage", "StoredMessage", "TopicPublisher",
-    "create_topic", "open_async_probe", "open_offset_log", "open_publisher",
+    "create_topic", "delete_topic_if_unchanged", "last_position", "open_async_probe", "open_offset_log", "open_publisher",
 ]

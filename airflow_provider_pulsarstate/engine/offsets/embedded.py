@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 from airflow_provider_pulsarstate.engine.backends.base import partition_topic_name
 from airflow_provider_pulsarstate.engine.backends.embedded import (
+    _TOPIC_ROWS,
     EmbeddedBackend,
     _close_quietly,
     _rollback_quietly,
@@ -530,6 +531,28 @@ class _OnBackendClose:
         except PulsarStateError as exc:
             log.error("closing the back end: %d queued message(s) to %s were not published: %s",
                       queued, self.publisher.topic, exc)
+
+
+def delete_embedded_topic_if_last(backend: EmbeddedBackend, topic: str, last: bytes | None) -> bool:
+    """Delete a non-partitioned topic only if its last entry is still ``last`` (None: empty), in
+    one transaction: no append can land between the check and the deletion. Returns whether deleted."""
+    conn = backend.connect()
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        row = conn.execute("SELECT MAX(pos) FROM entries WHERE topic = ?", (topic,)).fetchone()
+        now = None if row is None or row[0] is None else backend.encode_position(int(row[0]))
+        if now != last:
+            conn.execute("ROLLBACK")
+            return False
+        for table, column in _TOPIC_ROWS:
+            conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (topic,))
+        conn.execute("COMMIT")
+        return True
+    except sqlite3.Error as exc:
+        _rollback_quietly(conn)
+        raise BackendUnavailableError(f"cannot delete {backend.topic_url(topic)}: {exc}") from exc
+    finally:
+        _close_quietly(conn)
 
 
 def create_embedded_topic(backend: EmbeddedBackend, topic: str, *, partitions: int) -> None:

@@ -900,6 +900,20 @@ def _message_id_of(address: str) -> Any:
         ) from exc
 
 
+def delete_pulsar_topic_if_last(backend: PulsarBackend, topic: str, last: bytes | None, *, timeout: float) -> bool:
+    """Delete a non-partitioned topic only if its last entry is still ``last`` (None: empty) and no
+    producer or reader is connected to it (the broker refuses a non-forced deletion then: a process
+    that just published keeps its producer open, so its message is not lost). Returns whether deleted."""
+    entry = backend.read_last(topic, timeout=timeout)
+    now = None if entry is None else backend.encode_position(entry.position)
+    if now != last:
+        return False
+    resp = backend.admin.request(
+        "DELETE", backend.admin.topic_path(topic), ok=(200, 204, 404, 412), params={"force": "false"}
+    )
+    return resp.status_code != 412
+
+
 def create_pulsar_topic(backend: PulsarBackend, topic: str, *, partitions: int = 0) -> None:
     """Create ``topic`` (``partitions`` > 0: partitioned); an identical existing one is fine.
 
