@@ -96,3 +96,43 @@ def test_a_failed_publish_leaves_nothing_queued(backend: Backend, topic: str) ->
         assert log.end_offset(0) - log.beginning_offset(0) == 1
     finally:
         log.close()
+
+
+def test_a_publisher_may_create_its_topic(backend: Backend, topic: str) -> None:
+    with open_publisher(backend, topic, batching=False, create=True) as publisher:
+        address = publisher.publish(b"first", timeout=WAIT)
+    log = open_offset_log(backend, topic)
+    try:
+        assert log.read_at(address, timeout=WAIT).value == b"first"
+    finally:
+        log.close()
+
+
+@pytest.mark.pulsar
+def test_pushing_and_reading_a_message_calls_no_admin_api(backend_config: object) -> None:
+    """A task process's push and pull go to the broker only: ``requests`` (the admin client) is not
+    even imported (~40 ms of CPU in each of hundreds of task processes)."""
+    import json
+    import subprocess
+    import sys
+
+    if getattr(backend_config, "kind", None) != "pulsar":
+        pytest.skip("the embedded log has no admin API")
+    code = (
+        "import sys, uuid\n"
+        "from airflow_provider_pulsarstate import ConnectionConfig, open_backend\n"
+        "from airflow_provider_pulsarstate.engine.recipes.xcom_messages import XComIdentity, XComMessageLog, message_topic\n"
+        f"config = ConnectionConfig(**{json.dumps({'url': backend_config.url, 'admin_url': backend_config.admin_url})})\n"  # type: ignore[attr-defined]
+        "backend = open_backend(config)\n"
+        "topic = message_topic(config.topic_name('noadmin-' + uuid.uuid4().hex[:8]), 'ns', 'd', 'r')\n"
+        "row = XComIdentity('ns', 'd', 'r', 't', -1, 'k')\n"
+        "with XComMessageLog(backend, topic, namespace='ns') as log:\n"
+        "    address, message = log.append(row, '1', type_name='int')\n"
+        "    assert log.read(address, identity=row, writer_id=message.writer_id).record.value_json == '1'\n"
+        "print('requests' in sys.modules)\n"
+        "backend.delete_topic(topic)\n"
+        "backend.close()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [line for line in done.stdout.splitlines() if line in ("True", "False")] == ["False"], done.stdout[-2000:]

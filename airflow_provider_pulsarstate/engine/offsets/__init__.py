@@ -45,15 +45,23 @@ def open_offset_log(backend: Backend, topic: str, **options: Any) -> OffsetLog:
     return EmbeddedOffsetLog(backend.underlying(), topic, **options)  # type: ignore[arg-type]
 
 
-def open_publisher(backend: Backend, topic: str, *, batching: bool = True, chunking: bool = False) -> TopicPublisher:
+def open_publisher(
+    backend: Backend, topic: str, *, batching: bool = True, chunking: bool = False, create: bool = False
+) -> TopicPublisher:
     """A :class:`TopicPublisher` for ``topic`` (``batching``: Pulsar batches messages into entries;
-    ``chunking``: Pulsar splits a message over the broker's size limit into chunks, without batching).
-    The embedded log has no message size limit and ignores both."""
+    ``chunking``: Pulsar splits a message over the broker's size limit into chunks, without batching;
+    the embedded log has no message size limit and ignores both). ``create``: a missing topic is
+    created (non-partitioned) instead of raising UnknownTopicError; on Pulsar without an admin call
+    when the broker creates topics on first use."""
     if _is_pulsar(backend):
         from airflow_provider_pulsarstate.engine.offsets.pulsar import PulsarTopicPublisher
 
-        return PulsarTopicPublisher(backend.underlying(), topic, batching=batching, chunking=chunking)  # type: ignore[arg-type]
+        return PulsarTopicPublisher(backend.underlying(), topic, batching=batching, chunking=chunking,  # type: ignore[arg-type]
+                                    create=create)
     from airflow_provider_pulsarstate.engine.offsets.embedded import EmbeddedTopicPublisher
+
+    if create:
+        create_topic(backend, topic)
 
     return EmbeddedTopicPublisher(backend.underlying(), topic)  # type: ignore[arg-type]
 

@@ -43,7 +43,7 @@ from typing import Any, Mapping
 import pulsar
 
 from airflow_provider_pulsarstate.engine.backends.base import partition_topic_name
-from airflow_provider_pulsarstate.engine.backends.pulsar import PulsarBackend
+from airflow_provider_pulsarstate.engine.backends.pulsar import PulsarBackend, _unique_subscription
 from airflow_provider_pulsarstate.engine.errors import (
     BackendUnavailableError,
     ClosedError,
@@ -717,7 +717,9 @@ class PulsarOffsetLog(OffsetLog):
         where = (int(wanted.ledger_id()), int(wanted.entry_id()), int(wanted.batch_index()))
         self._check_open()
         try:
-            reader = self._backend.client.create_reader(pt, wanted, start_message_id_inclusive=True, receiver_queue_size=1)
+            reader = self._backend.client.create_reader(
+                pt, wanted, start_message_id_inclusive=True, receiver_queue_size=1, **_unique_subscription()
+            )
         except pulsar.PulsarException as exc:
             raise self._backend._unreachable("creating a reader of", pt, exc) from exc
         try:
@@ -766,28 +768,40 @@ class PulsarTopicPublisher(TopicPublisher):
     :param batching: let the client batch messages into entries (several offsets per entry).
     :param chunking: split a message over the broker's size limit into chunks (no batching then);
         :meth:`OffsetLog.read_at` reads it whole.
+    :param create: create a missing (non-partitioned) topic instead of raising; the existence check
+        over the admin API is skipped (the broker creates the topic on first use, or it is created
+        over the admin API when the namespace forbids that).
     :raises UnknownTopicError: the topic does not exist (create it with ``create_topic``).
     """
 
-    def __init__(self, backend: PulsarBackend, topic: str, *, batching: bool = True, chunking: bool = False) -> None:
+    def __init__(
+        self, backend: PulsarBackend, topic: str, *, batching: bool = True, chunking: bool = False, create: bool = False
+    ) -> None:
         self.topic = topic
         self._backend = backend
-        if backend.admin.partition_count(topic) is None:
+        if not create and backend.admin.partition_count(topic) is None:
             raise UnknownTopicError(
                 f"topic {topic} does not exist on {backend.topic_url(topic)}; create it first (create_topic)"
             )
         self._cond = threading.Condition()
         self._pending = 0
         self._error: str | None = None
+        options: dict[str, Any] = dict(
+            batching_enabled=batching and not chunking,
+            chunking_enabled=chunking,
+            batching_max_publish_delay_ms=5,
+            block_if_queue_full=True,
+            send_timeout_millis=max(1, int(backend.config.operation_timeout * 1000)),
+        )
         try:
-            self._producer: pulsar.Producer | None = backend.client.create_producer(
-                topic,
-                batching_enabled=batching and not chunking,
-                chunking_enabled=chunking,
-                batching_max_publish_delay_ms=5,
-                block_if_queue_full=True,
-                send_timeout_millis=max(1, int(backend.config.operation_timeout * 1000)),
-            )
+            try:
+                self._producer: pulsar.Producer | None = backend.client.create_producer(topic, **options)
+            except pulsar.TopicNotFound:
+                if not create:
+                    raise
+                # The namespace does not create topics on first use: create it over the admin API.
+                create_pulsar_topic(backend, topic)
+                self._producer = backend.client.create_producer(topic, **options)
         except pulsar.PulsarException as exc:
             raise backend._unreachable("creating a producer of", topic, exc) from exc
 

@@ -50,7 +50,7 @@ from airflow_provider_pulsarstate.engine.errors import (
     XComEntryNotFoundError,
     XComReferenceError,
 )
-from airflow_provider_pulsarstate.engine.offsets import create_topic, last_position, open_offset_log, open_publisher
+from airflow_provider_pulsarstate.engine.offsets import last_position, open_offset_log, open_publisher
 from airflow_provider_pulsarstate.engine.offsets.base import OffsetLog, TopicPublisher
 from airflow_provider_pulsarstate.engine.recipes.scope_topics import is_scope_topic, scope_topic, scope_topic_prefix
 from airflow_provider_pulsarstate.engine.recipes.xcom_store import DEFAULT_MAX_RECORD_BYTES, XComRecord, _KeyLayout
@@ -221,8 +221,7 @@ class XComMessageLog:
     def _publisher_now(self) -> TopicPublisher:
         with self._lock:
             if self._publisher is None:
-                create_topic(self.backend, self.topic)
-                self._publisher = open_publisher(self.backend, self.topic, batching=False, chunking=True)
+                self._publisher = open_publisher(self.backend, self.topic, batching=False, chunking=True, create=True)
             return self._publisher
 
     # ------------------------------------------------------------------ pull
