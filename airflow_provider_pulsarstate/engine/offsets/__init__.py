@@ -60,10 +60,8 @@ def open_publisher(
                                     create=create)
     from airflow_provider_pulsarstate.engine.offsets.embedded import EmbeddedTopicPublisher
 
-    if create:
-        create_topic(backend, topic)
 
-    return EmbeddedTopicPublisher(backend.underlying(), topic)  # type: ignore[arg-type]
+    return EmbeddedTopicPublisher(backend.underlying(), topic, create=create)  # type: ignore[arg-type]
 
 
 def create_topic(backend: Backend, topic: str, *, partitions: int = 0) -> None:

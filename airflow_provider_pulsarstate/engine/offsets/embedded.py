@@ -346,10 +346,11 @@ class EmbeddedTopicPublisher(TopicPublisher):
     key. Publish times are stamped in the write and never decrease along a partition.
 
     :raises UnknownTopicError: the topic does not exist (create it with ``create_topic``), as on
-        Pulsar: a mistyped name never silently starts a new topic.
+        Pulsar: a mistyped name never silently starts a new topic. With ``create=True`` a missing
+        topic is created (non-partitioned) in the transaction of the first write instead.
     """
 
-    def __init__(self, backend: EmbeddedBackend, topic: str) -> None:
+    def __init__(self, backend: EmbeddedBackend, topic: str, *, create: bool = False) -> None:
         if not topic:
             raise ConfigurationError("topic must not be empty")
         self.backend = backend
@@ -358,9 +359,11 @@ class EmbeddedTopicPublisher(TopicPublisher):
         self._queued_bytes = 0
         self._next_partition = 0
         self._lock = threading.Lock()
+        self._create = create
         self._conn: sqlite3.Connection | None = backend.connect()
         try:
-            _partition_count(self._conn, backend, topic)
+            if not create:
+                _partition_count(self._conn, backend, topic)
         except sqlite3.Error as exc:
             _close_quietly(self._conn)
             raise BackendUnavailableError(f"cannot open a publisher of {backend.topic_url(topic)}: {exc}") from exc
@@ -411,6 +414,8 @@ class EmbeddedTopicPublisher(TopicPublisher):
             conn.execute(f"PRAGMA busy_timeout = {max(1, int(timeout * 1000))}")
             conn.execute("BEGIN IMMEDIATE")
             row = conn.execute("SELECT partitions FROM offset_topics WHERE name = ?", (self.topic,)).fetchone()
+            if row is None and self._create:  # one write transaction for a pushing task, not two
+                conn.execute("INSERT INTO offset_topics(name, partitions) VALUES (?, 0)", (self.topic,))
             count = int(row[0]) if row else 0
             routed: dict[str, list[int]] = {}  # stored topic -> indexes into the queue
             partitions: list[int] = []
