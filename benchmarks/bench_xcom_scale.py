@@ -8,6 +8,13 @@ Usage (from the repository root)::
         --state-mib 10 --entries 10000                                 # a quick run (~2-3 min per back end)
     .venv/bin/python benchmarks/bench_xcom_scale.py --service-url pulsar://127.0.0.1:6650 \\
         --admin-url http://127.0.0.1:8080                              # use a running broker
+    .venv/bin/python benchmarks/bench_xcom_scale.py --layouts messages --workloads fanout   # one layout
+
+Every workload runs once per back end and per XCom layout (``--layouts``, default both):
+``messages`` (each value one immutable message of its run's topic, read back by address: the
+default of ``[pulsarstate] xcom_layout``) and ``map`` (one PulsarMap per DAG run). Below, "the
+run's map" reads "the run's topic" for the messages layout: its fills append messages instead of
+map entries, and a pull reads one message instead of replaying the run's map.
 
 Three workloads, each against both back ends of the map (the embedded SQLite log in a throw-away
 file, a Pulsar broker: the bundled standalone the script starts unless ``--service-url`` is
@@ -33,7 +40,9 @@ given), each in its own key namespace and topics, all deleted at the end:
    processes doing what ``XComModel.set`` does on the API server (look up the run's id, delete
    the old row, insert the new one, commit) and a select back, on one SQLite file in WAL mode
    with foreign keys on and the 5 s busy timeout Airflow's engine gets (pysqlite's default).
-   Targets: 0 failures; p99 push within 3x of the DB's.
+   Targets: 0 failures; p99 push within 3x of the DB's. Before forking, the parent also imports
+   Airflow's own serde and supervisor modules (any push and any connection lookup of a task
+   process load them, whatever the XCom backend); never ``pulsar`` (see ``_refuse_pulsar_before_fork``).
 3. **Pull latency vs store size.** A fresh (forked) process opens the map of a run holding one
    value and pulls it (``deserialize_value``: bootstrap, replay, one read at the tail), median of
    ``--pull-repeats``, with ``--entries-small`` (1,000) and then ``--entries`` (100,000) other
@@ -101,6 +110,7 @@ class Target:
     extra: dict[str, Any]
     home: Path
     run_tag: str
+    layout: str = "messages"
     rows: list[list[str]] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict)
 
@@ -112,6 +122,7 @@ class Target:
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
             "AIRFLOW__PULSARSTATE__KEY_NAMESPACE": self.namespace(workload),
+            "AIRFLOW__PULSARSTATE__XCOM_LAYOUT": self.layout,
             "AIRFLOW__PULSARSTATE__XCOM_TOPIC": f"{self.topic_prefix()}-{workload}-xcom",
             "AIRFLOW__PULSARSTATE__STATE_STORE_TOPIC": f"{self.topic_prefix()}-{workload}-state",
             "AIRFLOW_CONN_PULSARSTATE_DEFAULT": json.dumps({"conn_type": "pulsarstate", "extra": self.extra}),
@@ -120,10 +131,14 @@ class Target:
         return env
 
     def namespace(self, workload: str) -> str:
-        return f"bxs-{self.run_tag}-{self.name[:3]}-{workload}"
+        return f"bxs-{self.run_tag}-{self.name[:3]}-{self.layout[:3]}-{workload}"
 
     def topic_prefix(self) -> str:
-        return f"{TOPIC_ROOT}-{self.run_tag}-{self.name[:3]}"
+        return f"{TOPIC_ROOT}-{self.run_tag}-{self.name[:3]}-{self.layout[:3]}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} / {self.layout}"
 
 
 @contextlib.contextmanager
@@ -200,6 +215,9 @@ def _own_peak_kb() -> int:
 
 
 def _ours_work(spec: dict[str, Any]) -> Callable[[int], tuple[float, float]]:
+    import airflow.sdk.execution_time.supervisor  # noqa: F401  (Airflow's own: loaded by any connection lookup)
+    import airflow.sdk.serde  # noqa: F401  (Airflow's own: loaded by any XCom push)
+
     from airflow_provider_pulsarstate.hooks import pulsarstate  # noqa: F401  (what the first push imports)
     from airflow_provider_pulsarstate.xcom.backend import PulsarXComBackend, close_stores
 
@@ -367,6 +385,40 @@ def fill_run_maps(ns: str, xcom_topic: str, dag_id: str, run_ids: list[str], per
     hook.close()
 
 
+def fill_run_messages(ns: str, xcom_topic: str, dag_id: str, run_ids: list[str], per_run: int, value_json: str,
+                      *, threads: int, label: str) -> None:
+    """``per_run`` XCom messages of ``value_json`` in each run's own topic (the messages layout;
+    sent pipelined and flushed once per run), ``threads`` runs at a time."""
+    from airflow_provider_pulsarstate.engine.offsets import create_topic, open_publisher
+    from airflow_provider_pulsarstate.engine.recipes.xcom_messages import (
+        XComIdentity, XComMessage, encode_message, message_topic,
+    )
+    from airflow_provider_pulsarstate.engine.recipes.xcom_store import XComRecord
+    from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+
+    hook = PulsarStateHook()
+    backend, base = hook.get_conn(), hook.topic_name(xcom_topic)
+    size = len(value_json.encode())
+
+    def one(run_id: str) -> None:
+        topic = message_topic(base, ns, dag_id, run_id)
+        create_topic(backend, topic)
+        with open_publisher(backend, topic, batching=False) as publisher:
+            for j in range(per_run):
+                message = XComMessage(XComIdentity(ns, dag_id, run_id, f"t{j}", -1, "return_value"),
+                                      uuid.uuid4().hex, XComRecord(value_json, time.time(), size, "str"))
+                publisher.send(encode_message(message))
+            publisher.flush(timeout=600)
+
+    _in_pool(one, run_ids, threads, label, per_run * size)
+    hook.close()
+
+
+def fill_runs(layout: str, *args: Any, **kwargs: Any) -> None:
+    """Other runs' XComs in the given layout (:func:`fill_run_messages` or :func:`fill_run_maps`)."""
+    (fill_run_messages if layout == "messages" else fill_run_maps)(*args, **kwargs)
+
+
 def fill_single_map(ns: str, xcom_topic: str, dag_id: str, run_ids: list[str], per_run: int, value_json: str) -> None:
     """The same entries in the earlier layout's one deployment-wide map (``xcom_topic`` itself)."""
     from airflow_provider_pulsarstate.engine.recipes.xcom_store import XComRecord, XComStore
@@ -411,7 +463,7 @@ def _in_pool(fn: Callable[[Any], None], items: list[Any], threads: int, label: s
 
 def delete_topics(target: Target) -> None:
     """Delete every topic this run made on the broker (the embedded file goes with its directory)."""
-    if target.name != "pulsar":
+    if not target.name.startswith("pulsar"):
         return
     from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 
@@ -458,8 +510,8 @@ def memory_workload(target: Target, args: argparse.Namespace) -> None:
     value_json = json.dumps("v" * (args.value_kib * 1024 - 2))
     run_ids = [f"other_run_{i}" for i in range(math.ceil(args.xcom_mib * 1024 / (2 * args.value_kib)))]
     with in_env(env):
-        fill_run_maps(target.namespace("mem"), env["AIRFLOW__PULSARSTATE__XCOM_TOPIC"], "other_dag", run_ids, 2,
-                      value_json, threads=args.fill_threads, label="other runs' XComs")
+        fill_runs(target.layout, target.namespace("mem"), env["AIRFLOW__PULSARSTATE__XCOM_TOPIC"], "other_dag",
+                  run_ids, 2, value_json, threads=args.fill_threads, label="other runs' XComs")
         if args.state_mib > 0:
             fill_task_state(args.state_mib, args.value_kib)
     filled = [peak_mb(f"filled-{i}") for i in range(args.mem_repeats)]
@@ -547,7 +599,7 @@ def _make_xcom_db(db: Path, dag_id: str, run_id: str) -> None:
 
 def fanout_workload(target: Target, args: argparse.Namespace, db_dir: Path) -> None:
     env = target.env("fan")
-    db = fanout("db", target, args, env, db_dir / f"airflow-{target.name}.db")
+    db = fanout("db", target, args, env, db_dir / f"airflow-{target.name}-{target.layout}.db")
     ours = fanout("ours", target, args, env, None)
     target.raw["fanout"] = {"ours": ours, "db": db}
     n = args.procs
@@ -578,8 +630,8 @@ def pull_workload(target: Target, args: argparse.Namespace) -> None:
     for size in (args.entries_small, args.entries):
         runs = [f"other_run_{i}" for i in range(stored // per_run, math.ceil(size / per_run))]
         with in_env(env):
-            fill_run_maps(target.namespace("pull"), env["AIRFLOW__PULSARSTATE__XCOM_TOPIC"], "other_dag", runs,
-                          per_run, entry_json, threads=args.fill_threads, label=f"other entries (to {size:,})")
+            fill_runs(target.layout, target.namespace("pull"), env["AIRFLOW__PULSARSTATE__XCOM_TOPIC"], "other_dag",
+                      runs, per_run, entry_json, threads=args.fill_threads, label=f"other entries (to {size:,})")
         stored = math.ceil(size / per_run) * per_run
         spec = {"reference": reference, "value": value, "repeats": args.pull_repeats}
         samples = json.loads(run_child("pulls", spec, env, log, timeout=1800))
@@ -587,7 +639,8 @@ def pull_workload(target: Target, args: argparse.Namespace) -> None:
         progress(f"pull with {stored:,} other entries: {', '.join(f'{1000 * s:.0f}' for s in samples)} ms")
         target.raw.setdefault("pull", {})[str(stored)] = samples
     small, large = medians[args.entries_small], medians[args.entries]
-    target.rows.append([f"pull (fresh process: open run map + 1 read), median of {args.pull_repeats}: "
+    opened = "read 1 message by address" if target.layout == "messages" else "open run map + 1 read"
+    target.rows.append([f"pull (fresh process: {opened}), median of {args.pull_repeats}: "
                         f"{args.entries:,} vs {args.entries_small:,} other entries",
                         f"{1000 * large:.0f} ms", f"{1000 * small:.0f} ms", f"{large / small:.2f}x", "<= 1.5x",
                         _verdict(large / small <= 1.5)])
@@ -595,7 +648,7 @@ def pull_workload(target: Target, args: argparse.Namespace) -> None:
 
 # ---------------------------------------------------------------------------------------------
 def run_target(target: Target, args: argparse.Namespace, db_dir: Path) -> None:
-    print(f"\n== {target.name} ({target.extra['service_url']}) ==", flush=True)
+    print(f"\n== {target.label} ({target.extra['service_url']}) ==", flush=True)
     steps = {"memory": lambda: memory_workload(target, args), "fanout": lambda: fanout_workload(target, args, db_dir),
              "pull": lambda: pull_workload(target, args)}
     try:
@@ -614,16 +667,18 @@ def run_target(target: Target, args: argparse.Namespace, db_dir: Path) -> None:
 
 
 def print_table(targets: list[Target]) -> None:
-    print("\n| back end | workload | this project | baseline | ratio/delta | target | PASS/FAIL |")
+    print("\n| back end / layout | workload | this project | baseline | ratio/delta | target | PASS/FAIL |")
     print("|---|---|---|---|---|---|---|")
     for target in targets:
         for row in target.rows:
-            print(f"| {target.name} | " + " | ".join(row) + " |")
+            print(f"| {target.label} | " + " | ".join(row) + " |")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", choices=["both", "embedded", "pulsar"], default="both")
+    p.add_argument("--layouts", nargs="+", choices=["messages", "map"], default=["messages", "map"],
+                   help="XCom layouts to measure ([pulsarstate] xcom_layout), each against the same DB baseline")
     p.add_argument("--service-url", help="a running broker (default: start the bundled standalone)")
     p.add_argument("--admin-url")
     p.add_argument("--workloads", nargs="+", choices=["memory", "fanout", "pull"], default=["memory", "fanout", "pull"])
@@ -650,6 +705,9 @@ def main(argv: list[str] | None = None) -> int:
         CHILDREN[args.child[0]](json.loads(args.child[1]))
         return 0
     print_run_header()
+    if sys.dont_write_bytecode:
+        print("note: PYTHONDONTWRITEBYTECODE is set: every task process compiles the modules it imports "
+              "(a deployment has them compiled); set PYTHONPYCACHEPREFIX and unset it for deployment-like figures")
     run_tag = uuid.uuid4().hex[:8]
     home = Path(tempfile.mkdtemp(prefix="bench-xcom-scale-"))
     os.environ.update(Target("setup", {}, home, run_tag).env("setup"))  # before airflow is imported here
@@ -657,15 +715,18 @@ def main(argv: list[str] | None = None) -> int:
     targets: list[Target] = []
     try:
         with contextlib.ExitStack() as stack:
-            if args.backend in ("both", "embedded"):
-                (home / "embedded").mkdir()
-                targets.append(Target("embedded", {"service_url": str(home / "embedded" / "state.db")},
-                                      home / "embedded", run_tag))
-            if args.backend in ("both", "pulsar"):
-                service_url, admin_url = stack.enter_context(broker_urls(args.service_url, args.admin_url))
-                (home / "pulsar").mkdir()
-                targets.append(Target("pulsar", {"service_url": service_url, "admin_url": admin_url,
-                                                 "operation_timeout": 30}, home / "pulsar", run_tag))
+            for layout in args.layouts:
+                if args.backend in ("both", "embedded"):
+                    where = home / f"embedded-{layout}"
+                    where.mkdir()
+                    targets.append(Target("embedded", {"service_url": str(where / "state.db")}, where, run_tag, layout))
+                if args.backend in ("both", "pulsar"):
+                    if not any(t.name == "pulsar" for t in targets):
+                        service_url, admin_url = stack.enter_context(broker_urls(args.service_url, args.admin_url))
+                    where = home / f"pulsar-{layout}"
+                    where.mkdir()
+                    targets.append(Target("pulsar", {"service_url": service_url, "admin_url": admin_url,
+                                                     "operation_timeout": 30}, where, run_tag, layout))
             for target in targets:
                 run_target(target, args, home)
     finally:
@@ -677,7 +738,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(targets)
     if args.json:
         args.json.write_text(json.dumps({"machine": machine_info(), "args": {k: str(v) for k, v in vars(args).items()},
-                                         "results": {t.name: t.raw for t in targets}}, indent=1))
+                                         "results": {t.label: t.raw for t in targets}}, indent=1))
     failed = any(row[-1] == "FAIL" for t in targets for row in t.rows)
     return 1 if failed else 0
 

@@ -278,6 +278,21 @@ class UnknownPartitionError(OffsetError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class MessageNotFoundError(OffsetError, KeyError):
+    """No message at an address (never written there, its topic deleted, or trimmed by retention).
+
+    :ivar topic: the topic; :ivar address: the address asked for.
+    """
+
+    def __init__(self, message: str, *, topic: str, address: str) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.address = address
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 class LeaseError(PulsarStateError):
     """Base of the lease and leadership errors (:mod:`~airflow_provider_pulsarstate.engine.recipes.lease`)."""
 

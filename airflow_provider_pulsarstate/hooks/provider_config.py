@@ -46,6 +46,13 @@ OPTIONS: dict[str, dict[str, Any]] = {
         "DB as Airflow's own backend does; 'error' fails the task with an error naming the limit.\n",
         "type": "string", "example": "error", "default": "db",
     },
+    "xcom_layout": {
+        "description": "Where XCom values live: 'messages' (the default) appends each value as one immutable\n"
+        "message to its run's topic and reads it back by the address kept in the metadata DB (no exclusive\n"
+        "writer, no replay); 'map' keeps one PulsarMap per DAG run (every push takes the run map's writer).\n"
+        "References of either layout stay readable whatever this says.\n",
+        "type": "string", "example": "map", "default": "messages",
+    },
     "xcom_preview_chars": {
         "description": "Characters of a small value shown in the reference the metadata DB (and UI) keep;\n"
         "0 (the default) keeps no value text in the metadata DB.\n",
@@ -83,6 +90,7 @@ class ProviderSettings:
     xcom_max_value_bytes: int = 1048576
     xcom_oversize: Literal["db", "error"] = "db"
     xcom_preview_chars: int = 0
+    xcom_layout: Literal["messages", "map"] = "messages"
     state_store_topic: str = "airflow-state-store"
     state_store_max_value_bytes: int = 1048576
     state_store_writer_idle_timeout: float = 0.2
@@ -121,6 +129,8 @@ def load_settings(conf: Any = None) -> ProviderSettings:
         values["key_namespace"] = derived_key_namespace(conf)
     if values["xcom_oversize"] not in ("db", "error"):
         raise ConfigurationError(f"[{SECTION}] xcom_oversize must be 'db' or 'error', not {values['xcom_oversize']!r}")
+    if values["xcom_layout"] not in ("messages", "map"):
+        raise ConfigurationError(f"[{SECTION}] xcom_layout must be 'messages' or 'map', not {values['xcom_layout']!r}")
     if "/" in values["key_namespace"]:
         raise ConfigurationError(f"[{SECTION}] key_namespace must not contain '/': {values['key_namespace']!r}")
     return ProviderSettings(**values)

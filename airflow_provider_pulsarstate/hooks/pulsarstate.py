@@ -73,6 +73,16 @@ from airflow_provider_pulsarstate.engine.recipes.xcom_store import (
     run_topic,
     run_topic_prefix,
 )
+from airflow_provider_pulsarstate.engine.recipes.xcom_messages import (
+    RunScan,
+    XComIdentity,
+    XComMessage,
+    XComMessageLog,
+    is_message_topic,
+    message_topic,
+    message_topic_prefix,
+)
+from airflow_provider_pulsarstate.engine.offsets import delete_topic_if_unchanged
 
 # issue 12: topic messages (PulsarMessageTrigger)
 from airflow_provider_pulsarstate.engine.topic_stream import (
@@ -92,6 +102,8 @@ __all__ = [
     "StateScopeError", "parse_state_key",
     "KEEP", "HEALTHCHECK_TOPIC", "close_shared_state_maps", "config_from_connection", "refuse_multi_host_executor",
     "state_scope", "XComRecord", "XComStore", "drop_run_map", "is_run_topic", "run_topic", "run_topic_prefix",
+    "RunScan", "XComIdentity", "XComMessage", "XComMessageLog", "delete_topic_if_unchanged", "is_message_topic",
+    "message_topic", "message_topic_prefix",
 ]
 
 _STRING_FIELDS = ("service_url", "admin_url", "tenant", "namespace", "auth_token", "tls_trust_certs_file_path")
@@ -343,6 +355,27 @@ class PulsarStateHook(BaseHook):
             config, key, lambda backend: XComStore(backend, full_topic, namespace=namespace, **options)
         ) as store:
             yield store
+
+    @contextlib.contextmanager
+    def xcom_message_log(
+        self, topic: str, *, namespace: str, dag_id: str, run_id: str, **options: Any
+    ) -> Iterator[XComMessageLog]:
+        """The process-wide :class:`~airflow_provider_pulsarstate.engine.recipes.xcom_messages.XComMessageLog`
+        of one DAG run (topic ``message_topic(topic, namespace, dag_id, run_id)``): one publisher
+        and one reader per run and process, shared by its threads, opened on demand and kept for the
+        next caller until idle or evicted (as :meth:`xcom_run_store`), never closed while in use.
+
+        :param topic: the base XCom topic (``[pulsarstate] xcom_topic``): short or full name.
+        :param options: ``max_value_bytes``; ``operation_timeout`` defaults to the connection's.
+        """
+        config = self.cached_config()
+        full_topic = message_topic(config.topic_name(topic), namespace, dag_id, run_id)
+        options.setdefault("operation_timeout", config.operation_timeout)
+        key = ("xcom-messages", full_topic, namespace, tuple(sorted(options.items())))
+        with shared_objects.borrow(
+            config, key, lambda backend: XComMessageLog(backend, full_topic, namespace=namespace, **options)
+        ) as messages:
+            yield messages
 
     def get_leases(self, topic: str | None = None, **options: Any) -> Leases:
         """:class:`~airflow_provider_pulsarstate.engine.recipes.lease.Leases` (durable leases with

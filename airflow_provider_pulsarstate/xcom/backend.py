@@ -1,4 +1,4 @@
-"""PulsarXComBackend: XCom values in one PulsarMap per DAG run, a small reference in the metadata DB.
+"""PulsarXComBackend: XCom values in Pulsar (or the embedded log), a small reference in the metadata DB.
 
 Configure it on every worker (and wherever tasks run)::
 
@@ -7,24 +7,35 @@ Configure it on every worker (and wherever tasks run)::
 
     [pulsarstate]
     conn_id = pulsarstate_default      # the pulsarstate connection (embedded file when undefined)
-    xcom_topic = airflow-xcom          # run maps: <xcom_topic>-<namespace>-r<digest of dag and run>
+    xcom_topic = airflow-xcom          # run topics: <xcom_topic>-<namespace>-m<digest of dag and run>
+    xcom_layout = messages             # or: map (one PulsarMap per run: <xcom_topic>-<namespace>-r<digest>)
     key_namespace = ...                # default: derived from the metadata DB's address (unique per deployment)
     xcom_max_value_bytes = 1048576
     xcom_oversize = db                 # or: error
     xcom_preview_chars = 0             # > 0 puts a short preview of each value in the reference
 
-What the metadata DB (and so the UI) keeps for a value stored in a run map::
+Two layouts (``xcom_layout``); references of both (and of the earlier single map) stay readable:
 
-    {"__pulsarstate_xcom__": 2, "topic": "persistent://public/default/airflow-xcom-prod-r3f2...",
+* ``messages`` (the default): a push appends the value as one immutable message to its run's topic
+  through a publisher shared by the process (no exclusive writer, no replay); the reference keeps
+  the message's address and the push's writer id; a pull reads that one message. A purge drops the
+  DB row only; the message goes when clean-up deletes the run's topic. What the DB keeps::
+
+    {"__pulsarstate_xcom__": 3, "topic": "persistent://public/default/airflow-xcom-prod-m3f2...",
      "key": "prod/xcom/my_dag/manual__2026.../extract/-1/return_value",
-     "size": 57, "type": "dict", "written_at": "2026-11-23T20:01:02.123456+00:00"}
+     "address": "p:0:CJYZEAE6...", "writer": "9c1e...", "size": 57, "type": "dict",
+     "written_at": "2026-11-23T20:01:02.123456+00:00"}
+
+* ``map``: one PulsarMap per DAG run (version-2 references, ``"topic"`` a ``-r`` topic and no
+  address): every push takes the run map's exclusive writer; a purge deletes the entry.
 
 Guarantees:
 
-* Bounded per-process cost: a task process opens only the run maps it touches (its own run's, and
-  those of the runs it pulls from), so its memory and start-up do not grow with the rest of the
-  deployment's XComs; long-lived processes keep at most a bounded number of run maps open
-  (:mod:`~airflow_provider_pulsarstate.hooks.shared_objects`). Cleanup deletes a run's map whole.
+* Bounded per-process cost: a task process opens only the run topics it touches (its own run's, and
+  those of the runs it pulls from); a pull reads one message (messages) or replays one run's map
+  (map), so memory and start-up do not grow with the rest of the deployment's XComs; long-lived
+  processes keep at most a bounded number open
+  (:mod:`~airflow_provider_pulsarstate.hooks.shared_objects`). Clean-up deletes a run's topic whole.
 * Values round-trip with their types as with Airflow's default backend: the map holds the JSON text
   of ``airflow.sdk.serde.serialize(value)`` and reading applies ``airflow.sdk.serde.deserialize``
   (the same ``[core] allowed_deserialization_classes`` policy).
@@ -34,7 +45,8 @@ Guarantees:
 * An unreachable store (broker down, time-out) fails the task with
   :class:`XComStoreUnavailableError` naming topic and key: the value is never put in the DB instead.
 * Isolation: a reference is bound to its row. It names its own dag, run, task, map index and key
-  (in its map key) and the run map those give; when it is read or purged through Airflow
+  (in its key) and the run topic those give, and a message names its row and push again (checked
+  on read against the reference); when it is read or purged through Airflow
   (``get_one``, ``get_all``, ``delete``) it must name the very row Airflow was asked for, or
   :class:`XComReferenceError` names the key and nothing is read or deleted. A task may push only
   its own XComs: a push for another task instance while a task context is active is refused.
@@ -44,8 +56,9 @@ Guarantees:
 * With ``[core] multi_team``, the backend refuses to start unless every team has its own
   ``key_namespace`` and topics (:mod:`~airflow_provider_pulsarstate.hooks.teams`).
 * Retries: at the start of every try Airflow calls :meth:`purge` for each XCom the DB holds for the
-  task instance, which deletes the map entry. Entries that never reached the DB (the process died
-  between the map write and the DB write) are removed when the next try stores its first value.
+  task instance (map: deletes the entry; messages: nothing to delete, the row goes). Map entries
+  that never reached the DB (the process died between the map write and the DB write) are removed
+  when the next try stores its first value; such a message is never referred to.
 * References written by the earlier single-map layout (version 1) stay readable, from that map.
 
 Airflow never calls ``purge`` when a run is deleted, cleared through the REST API, or removed by
@@ -76,7 +89,14 @@ from airflow_provider_pulsarstate.engine.errors import (
     XComStoreUnavailableError,
     XComValueTooLargeError,
 )
-from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook, XComStore, run_topic
+from airflow_provider_pulsarstate.hooks.pulsarstate import (
+    PulsarStateHook,
+    XComIdentity,
+    XComMessageLog,
+    XComStore,
+    message_topic,
+    run_topic,
+)
 from airflow_provider_pulsarstate.hooks.provider_config import (
     LEGACY_KEY_NAMESPACE,
     ProviderSettings,
@@ -86,9 +106,13 @@ from airflow_provider_pulsarstate.hooks.provider_config import (
 log = logging.getLogger(__name__)
 
 REFERENCE_MARKER = "__pulsarstate_xcom__"
-REFERENCE_VERSION = 2
+REFERENCE_VERSION = 3
+"""References to an immutable message of the run's topic (``xcom_layout = messages``)."""
+MAP_REFERENCE_VERSION = 2
+"""References to an entry of the run's map (``xcom_layout = map``)."""
 LEGACY_REFERENCE_VERSION = 1
 """References of the earlier layout: one map for the whole deployment (still read, never written)."""
+_VERSIONS = (REFERENCE_VERSION, MAP_REFERENCE_VERSION, LEGACY_REFERENCE_VERSION)
 DB_VALUE_MARKER = "__pulsarstate_db_value__"
 """Wraps a value kept in the metadata DB, so that no stored value can look like a reference."""
 _PREVIEW_MAX_SIZE = 64 * 1024  # bigger values get no preview (repr of a large value costs time)
@@ -150,6 +174,28 @@ def run_store(settings: ProviderSettings, dag_id: str, run_id: str) -> Iterator[
                 f"topic {settings.xcom_topic!r}): {type(exc).__name__}: {exc}"
             ) from exc
         yield store
+
+
+@contextlib.contextmanager
+def run_messages(settings: ProviderSettings, dag_id: str, run_id: str) -> Iterator[XComMessageLog]:
+    """This process's XComMessageLog of one DAG run (one publisher and reader, shared while in use).
+
+    :raises XComStoreUnavailableError: the connection is invalid.
+    """
+    with contextlib.ExitStack() as stack:
+        try:
+            messages = stack.enter_context(PulsarStateHook(settings.conn_id).xcom_message_log(
+                settings.xcom_topic, namespace=settings.key_namespace, dag_id=dag_id, run_id=run_id,
+                max_value_bytes=settings.xcom_max_value_bytes,
+            ))
+        except XComError:
+            raise
+        except Exception as exc:
+            raise XComStoreUnavailableError(
+                f"cannot open the XCom topic of run {run_id!r} of {dag_id!r} (connection {settings.conn_id!r}, "
+                f"topic {settings.xcom_topic!r}): {type(exc).__name__}: {exc}"
+            ) from exc
+        yield messages
 
 
 def _settings() -> ProviderSettings:
@@ -285,15 +331,18 @@ def _reaching_the_map(message: str, *, note: str = "") -> Iterator[None]:
 
 @dataclass(frozen=True)
 class _Target:
-    """Where a checked reference points: the run map's topic (None: the legacy map) and the key."""
+    """Where a checked reference points: the run's topic (None: the legacy map), the key and, for
+    a message, its address and writer id."""
 
     topic: str | None
     map_key: str
     identity: tuple[str, str, str, int, str]
+    address: str | None = None
+    writer_id: str | None = None
 
 
 class PulsarXComBackend(BaseXCom):
-    """Airflow XCom backend keeping values in one PulsarMap per DAG run (see the module docstring)."""
+    """Airflow XCom backend keeping values in their run's topic (see the module docstring)."""
 
     # -------------------------------------------------------------- the row Airflow was asked for
     @classmethod
@@ -366,11 +415,19 @@ class PulsarXComBackend(BaseXCom):
                     size=size, limit=limit,
                 )
             log.info("%s is %s bytes, over the %s-byte limit: kept in the metadata DB", where, f"{size:,}", f"{limit:,}")
-            with _reaching_the_map(f"{where}: cannot remove its earlier value from {settings.xcom_topic!r}"):
-                with run_store(settings, dag_id, run_id) as store:
-                    store.delete(dag_id, run_id, task_id, map_index, key)
+            if settings.xcom_layout == "map":  # a message needs no removal: nothing refers to it any more
+                with _reaching_the_map(f"{where}: cannot remove its earlier value from {settings.xcom_topic!r}"):
+                    with run_store(settings, dag_id, run_id) as store:
+                        store.delete(dag_id, run_id, task_id, map_index, key)
             return {DB_VALUE_MARKER: 1, "value": serialized}
         try_number = _current_try(dag_id, run_id, task_id, map_index)
+        if settings.xcom_layout == "messages":
+            reference = PulsarXComBackend._append(settings, where, (dag_id, run_id, task_id, map_index, key), text,
+                                                  type_name=_type_name(value), try_number=try_number)
+            preview = _preview(value, size, settings.xcom_preview_chars)
+            if preview is not None:
+                reference["preview"] = preview
+            return reference
         with _reaching_the_map(
             f"{where}: cannot store it in {settings.xcom_topic!r} (connection {settings.conn_id!r})",
             note=". Nothing was written to the metadata DB.",
@@ -380,7 +437,7 @@ class PulsarXComBackend(BaseXCom):
                 dag_id, run_id, task_id, map_index, key, text, type_name=_type_name(value), try_number=try_number
             )
         reference: dict[str, Any] = {
-            REFERENCE_MARKER: REFERENCE_VERSION,
+            REFERENCE_MARKER: MAP_REFERENCE_VERSION,
             "topic": store.topic,
             "key": map_key,
             "size": record.size,
@@ -391,6 +448,28 @@ class PulsarXComBackend(BaseXCom):
         if preview is not None:
             reference["preview"] = preview
         return reference
+
+    @staticmethod
+    def _append(settings: ProviderSettings, where: str, row: tuple[str, str, str, int, str], text: str, *,
+                type_name: str, try_number: int | None) -> dict[str, Any]:
+        """Append the value as one message of its run's topic; the reference the DB keeps for it."""
+        identity = XComIdentity(settings.key_namespace, *row)
+        with _reaching_the_map(
+            f"{where}: cannot store it in {settings.xcom_topic!r} (connection {settings.conn_id!r})",
+            note=". Nothing was written to the metadata DB.",
+        ), run_messages(settings, row[0], row[1]) as messages:
+            address, message = messages.append(identity, text, type_name=type_name, try_number=try_number)
+        record = message.record
+        return {
+            REFERENCE_MARKER: REFERENCE_VERSION,
+            "topic": messages.topic,
+            "key": identity.map_key,
+            "address": address,
+            "writer": message.writer_id,
+            "size": record.size,
+            "type": record.type_name,
+            "written_at": datetime.datetime.fromtimestamp(record.written_at, datetime.timezone.utc).isoformat(),
+        }
 
     @staticmethod
     def _sweep_older_tries(store: Any, dag_id: str, run_id: str, task_id: str, map_index: int, try_number: int | None) -> None:
@@ -425,6 +504,12 @@ class PulsarXComBackend(BaseXCom):
             return BaseXCom.deserialize_value(result)
         settings = _settings()
         target = PulsarXComBackend._checked(value, settings, asked=_asked.get(), xcom_key=getattr(result, "key", None))
+        if target.address is not None:
+            identity = XComIdentity(settings.key_namespace, *target.identity)
+            with _reaching_the_map(f"cannot read XCom {target.map_key!r} from {target.topic}"), \
+                    run_messages(settings, target.identity[0], target.identity[1]) as messages:
+                message = messages.read(target.address, identity=identity, writer_id=target.writer_id or "")
+            return deserialize(message.record.json_value())
         with _reaching_the_map(f"cannot read XCom {target.map_key!r} from {target.topic or settings.xcom_topic!r}"):
             if target.topic is None:
                 store = get_store(settings)
@@ -448,13 +533,23 @@ class PulsarXComBackend(BaseXCom):
         """Where a reference points, after checking that it names this deployment's store, that its
         topic is the one its own row gives, and that it is the row Airflow was asked for."""
         version, topic, map_key = reference.get(REFERENCE_MARKER), reference.get("topic"), reference.get("key")
-        if version not in (REFERENCE_VERSION, LEGACY_REFERENCE_VERSION) or not isinstance(topic, str) \
-                or not isinstance(map_key, str):
+        address, writer = reference.get("address"), reference.get("writer")
+        if version not in _VERSIONS or isinstance(version, bool) or not isinstance(topic, str) \
+                or not isinstance(map_key, str) or (version == REFERENCE_VERSION and not (
+                    isinstance(address, str) and address and isinstance(writer, str) and writer)):
             raise XComReferenceError(
-                f"malformed XCom reference (version {version!r}, topic {topic!r}, key {map_key!r}): "
-                f"expected version {REFERENCE_VERSION} with string topic and key"
+                f"malformed XCom reference (version {version!r}, topic {topic!r}, key {map_key!r}): expected "
+                f"version {REFERENCE_VERSION} with string topic, key, address and writer, or {MAP_REFERENCE_VERSION} "
+                f"or {LEGACY_REFERENCE_VERSION} with string topic and key"
             )
-        if version == LEGACY_REFERENCE_VERSION:  # written under this namespace or the earlier default
+        if version == REFERENCE_VERSION:
+            identity = XComStore.parse_key_of(settings.key_namespace, map_key)
+            expected = message_topic(
+                PulsarStateHook(settings.conn_id).cached_topic_name(settings.xcom_topic),
+                settings.key_namespace, identity[0], identity[1],
+            )
+            target_topic = expected
+        elif version == LEGACY_REFERENCE_VERSION:  # written under this namespace or the earlier default
             try:
                 identity = XComStore.parse_key_of(settings.key_namespace, map_key)
             except XComReferenceError:
@@ -479,6 +574,8 @@ class PulsarXComBackend(BaseXCom):
             raise XComReferenceError(
                 f"XCom reference to key {map_key!r} is not bound to its row: it names {problem}; refusing to follow it"
             )
+        if version == REFERENCE_VERSION:
+            return _Target(target_topic, map_key, identity, address=address, writer_id=writer)
         return _Target(target_topic, map_key, identity)
 
     # -------------------------------------------------------------- purge
@@ -500,6 +597,8 @@ class PulsarXComBackend(BaseXCom):
         except XComReferenceError as exc:
             log.error("not purging XCom %r: %s", getattr(xcom, "key", None), exc)
             return
+        if target.address is not None:
+            return  # a message is immutable: dropping the row is the deletion; clean-up deletes the run's topic
         with _reaching_the_map(f"cannot purge XCom {target.map_key!r} from {target.topic or settings.xcom_topic!r}"):
             if target.topic is None:
                 get_store(settings).delete_key(target.map_key)

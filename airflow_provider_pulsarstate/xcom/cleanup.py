@@ -1,9 +1,10 @@
-"""The XCom clean-up both the operator and the CLI run: select stale run maps, delete them, report.
+"""The XCom clean-up both the operator and the CLI run: select stale runs, delete their topics, report.
 
 Airflow calls ``purge`` only when a worker deletes an XCom (a retried or re-run task); deleting a
-run, clearing through the REST API and ``airflow db clean`` leave the run's map behind. Each DAG run
-has its own map (``<xcom_topic>-<namespace>-r<digest>``); the clean-up lists this namespace's run
-maps and deletes a run's map whole when:
+run, clearing through the REST API and ``airflow db clean`` leave the run's values behind. Each DAG
+run has its own topic: a map (``<xcom_topic>-<namespace>-r<digest>``, ``xcom_layout = map``) or a
+topic of immutable messages (``...-m<digest>``, ``xcom_layout = messages``); the clean-up lists
+this namespace's run topics of both kinds and deletes a run's topic whole when:
 
 * the metadata DB no longer holds the run (``missing``), or
 * the run is finished (success or failed) and ended longer ago than the retention (``expired``).
@@ -12,14 +13,17 @@ Guarantees:
 
 * A run the DB holds in any other state (queued, running, ...) is never deleted, however old its
   values are; a finished run within the retention neither.
-* Compare-and-delete: a map is deleted only if it still holds exactly what was listed, checked
-  while the clean-up holds the map's exclusive writer, so a value pushed during the clean-up is
-  never lost (the run is kept and counted as ``changed``).
-* Only maps of this deployment's ``key_namespace`` are touched: their topic is derived from the
-  namespace, and every key in them must carry it; a map with any other key is left alone.
+* Compare-and-delete: a topic is deleted only if it still holds exactly what was listed, so a value
+  pushed during the clean-up is never lost (the run is kept and counted as ``changed``). A map is
+  checked while the clean-up holds its exclusive writer; a message topic by its last entry, in the
+  same transaction as the deletion (embedded), or before a deletion that Pulsar refuses while any
+  process still has a producer or reader on it (a process that just pushed keeps its producer).
+* Only topics of this deployment's ``key_namespace`` are touched: their name is derived from the
+  namespace, and every entry in them must carry it and name the one run the name is derived from;
+  a topic with anything else is left alone.
 * One clock: the CLI judges retention by the run's end date against the metadata DB's own clock,
-  never a worker's; the operator (a task cannot read run end dates) by the newest value's write
-  time against its own clock.
+  never a worker's; the operator (a task cannot read run end dates) by the newest value's time
+  (map: its write time; messages: the log's own publish time) against its own clock.
 """
 
 from __future__ import annotations
@@ -29,10 +33,16 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from airflow_provider_pulsarstate.hooks.pulsarstate import (
+    RunScan,
+    XComMessageLog,
     XComRecord,
     XComStore,
+    delete_topic_if_unchanged,
     drop_run_map,
+    is_message_topic,
     is_run_topic,
+    message_topic,
+    message_topic_prefix,
     run_topic,
     run_topic_prefix,
 )
@@ -80,10 +90,14 @@ class CleanupReport:
 
 @dataclass(frozen=True)
 class _RunMap:
+    """One run's topic as listed: a map's entries, or (``last`` set) a message topic's messages as
+    records keyed by their place in the topic, timed by the log's publish time."""
+
     topic: str
     dag_id: str
     run_id: str
     entries: dict[str, XComRecord]
+    last: bytes | None = None
 
     @property
     def size(self) -> int:
@@ -132,9 +146,14 @@ def run_cleanup(
         for run_map, reason in verdicts:
             if reason not in ("missing", "expired") or dry_run:
                 continue
-            shared_objects.discard_topic(run_map.topic)  # no map of this process re-creates it
-            if drop_run_map(backend, run_map.topic, namespace=settings.key_namespace, expected=run_map.entries,
-                            timeout=max(30.0, hook.get_config().operation_timeout)):
+            shared_objects.discard_topic(run_map.topic)  # no map or publisher of this process re-creates it
+            timeout = max(30.0, hook.get_config().operation_timeout)
+            if run_map.last is not None:
+                dropped = delete_topic_if_unchanged(backend, run_map.topic, last=run_map.last, timeout=timeout)
+            else:
+                dropped = drop_run_map(backend, run_map.topic, namespace=settings.key_namespace,
+                                       expected=run_map.entries, timeout=timeout)
+            if dropped:
                 deleted.append(run_map)
             else:
                 changed += 1
@@ -157,21 +176,30 @@ def run_cleanup(
 
 
 def _list_run_maps(backend: Any, base: str, namespace: str, dag_id: str | None, log: Any) -> tuple[list[_RunMap], int]:
-    """The run maps of ``namespace`` (of ``dag_id`` only, when given) and how many maps under the
-    prefix were not this namespace's."""
-    prefix = run_topic_prefix(base, namespace)
+    """The run topics of ``namespace`` of both layouts (of ``dag_id`` only, when given) and how
+    many topics under their prefixes were not this namespace's."""
+    prefix, messages_prefix = run_topic_prefix(base, namespace), message_topic_prefix(base, namespace)
     topics = [t for t in backend.list_topics(prefix) if is_run_topic(t, prefix)]
+    topics += [t for t in backend.list_topics(messages_prefix) if is_message_topic(t, messages_prefix)]
     found: list[_RunMap] = []
     foreign = 0
     started = time.monotonic()
     for i, topic in enumerate(topics, 1):
-        with XComStore(backend, topic, namespace=namespace, writer_idle_timeout=0.2) as store:
-            entries = store.entries(latest=True)
-            owner = _owner(store, topic, base, entries)
-        if owner is None:
-            foreign += bool(entries)
-        elif dag_id is None or owner[0] == dag_id:
-            found.append(_RunMap(topic, owner[0], owner[1], entries))
+        if is_message_topic(topic, messages_prefix):
+            with XComMessageLog(backend, topic, namespace=namespace) as messages:
+                scan = messages.scan()
+            run_map = _message_run(scan, topic, base, namespace)
+            listed = bool(scan.messages)
+        else:
+            with XComStore(backend, topic, namespace=namespace, writer_idle_timeout=0.2) as store:
+                entries = store.entries(latest=True)
+                owner = _owner(store, topic, base, entries)
+            run_map = None if owner is None else _RunMap(topic, owner[0], owner[1], entries)
+            listed = bool(entries)
+        if run_map is None:
+            foreign += listed
+        elif dag_id is None or run_map.dag_id == dag_id:
+            found.append(run_map)
         if log is not None and (i % 100 == 0 or i == len(topics)) and time.monotonic() - started > 2:
             log.info("xcom clean-up: read %d of %d run maps", i, len(topics))
     return found, foreign
@@ -191,6 +219,24 @@ def _owner(store: XComStore, topic: str, base: str, entries: dict[str, XComRecor
         return None
     dag, run = runs.pop()
     return (dag, run) if run_topic(base, store.namespace, dag, run) == topic else None
+
+
+def _message_run(scan: RunScan, topic: str, base: str, namespace: str) -> _RunMap | None:
+    """A message topic as a listed run, when every message in it is an XCom message of this
+    namespace and of the one run its name is derived from; None for anything else (never touched)."""
+    runs = {(m.message.identity.dag_id, m.message.identity.run_id) if m.message is not None
+            and m.message.identity.namespace == namespace else None for m in scan.messages}
+    if len(runs) != 1 or None in runs:
+        return None
+    dag, run = runs.pop()  # type: ignore[misc]
+    if message_topic(base, namespace, dag, run) != topic:
+        return None
+    entries = {
+        f"{i}": XComRecord("", m.publish_time, m.message.record.size, m.message.record.type_name,
+                           m.message.record.try_number)
+        for i, m in enumerate(scan.messages) if m.message is not None
+    }
+    return _RunMap(topic, dag, run, entries, last=scan.last)
 
 
 def _judge(

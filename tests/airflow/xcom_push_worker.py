@@ -19,8 +19,9 @@ from airflow_provider_pulsarstate.xcom.backend import PulsarXComBackend, run_sto
 
 def main() -> None:
     dag_id, run_id, go_file, *task_ids = sys.argv[1:]
-    with run_store(settings(), dag_id, run_id) as store:
-        store.start()  # open (replay) before the go signal, so the pushes themselves race
+    if settings().xcom_layout == "map":
+        with run_store(settings(), dag_id, run_id) as store:
+            store.start()  # open (replay) before the go signal, so the pushes themselves race
     print("ready", flush=True)
     results: dict[str, object] = {}
 

@@ -18,6 +18,7 @@ from airflow_provider_pulsarstate.engine.offsets.base import (
     OffsetLog,
     PulledMessage,
     PullResult,
+    StoredMessage,
     TopicPublisher,
 )
 from airflow_provider_pulsarstate.engine.offsets.consumer import PullConsumer
@@ -44,15 +45,23 @@ def open_offset_log(backend: Backend, topic: str, **options: Any) -> OffsetLog:
     return EmbeddedOffsetLog(backend.underlying(), topic, **options)  # type: ignore[arg-type]
 
 
-def open_publisher(backend: Backend, topic: str, *, batching: bool = True) -> TopicPublisher:
-    """A :class:`TopicPublisher` for ``topic`` (``batching``: Pulsar batches messages into entries)."""
+def open_publisher(
+    backend: Backend, topic: str, *, batching: bool = True, chunking: bool = False, create: bool = False
+) -> TopicPublisher:
+    """A :class:`TopicPublisher` for ``topic`` (``batching``: Pulsar batches messages into entries;
+    ``chunking``: Pulsar splits a message over the broker's size limit into chunks, without batching;
+    the embedded log has no message size limit and ignores both). ``create``: a missing topic is
+    created (non-partitioned) instead of raising UnknownTopicError; on Pulsar without an admin call
+    when the broker creates topics on first use."""
     if _is_pulsar(backend):
         from airflow_provider_pulsarstate.engine.offsets.pulsar import PulsarTopicPublisher
 
-        return PulsarTopicPublisher(backend.underlying(), topic, batching=batching)  # type: ignore[arg-type]
+        return PulsarTopicPublisher(backend.underlying(), topic, batching=batching, chunking=chunking,  # type: ignore[arg-type]
+                                    create=create)
     from airflow_provider_pulsarstate.engine.offsets.embedded import EmbeddedTopicPublisher
 
-    return EmbeddedTopicPublisher(backend.underlying(), topic)  # type: ignore[arg-type]
+
+    return EmbeddedTopicPublisher(backend.underlying(), topic, create=create)  # type: ignore[arg-type]
 
 
 def create_topic(backend: Backend, topic: str, *, partitions: int = 0) -> None:
@@ -70,6 +79,28 @@ def create_topic(backend: Backend, topic: str, *, partitions: int = 0) -> None:
     create_embedded_topic(backend.underlying(), topic, partitions=partitions)  # type: ignore[arg-type]
 
 
+def last_position(backend: Backend, topic: str, *, timeout: float) -> bytes | None:
+    """The encoded position of ``topic``'s last entry (None: empty or missing): what
+    :func:`delete_topic_if_unchanged` compares."""
+    entry = backend.read_last(topic, timeout=timeout)
+    return None if entry is None else backend.encode_position(entry.position)
+
+
+def delete_topic_if_unchanged(backend: Backend, topic: str, *, last: bytes | None, timeout: float) -> bool:
+    """Delete a non-partitioned topic only if nothing was appended since :func:`last_position`
+    answered ``last`` (compare-and-delete). Embedded: the check and the deletion are one transaction.
+    Pulsar: the check, then a non-forced deletion, which the broker refuses while a producer or
+    reader is connected (a process that just published keeps its producer open). Returns whether
+    it was deleted."""
+    if _is_pulsar(backend):
+        from airflow_provider_pulsarstate.engine.offsets.pulsar import delete_pulsar_topic_if_last
+
+        return delete_pulsar_topic_if_last(backend.underlying(), topic, last, timeout=timeout)  # type: ignore[arg-type]
+    from airflow_provider_pulsarstate.engine.offsets.embedded import delete_embedded_topic_if_last
+
+    return delete_embedded_topic_if_last(backend.underlying(), topic, last)  # type: ignore[arg-type]
+
+
 def open_async_probe(config: ConnectionConfig) -> AsyncOffsetProbe:
     """An :class:`AsyncOffsetProbe` for the back end ``config`` selects (no I/O until first use)."""
     if config.kind == "pulsar":
@@ -82,6 +113,6 @@ def open_async_probe(config: ConnectionConfig) -> AsyncOffsetProbe:
 
 
 __all__ = [
-    "AsyncOffsetProbe", "OffsetLog", "PullConsumer", "PullResult", "PulledMessage", "TopicPublisher",
-    "create_topic", "open_async_probe", "open_offset_log", "open_publisher",
+    "AsyncOffsetProbe", "OffsetLog", "PullConsumer", "PullResult", "PulledMessage", "StoredMessage", "TopicPublisher",
+    "create_topic", "delete_topic_if_unchanged", "last_position", "open_async_probe", "open_offset_log", "open_publisher",
 ]

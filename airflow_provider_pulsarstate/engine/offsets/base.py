@@ -85,6 +85,38 @@ class PullResult:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """One message read by its address (:meth:`OffsetLog.read_at`).
+
+    :ivar address: the address it was read at (as :meth:`TopicPublisher.publish` returned it).
+    :ivar value: the payload as published.
+    :ivar properties: the message properties (empty when none).
+    :ivar publish_time: seconds since the epoch, as stamped at publish time.
+    """
+
+    address: str
+    value: bytes
+    properties: Mapping[str, str] = field(default_factory=dict)
+    publish_time: float = 0.0
+
+
+def format_address(kind: str, partition: int, position: str) -> str:
+    """An address as text: ``<kind>:<partition>:<position>`` (``kind`` names the back end: ``e``
+    embedded, ``p`` Pulsar, so an address is never read on the other one)."""
+    return f"{kind}:{partition}:{position}"
+
+
+def parse_address(address: object, kind: str) -> tuple[int, str] | None:
+    """``(partition, position)`` of an address of back end ``kind``; None when it is not one."""
+    if not isinstance(address, str):
+        return None
+    parts = address.split(":", 2)
+    if len(parts) != 3 or parts[0] != kind or not parts[1].isdigit() or not parts[2]:
+        return None
+    return int(parts[1]), parts[2]
+
+
 class OffsetLog(ABC):
     """One topic on one back end, addressed by offsets. Thread-safe unless noted.
 
@@ -155,6 +187,16 @@ class OffsetLog(ABC):
         and does not exist."""
 
     @abstractmethod
+    def read_at(self, address: str, *, timeout: float) -> StoredMessage:
+        """The one message at ``address`` (what :meth:`TopicPublisher.publish` returned for this
+        topic), without reading anything before it.
+
+        :raises MessageNotFoundError: nothing is there (never written, topic deleted, trimmed) or it
+            did not arrive within ``timeout`` seconds.
+        :raises ConfigurationError: ``address`` is not an address of this back end (named).
+        """
+
+    @abstractmethod
     def close(self) -> None:
         """Release readers, consumers and connections this object opened (idempotent). The
         back end passed in stays open."""
@@ -175,6 +217,19 @@ class TopicPublisher(ABC):
 
         :raises ConfigurationError: ``value`` is not bytes, ``key`` not a str, or ``properties``
             not a mapping of str to str (nothing is queued).
+        """
+
+    @abstractmethod
+    def publish(
+        self, value: bytes, *, key: str | None = None, properties: Mapping[str, str] | None = None, timeout: float
+    ) -> str:
+        """Publish one message and wait until it is durable; returns its address, which
+        :meth:`OffsetLog.read_at` of the same topic reads back (messages queued by :meth:`send`
+        before it are written too). Safe to call from several threads and several processes at once
+        (no exclusive writer).
+
+        :raises ConfigurationError: as :meth:`send` (nothing is published).
+        :raises OperationTimeoutError: not acknowledged within ``timeout`` (it may still land).
         """
 
     @abstractmethod

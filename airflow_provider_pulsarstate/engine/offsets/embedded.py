@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 from airflow_provider_pulsarstate.engine.backends.base import partition_topic_name
 from airflow_provider_pulsarstate.engine.backends.embedded import (
+    _TOPIC_ROWS,
     EmbeddedBackend,
     _close_quietly,
     _rollback_quietly,
@@ -39,6 +40,7 @@ from airflow_provider_pulsarstate.engine.errors import (
     ClosedError,
     ConfigurationError,
     CorruptEntryError,
+    MessageNotFoundError,
     OffsetOutOfRangeError,
     OperationTimeoutError,
     PulsarStateError,
@@ -50,7 +52,10 @@ from airflow_provider_pulsarstate.engine.offsets.base import (
     AsyncOffsetProbe,
     OffsetLog,
     PulledMessage,
+    StoredMessage,
     TopicPublisher,
+    format_address,
+    parse_address,
 )
 from airflow_provider_pulsarstate.engine.retry import Backoff
 from airflow_provider_pulsarstate.engine.worker_thread import WorkerThread
@@ -64,6 +69,8 @@ _POOL_OPTIONS = frozenset({"reader_pool_size", "reader_idle_timeout", "position_
 _QUEUE_MESSAGES = 1000
 _QUEUE_BYTES = 1 << 20
 _BUSY = frozenset({"SQLITE_BUSY", "SQLITE_LOCKED"})
+EMBEDDED_ADDRESS = "e"
+"""Addresses of the embedded log: ``e:<partition>:<position>`` (the position is the offset)."""
 
 
 class _Store:
@@ -275,6 +282,33 @@ class EmbeddedOffsetLog(OffsetLog):
                     low = middle + 1
             return low
 
+    def read_at(self, address: str, *, timeout: float) -> StoredMessage:
+        parsed = parse_address(address, EMBEDDED_ADDRESS)
+        if parsed is None or not parsed[1].isdigit():
+            raise ConfigurationError(
+                f"{address!r} is not a message address of the embedded log (expected 'e:<partition>:<position>')"
+            )
+        partition, position = parsed[0], int(parsed[1])
+        with self._store.transaction(f"reading message {address} of {self.topic}") as conn:
+            try:
+                stored = _stored_topic(conn, self.backend, self.topic, partition)
+            except (UnknownTopicError, UnknownPartitionError) as exc:
+                raise MessageNotFoundError(
+                    f"no message at {address} of {self.backend.topic_url(self.topic)}: {exc}", topic=self.topic,
+                    address=address,
+                ) from exc
+            row = conn.execute(
+                "SELECT e.payload, e.publish_time, m.properties FROM entries e "
+                "LEFT JOIN entry_meta m ON m.topic = e.topic AND m.pos = e.pos WHERE e.topic = ? AND e.pos = ?",
+                (stored, position),
+            ).fetchone()
+        if row is None:
+            raise MessageNotFoundError(
+                f"no message at {address} of {self.backend.topic_url(self.topic)} (never written there, or trimmed)",
+                topic=self.topic, address=address,
+            )
+        return StoredMessage(address, bytes(row[0]), _properties(row[2], stored, position), float(row[1]))
+
     def commit(self, subscription: str, partition: int, next_offset: int) -> None:
         with self._store.transaction(
             f"committing offset {next_offset} of {self.topic} partition {partition} for subscription {subscription!r}",
@@ -312,10 +346,11 @@ class EmbeddedTopicPublisher(TopicPublisher):
     key. Publish times are stamped in the write and never decrease along a partition.
 
     :raises UnknownTopicError: the topic does not exist (create it with ``create_topic``), as on
-        Pulsar: a mistyped name never silently starts a new topic.
+        Pulsar: a mistyped name never silently starts a new topic. With ``create=True`` a missing
+        topic is created (non-partitioned) in the transaction of the first write instead.
     """
 
-    def __init__(self, backend: EmbeddedBackend, topic: str) -> None:
+    def __init__(self, backend: EmbeddedBackend, topic: str, *, create: bool = False) -> None:
         if not topic:
             raise ConfigurationError("topic must not be empty")
         self.backend = backend
@@ -324,9 +359,11 @@ class EmbeddedTopicPublisher(TopicPublisher):
         self._queued_bytes = 0
         self._next_partition = 0
         self._lock = threading.Lock()
+        self._create = create
         self._conn: sqlite3.Connection | None = backend.connect()
         try:
-            _partition_count(self._conn, backend, topic)
+            if not create:
+                _partition_count(self._conn, backend, topic)
         except sqlite3.Error as exc:
             _close_quietly(self._conn)
             raise BackendUnavailableError(f"cannot open a publisher of {backend.topic_url(topic)}: {exc}") from exc
@@ -337,18 +374,19 @@ class EmbeddedTopicPublisher(TopicPublisher):
         self._tracked = _OnBackendClose(self)
         backend._track(self._tracked)
 
-    def send(self, value: bytes, *, key: str | None = None, properties: Mapping[str, str] | None = None) -> None:
+    def _check(self, value: Any, key: Any, properties: Any) -> None:
         if not isinstance(value, (bytes, bytearray, memoryview)):
             raise ConfigurationError(f"a message to {self.topic} must be bytes, got {type(value).__name__}")
         if key is not None and not isinstance(key, str):
             raise ConfigurationError(f"a message key must be a str, got {type(key).__name__} for topic {self.topic}")
-        encoded = None
-        if properties:
-            if not isinstance(properties, Mapping) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in properties.items()
-            ):
-                raise ConfigurationError(f"message properties must map str to str (topic {self.topic})")
-            encoded = json.dumps(dict(properties), sort_keys=True)
+        if properties and (not isinstance(properties, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in properties.items()
+        )):
+            raise ConfigurationError(f"message properties must map str to str (topic {self.topic})")
+
+    def send(self, value: bytes, *, key: str | None = None, properties: Mapping[str, str] | None = None) -> None:
+        self._check(value, key, properties)
+        encoded = json.dumps(dict(properties), sort_keys=True) if properties else None
         with self._lock:
             if self._closed:
                 raise ClosedError(f"publisher of {self.topic} is closed")
@@ -363,10 +401,11 @@ class EmbeddedTopicPublisher(TopicPublisher):
                 raise ClosedError(f"publisher of {self.topic} is closed")
             self._write(timeout=timeout)
 
-    def _write(self, *, timeout: float) -> None:
-        """Write the queue in one transaction. On a definite failure the queue is kept (flush again)."""
+    def _write(self, *, timeout: float) -> list[tuple[int, int]]:
+        """Write the queue in one transaction; returns ``(partition, position)`` of each queued
+        message, in queue order. On a definite failure the queue is kept (flush again)."""
         if not self._queue:
-            return
+            return []
         url = self.backend.topic_url(self.topic)
         if self._conn is None:
             self._conn = self.backend.connect()
@@ -375,25 +414,34 @@ class EmbeddedTopicPublisher(TopicPublisher):
             conn.execute(f"PRAGMA busy_timeout = {max(1, int(timeout * 1000))}")
             conn.execute("BEGIN IMMEDIATE")
             row = conn.execute("SELECT partitions FROM offset_topics WHERE name = ?", (self.topic,)).fetchone()
+            if row is None and self._create:  # one write transaction for a pushing task, not two
+                conn.execute("INSERT INTO offset_topics(name, partitions) VALUES (?, 0)", (self.topic,))
             count = int(row[0]) if row else 0
-            routed: dict[str, list[tuple[bytes, str | None, str | None]]] = {}
+            routed: dict[str, list[int]] = {}  # stored topic -> indexes into the queue
+            partitions: list[int] = []
             next_partition = self._next_partition
-            for message in self._queue:
+            for index, message in enumerate(self._queue):
                 if count == 0:
-                    stored = self.topic
+                    partition = 0
                 elif message[1] is not None:
-                    stored = partition_topic_name(self.topic, zlib.crc32(message[1].encode()) % count)
+                    partition = zlib.crc32(message[1].encode()) % count
                 else:
-                    stored = partition_topic_name(self.topic, next_partition % count)
+                    partition = next_partition % count
                     next_partition += 1
-                routed.setdefault(stored, []).append(message)
+                stored = self.topic if count == 0 else partition_topic_name(self.topic, partition)
+                routed.setdefault(stored, []).append(index)
+                partitions.append(partition)
+            placed = [0] * len(self._queue)
             now = time.time()
-            for stored, messages in routed.items():
+            for stored, indexes in routed.items():
                 last = conn.execute(
                     "SELECT pos, publish_time FROM entries WHERE topic = ? ORDER BY pos DESC LIMIT 1", (stored,)
                 ).fetchone()
                 first = last[0] + 1 if last else 0
                 stamp = max(now, last[1]) if last else now
+                messages = [self._queue[i] for i in indexes]
+                for i, index in enumerate(indexes):
+                    placed[index] = first + i
                 conn.executemany(
                     "INSERT INTO entries(topic, pos, payload, publish_time) VALUES (?, ?, ?, ?)",
                     [(stored, first + i, m[0], stamp) for i, m in enumerate(messages)],
@@ -431,6 +479,34 @@ class EmbeddedTopicPublisher(TopicPublisher):
         self._next_partition = next_partition
         self._queue.clear()
         self._queued_bytes = 0
+        return list(zip(partitions, placed))
+
+    def publish(
+        self, value: bytes, *, key: str | None = None, properties: Mapping[str, str] | None = None, timeout: float
+    ) -> str:
+        with self._lock:
+            if self._closed:
+                raise ClosedError(f"publisher of {self.topic} is closed")
+        self._check(value, key, properties)
+        encoded = json.dumps(dict(properties), sort_keys=True) if properties else None
+        with self._lock:
+            if self._closed:
+                raise ClosedError(f"publisher of {self.topic} is closed")
+            self._queue.append((bytes(value), key, encoded))
+            self._queued_bytes += len(value)
+            try:
+                placed = self._write(timeout=timeout)
+            except BaseException:
+                self._drop_last_if_queued()
+                raise
+        partition, position = placed[-1]  # appended last, so written last
+        return format_address(EMBEDDED_ADDRESS, partition, str(position))
+
+    def _drop_last_if_queued(self) -> None:
+        """A failed publish leaves nothing queued for a later flush: the caller was told it failed."""
+        if self._queue:
+            value = self._queue.pop()[0]
+            self._queued_bytes -= len(value)
 
     def close(self) -> None:
         with self._lock:
@@ -460,6 +536,28 @@ class _OnBackendClose:
         except PulsarStateError as exc:
             log.error("closing the back end: %d queued message(s) to %s were not published: %s",
                       queued, self.publisher.topic, exc)
+
+
+def delete_embedded_topic_if_last(backend: EmbeddedBackend, topic: str, last: bytes | None) -> bool:
+    """Delete a non-partitioned topic only if its last entry is still ``last`` (None: empty), in
+    one transaction: no append can land between the check and the deletion. Returns whether deleted."""
+    conn = backend.connect()
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        row = conn.execute("SELECT MAX(pos) FROM entries WHERE topic = ?", (topic,)).fetchone()
+        now = None if row is None or row[0] is None else backend.encode_position(int(row[0]))
+        if now != last:
+            conn.execute("ROLLBACK")
+            return False
+        for table, column in _TOPIC_ROWS:
+            conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (topic,))
+        conn.execute("COMMIT")
+        return True
+    except sqlite3.Error as exc:
+        _rollback_quietly(conn)
+        raise BackendUnavailableError(f"cannot delete {backend.topic_url(topic)}: {exc}") from exc
+    finally:
+        _close_quietly(conn)
 
 
 def create_embedded_topic(backend: EmbeddedBackend, topic: str, *, partitions: int) -> None:

@@ -31,6 +31,7 @@ How offsets are found (facts checked on Pulsar 4.2, see :mod:`.pulsar_index`):
 
 from __future__ import annotations
 
+import base64
 import logging
 import math
 import threading
@@ -41,18 +42,27 @@ from typing import Any, Mapping
 
 import pulsar
 
-from airflow_provider_pulsarstate.engine.backends.pulsar import PulsarBackend
+from airflow_provider_pulsarstate.engine.backends.base import partition_topic_name
+from airflow_provider_pulsarstate.engine.backends.pulsar import PulsarBackend, _unique_subscription
 from airflow_provider_pulsarstate.engine.errors import (
     BackendUnavailableError,
     ClosedError,
     ConfigurationError,
+    MessageNotFoundError,
     OffsetError,
     OffsetOutOfRangeError,
     OperationTimeoutError,
     UnknownPartitionError,
     UnknownTopicError,
 )
-from airflow_provider_pulsarstate.engine.offsets.base import OffsetLog, PulledMessage, TopicPublisher
+from airflow_provider_pulsarstate.engine.offsets.base import (
+    OffsetLog,
+    PulledMessage,
+    StoredMessage,
+    TopicPublisher,
+    format_address,
+    parse_address,
+)
 from airflow_provider_pulsarstate.engine.offsets.pulsar_index import (
     COMMITTED_PROPERTY,
     MESSAGE_ID_HEADER,
@@ -76,6 +86,9 @@ PARTITIONS_TTL = 2.0
 END_TTL = 1.0
 """Seconds an end offset observed by a pull is reused by the next pulls (exact at the tail)."""
 _RECEIVER_QUEUE = 1000
+PULSAR_ADDRESS = "p"
+"""Addresses on Pulsar: ``p:<partition>:<base64 of the serialized MessageId>`` (partition -1 is
+encoded as 0; the id itself says whether the topic is partitioned)."""
 _TIME_SCAN_MESSAGES = 500
 _TIME_SCAN_BYTES = 1 << 20
 
@@ -693,6 +706,40 @@ class PulsarOffsetLog(OffsetLog):
             return ref.first
         return self.beginning_offset(partition)
 
+    # -- one message by address ------------------------------------------------------------
+    def read_at(self, address: str, *, timeout: float) -> StoredMessage:
+        """A short-lived reader placed inclusively at the message id (no index look-up, nothing
+        before it is read); an id nothing is at answers at once (the reader's tail check), not
+        after ``timeout``."""
+        wanted = _message_id_of(address)
+        partition = wanted.partition()
+        pt = partition_topic_name(self.topic, partition) if partition >= 0 else self.topic
+        where = (int(wanted.ledger_id()), int(wanted.entry_id()), int(wanted.batch_index()))
+        self._check_open()
+        try:
+            reader = self._backend.client.create_reader(
+                pt, wanted, start_message_id_inclusive=True, receiver_queue_size=1, **_unique_subscription()
+            )
+        except pulsar.PulsarException as exc:
+            raise self._backend._unreachable("creating a reader of", pt, exc) from exc
+        try:
+            if not reader.has_message_available():
+                raise self._not_found(address, pt, "nothing there (never written, topic deleted, or trimmed)")
+            msg = reader.read_next(max(1, int(timeout * 1000)))
+        except pulsar.Timeout as exc:
+            raise self._not_found(address, pt, f"nothing arrived within {timeout:.1f}s") from exc
+        except pulsar.PulsarException as exc:
+            raise self._backend._unreachable("reading", pt, exc) from exc
+        finally:
+            _close_quietly(reader)
+        got = msg.message_id()
+        if (got.ledger_id(), got.entry_id()) != where[:2] or (where[2] >= 0 and got.batch_index() != where[2]):
+            raise self._not_found(address, pt, f"the message there is gone (read {got} instead: trimmed?)")
+        return StoredMessage(address, msg.data(), dict(msg.properties()), msg.publish_timestamp() / 1000.0)
+
+    def _not_found(self, address: str, pt: str, why: str) -> MessageNotFoundError:
+        return MessageNotFoundError(f"no message at {address} of {pt}: {why}", topic=self.topic, address=address)
+
     # -- lifecycle ----------------------------------------------------------------------------
     def _check_open(self) -> None:
         with self._lock:
@@ -719,44 +766,47 @@ class PulsarTopicPublisher(TopicPublisher):
     """Plain messages to an existing topic (partitioned: routed by key, round robin without one).
 
     :param batching: let the client batch messages into entries (several offsets per entry).
+    :param chunking: split a message over the broker's size limit into chunks (no batching then);
+        :meth:`OffsetLog.read_at` reads it whole.
+    :param create: create a missing (non-partitioned) topic instead of raising; the existence check
+        over the admin API is skipped (the broker creates the topic on first use, or it is created
+        over the admin API when the namespace forbids that).
     :raises UnknownTopicError: the topic does not exist (create it with ``create_topic``).
     """
 
-    def __init__(self, backend: PulsarBackend, topic: str, *, batching: bool = True) -> None:
+    def __init__(
+        self, backend: PulsarBackend, topic: str, *, batching: bool = True, chunking: bool = False, create: bool = False
+    ) -> None:
         self.topic = topic
         self._backend = backend
-        if backend.admin.partition_count(topic) is None:
+        if not create and backend.admin.partition_count(topic) is None:
             raise UnknownTopicError(
                 f"topic {topic} does not exist on {backend.topic_url(topic)}; create it first (create_topic)"
             )
         self._cond = threading.Condition()
         self._pending = 0
         self._error: str | None = None
+        options: dict[str, Any] = dict(
+            batching_enabled=batching and not chunking,
+            chunking_enabled=chunking,
+            batching_max_publish_delay_ms=5,
+            block_if_queue_full=True,
+            send_timeout_millis=max(1, int(backend.config.operation_timeout * 1000)),
+        )
         try:
-            self._producer: pulsar.Producer | None = backend.client.create_producer(
-                topic,
-                batching_enabled=batching,
-                batching_max_publish_delay_ms=5,
-                block_if_queue_full=True,
-                send_timeout_millis=max(1, int(backend.config.operation_timeout * 1000)),
-            )
+            try:
+                self._producer: pulsar.Producer | None = backend.client.create_producer(topic, **options)
+            except pulsar.TopicNotFound:
+                if not create:
+                    raise
+                # The namespace does not create topics on first use: create it over the admin API.
+                create_pulsar_topic(backend, topic)
+                self._producer = backend.client.create_producer(topic, **options)
         except pulsar.PulsarException as exc:
             raise backend._unreachable("creating a producer of", topic, exc) from exc
 
     def send(self, value: bytes, *, key: str | None = None, properties: Mapping[str, str] | None = None) -> None:
-        if not isinstance(value, (bytes, bytearray, memoryview)):
-            raise ConfigurationError(f"message value must be bytes, got {type(value).__name__} for topic {self.topic}")
-        if key is not None and not isinstance(key, str):
-            raise ConfigurationError(
-                f"message key must be a str or None, got {type(key).__name__} for topic {self.topic}"
-            )
-        if properties is not None and (
-            not isinstance(properties, Mapping)
-            or not all(isinstance(k, str) and isinstance(v, str) for k, v in properties.items())
-        ):
-            raise ConfigurationError(
-                f"message properties must map str to str, got {properties!r} for topic {self.topic}"
-            )
+        self._check(value, key, properties)
         producer = self._producer
         if producer is None:
             raise ClosedError(f"publisher of {self.topic} is closed")
@@ -774,6 +824,52 @@ class PulsarTopicPublisher(TopicPublisher):
         except pulsar.PulsarException as exc:
             self._sent(None, None)
             raise self._backend._unreachable("sending to", self.topic, exc) from exc
+
+    def publish(
+        self, value: bytes, *, key: str | None = None, properties: Mapping[str, str] | None = None, timeout: float
+    ) -> str:
+        self._check(value, key, properties)
+        producer = self._producer
+        if producer is None:
+            raise ClosedError(f"publisher of {self.topic} is closed")
+        done = threading.Event()
+        outcome: list[Any] = []
+
+        def sent(result: Any, msg_id: Any) -> None:  # must not raise: the client would abort the process
+            outcome[:] = [result, msg_id]
+            done.set()
+
+        kwargs: dict[str, Any] = {"partition_key": key} if key is not None else {}
+        if properties:
+            kwargs["properties"] = dict(properties)
+        try:
+            producer.send_async(bytes(value), sent, **kwargs)
+        except pulsar.PulsarException as exc:
+            raise self._backend._unreachable("sending to", self.topic, exc) from exc
+        if not done.wait(timeout):
+            raise OperationTimeoutError(f"a message to {self.topic} was not acknowledged within {timeout:.1f}s")
+        result, msg_id = outcome
+        if result == pulsar.Result.Timeout:
+            raise OperationTimeoutError(f"a message to {self.topic} was not acknowledged in time (it may still land)")
+        if result != pulsar.Result.Ok:
+            raise BackendUnavailableError(f"sending to {self.topic} failed: {result}")
+        partition = max(int(msg_id.partition()), 0)
+        return format_address(PULSAR_ADDRESS, partition, base64.b64encode(msg_id.serialize()).decode())
+
+    def _check(self, value: Any, key: Any, properties: Any) -> None:
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise ConfigurationError(f"message value must be bytes, got {type(value).__name__} for topic {self.topic}")
+        if key is not None and not isinstance(key, str):
+            raise ConfigurationError(
+                f"message key must be a str or None, got {type(key).__name__} for topic {self.topic}"
+            )
+        if properties is not None and (
+            not isinstance(properties, Mapping)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in properties.items())
+        ):
+            raise ConfigurationError(
+                f"message properties must map str to str, got {properties!r} for topic {self.topic}"
+            )
 
     def _sent(self, result: Any, _msg_id: Any) -> None:
         with self._cond:
@@ -804,6 +900,32 @@ class PulsarTopicPublisher(TopicPublisher):
         finally:
             self._producer = None
             _close_quietly(producer)
+
+
+def _message_id_of(address: str) -> Any:
+    parsed = parse_address(address, PULSAR_ADDRESS)
+    try:
+        if parsed is None:
+            raise ValueError("not p:<partition>:<base64>")
+        return pulsar.MessageId.deserialize(base64.b64decode(parsed[1], validate=True))
+    except Exception as exc:
+        raise ConfigurationError(
+            f"{address!r} is not a message address of Pulsar (expected 'p:<partition>:<base64 message id>')"
+        ) from exc
+
+
+def delete_pulsar_topic_if_last(backend: PulsarBackend, topic: str, last: bytes | None, *, timeout: float) -> bool:
+    """Delete a non-partitioned topic only if its last entry is still ``last`` (None: empty) and no
+    producer or reader is connected to it (the broker refuses a non-forced deletion then: a process
+    that just published keeps its producer open, so its message is not lost). Returns whether deleted."""
+    entry = backend.read_last(topic, timeout=timeout)
+    now = None if entry is None else backend.encode_position(entry.position)
+    if now != last:
+        return False
+    resp = backend.admin.request(
+        "DELETE", backend.admin.topic_path(topic), ok=(200, 204, 404, 412), params={"force": "false"}
+    )
+    return resp.status_code != 412
 
 
 def create_pulsar_topic(backend: PulsarBackend, topic: str, *, partitions: int = 0) -> None:

@@ -105,12 +105,17 @@ with DAG("xcom_backend_cleanup", schedule=None, start_date=START, catchup=False,
 
 with DAG("xcom_isolation", schedule=None, start_date=START, catchup=False,
          params={"victim_topic": Param("", type="string"), "victim_key": Param("", type="string"),
-                 "victim_dag": Param("", type="string"), "victim_run": Param("", type="string")}):
+                 "victim_dag": Param("", type="string"), "victim_run": Param("", type="string"),
+                 "victim_ref": Param("", type="string")}):
     # Attacks on another DAG's XCom through this backend; each must be refused and leave it intact.
 
     def _forged(params: dict[str, Any]) -> dict[str, Any]:
+        import json
+
         from airflow_provider_pulsarstate.xcom.backend import REFERENCE_MARKER
 
+        if params.get("victim_ref"):  # the victim's own reference, copied whole (address and writer too)
+            return json.loads(params["victim_ref"])
         return {REFERENCE_MARKER: 2, "topic": params["victim_topic"], "key": params["victim_key"],
                 "size": 1, "type": "dict", "written_at": "2026-01-01T00:00:00+00:00"}
 
