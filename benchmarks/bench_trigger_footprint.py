@@ -170,7 +170,7 @@ RUNNING: set[Any] = set()
 
 def _instrument(kind: str) -> None:
     if kind == "state_change":
-        from airflow_provider_pulsarstate.engine.recipes.table_feed import AsyncTableFeed
+        from airflow_provider_pulsarstate.engine.recipes.shared_table_feed import AsyncTableFeed
 
         original = AsyncTableFeed.start
 

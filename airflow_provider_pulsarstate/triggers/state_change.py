@@ -6,11 +6,15 @@ Use it in an :class:`~airflow.sdk.AssetWatcher`: every commit of the table that 
 (also under the prefix). A downstream task reads exactly that commit's rows with
 ``PulsarStateHook().get_table_changes(table, offset)``.
 
-How it reads the table: the table's log is read through the hook's table feed
-(:class:`~airflow_provider_pulsarstate.engine.recipes.table_feed.AsyncTableFeed`) on a worker
-thread of the feed's own, so a poll (or a replay from a checkpoint manifest) never blocks the
-triggerer's event loop nor asgiref's shared thread. The feed applies the log's acceptance rules
-(epochs, fenced writes), so an event stands for a change every replica of the table has.
+How it reads the table: through the hook's async table feed
+(:mod:`~airflow_provider_pulsarstate.engine.recipes.shared_table_feed`): one reader of the table's
+log per triggerer process, shared by every trigger watching that table (each keeps its own
+watermark and prefix), reading on the process-wide worker pool, so a poll (or a replay from a
+checkpoint manifest) never blocks the triggerer's event loop nor asgiref's shared thread, and a
+thousand triggers on a table cost one reader and about one read a second. A poll is answered from
+a shared read started at most ``min(poll_interval / 2, 1 s)`` before it. The feed applies the log's
+acceptance rules (epochs, fenced writes), so an event stands for a change every replica of the
+table has.
 
 The watermark, and why a restart neither misses nor repeats a change
 --------------------------------------------------------------------
@@ -78,6 +82,10 @@ ON_CHOICES = ("keys", "view_apply")
 
 DEFAULT_MAX_COMMITS_PER_BATCH = 500
 """Commits per delivered batch at most (a larger backlog comes in several batches)."""
+
+MAX_FRESHNESS = 1.0
+"""Seconds at most a poll may be answered from the table's shared read started before it (half
+the ``poll_interval`` when shorter): a thousand triggers on a table cost about one read a second."""
 
 MAX_COALESCED_VIEW_IDS = 100
 """View ids a coalesced event lists at most (``view_ids_total`` counts them all)."""
@@ -305,15 +313,6 @@ class _Watermark:
         self.value = offset
 
 
-def _chunks(commits: Sequence[Any], upto: int, size: int) -> list[tuple[Sequence[Any], int]]:
-    """A poll's commits in batches of at most ``size``, each with the watermark it stands for: its
-    last commit's offset, and ``upto`` (the position read to) for the last batch."""
-    if len(commits) <= size:
-        return [(commits, upto)]
-    parts = [commits[i : i + size] for i in range(0, len(commits), size)]
-    return [(part, upto if i == len(parts) - 1 else part[-1].offset) for i, part in enumerate(parts)]
-
-
 class StateChangeProducer(SharedStreamProducer):
     """The shared stream's producer: polls the table's feed from the stored watermark and writes
     the watermark in :meth:`advance`, i.e. once the triggerer stored the batch's events.
@@ -337,17 +336,21 @@ class StateChangeProducer(SharedStreamProducer):
         topic = self._topic = config.topic_name(kw["table"])
         start = await self._watermark.read(topic)
         backoff = Backoff(initial=min(1.0, poll_interval), maximum=max(poll_interval, 30.0))
+        batch_size = int(kw.get("max_commits_per_batch") or DEFAULT_MAX_COMMITS_PER_BATCH)
         sent: int | None = None  # the offset read up to and handed out (None: the feed is not started)
         while True:
             try:
                 if self._feed is None:
-                    self._feed = hook.get_async_table_feed(topic, after=start, key_prefix=kw["key_prefix"], config=config)
+                    self._feed = hook.get_async_table_feed(
+                        topic, after=start, key_prefix=kw["key_prefix"], config=config,
+                        freshness=min(poll_interval / 2, MAX_FRESHNESS),
+                    )
                 if sent is None:
                     sent = await self._feed.start()
                     if start is None:  # first run: the tail is the watermark, stored before any event
                         await self._watermark.write(sent, topic)
                     _log.info("watching table %s after commit offset %d (stored watermark: %s)", topic, sent, start)
-                commits, upto = await self._feed.poll()
+                commits, upto, more = await self._feed.poll(limit=batch_size)
             except (*TRANSIENT, TableNotFoundError) as exc:
                 delay = backoff.next_delay()
                 _log.warning("reading table %s failed (%s: %s); retrying in %.1fs", topic, type(exc).__name__, exc, delay)
@@ -364,10 +367,11 @@ class StateChangeProducer(SharedStreamProducer):
                 continue
             backoff = Backoff(initial=min(1.0, poll_interval), maximum=max(poll_interval, 30.0))
             if upto > sent:
-                for chunk, chunk_upto in _chunks(commits, upto, int(kw.get("max_commits_per_batch") or DEFAULT_MAX_COMMITS_PER_BATCH)):
-                    yield {"table": topic, "commits": [c.as_json() for c in chunk], "upto": chunk_upto}, chunk_upto
-                    await asyncio.sleep(0)  # the loop's other tasks get a turn between batches
+                yield {"table": topic, "commits": [c.as_json() for c in commits], "upto": upto}, upto
                 sent = upto
+            if more:  # a backlog: the next batch at once, the loop's other tasks getting a turn first
+                await asyncio.sleep(0)
+                continue
             await asyncio.sleep(poll_interval * random.uniform(0.75, 1.0))
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
