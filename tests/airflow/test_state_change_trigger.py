@@ -335,3 +335,55 @@ def test_provider_info_lists_the_trigger() -> None:
     from airflow_provider_pulsarstate.provider_info import provider_info
 
     assert "airflow_provider_pulsarstate.triggers.state_change" in provider_info()["triggers"][0]["python-modules"]
+
+
+def test_triggers_on_one_table_share_one_reader_and_each_gets_its_own_events(state_backend: str) -> None:
+    """What a triggerer with many watchers of one table holds: one reader of the table's log,
+    closed with the last trigger; each trigger still gets exactly its own events, also after
+    others were cancelled (one mid-read)."""
+    from airflow_provider_pulsarstate.engine.recipes.shared_table_feed import open_table_readers
+
+    table, n = f"state-change-{uuid.uuid4().hex[:8]}", 12
+    with PulsarStateHook() as hook, hook.get_table(table, writer_idle_timeout=0.1) as t:
+        t.put("setup", {"v": 0})
+        topic = hook.topic_name(table)
+
+    def put_each(keys: list[str]) -> dict[str, int]:
+        offsets = {}
+        with PulsarStateHook() as hook, hook.get_table(table, writer_idle_timeout=0.1) as t:
+            for key in keys:
+                t.put(key, {"v": 1})
+                offsets[key] = t.manager.applied_offset
+        return offsets
+
+    async def scenario() -> float:
+        async with LoopLag() as lag:
+            manager = SharedStreamManager(ack_timeout=60)
+            stores = [MemoryAccessor({}) for _ in range(n)]
+            watchers = []
+            for i in range(n):
+                trigger = StateChangeTrigger(table=table, on=["keys"], key_prefix=f"p{i}-", poll_interval=0.2)
+                trigger.asset_state_store = stores[i]
+                watchers.append(Watcher(manager, trigger, i + 1))
+            pending = [asyncio.ensure_future(w.next()) for w in watchers]
+            await wait_for(lambda: all(s.writes for s in stores), "every trigger's first watermark")
+            assert open_table_readers().get(topic) == 1
+            offsets = await asyncio.to_thread(put_each, [f"p{i}-a" for i in range(n)])
+            for i, w in enumerate(watchers):
+                event = await asyncio.wait_for(pending[i], 60)
+                assert (event.payload["offset"], event.payload["prefix_sets"]) == (offsets[f"p{i}-a"], 1)
+                manager.confirm_persisted(w.seqs)
+            pending = [asyncio.ensure_future(w.next()) for w in watchers]
+            for i in range(0, n, 2):  # half are cancelled (waiting on the shared feed), the others go on
+                await watchers[i].stop(pending[i])
+            offsets = await asyncio.to_thread(put_each, [f"p{i}-b" for i in range(n)])
+            for i in range(1, n, 2):
+                event = await asyncio.wait_for(pending[i], 60)
+                assert (event.payload["offset"], event.payload["prefix_sets"]) == (offsets[f"p{i}-b"], 1)
+            assert open_table_readers().get(topic) == 1
+            for i in range(1, n, 2):
+                await watchers[i].stop()
+            await wait_for(lambda: topic not in open_table_readers(), "the reader closed with the last trigger")
+        return lag.worst
+
+    assert asyncio.run(scenario()) < LOOP_LAG_LIMIT
