@@ -387,3 +387,43 @@ def test_triggers_on_one_table_share_one_reader_and_each_gets_its_own_events(sta
         return lag.worst
 
     assert asyncio.run(scenario()) < LOOP_LAG_LIMIT
+
+
+def test_commits_that_fire_nothing_move_the_watermark_now_and_then(state_backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each commit of a busy table would otherwise cost every trigger watching it a batch and a
+    watermark write; commits outside the trigger's prefix are passed over by the next batch."""
+    from airflow.triggers.shared_stream import AdvanceItem, AdvanceOutcome
+
+    from airflow_provider_pulsarstate.triggers import state_change
+
+    monkeypatch.setattr(state_change, "IDLE_WATERMARK_INTERVAL", 1.5)
+    table = f"state-change-{uuid.uuid4().hex[:8]}"
+
+    def put(key: str) -> int:
+        with PulsarStateHook() as hook, hook.get_table(table, writer_idle_timeout=0.1) as t:
+            t.put(key, {"v": 1})
+            return t.manager.applied_offset
+
+    put("setup")
+    kwargs = StateChangeTrigger(table=table, on=["keys"], key_prefix="sku-", poll_interval=0.1).serialize()[1]
+    store = MemoryAccessor({})
+
+    async def scenario() -> None:
+        producer = state_change.StateChangeProducer(kwargs, store)
+        stream = producer.open_stream()
+        first = asyncio.ensure_future(stream.__anext__())
+        await wait_for(lambda: store.writes, "the first watermark")
+        other = await asyncio.to_thread(put, "eur-1")
+        await asyncio.sleep(0.5)
+        assert not first.done()  # nothing fires: no batch yet, the watermark stays
+        mine = await asyncio.to_thread(put, "sku-1")
+        batch, upto = await asyncio.wait_for(first, 30)
+        assert [c["offset"] for c in batch["commits"]] == [mine] and upto == mine > other
+        await producer.advance([AdvanceItem(upto, AdvanceOutcome(acked=1, failed=0))])
+        late = await asyncio.to_thread(put, "eur-2")
+        batch, upto = await asyncio.wait_for(stream.__anext__(), 30)  # the quiet interval passed
+        assert batch["commits"] == [] and upto == late
+        await stream.aclose()
+        await producer.aclose()
+
+    asyncio.run(scenario())
