@@ -427,3 +427,30 @@ def test_commits_that_fire_nothing_move_the_watermark_now_and_then(state_backend
         await producer.aclose()
 
     asyncio.run(scenario())
+
+
+def test_triggers_starting_together_take_turns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A triggerer (re)starting many triggers: at most MAX_STARTING of one loop are in their start
+    phase (connection read, feed start) at once, the others wait their turn."""
+    from airflow_provider_pulsarstate.triggers import start_gate
+    from airflow_provider_pulsarstate.triggers.state_change import StateChangeProducer
+
+    inside, most = 0, 0
+
+    async def slow_config(self: Any) -> Any:
+        nonlocal inside, most
+        inside += 1
+        most = max(most, inside)
+        await asyncio.sleep(0.01)
+        inside -= 1
+        raise ConfigurationError("stop here")
+
+    monkeypatch.setattr(PulsarStateHook, "aget_config", slow_config)
+
+    async def scenario() -> list[Any]:
+        producers = [StateChangeProducer(StateChangeTrigger(table=f"t{i}").serialize()[1], None) for i in range(60)]
+        return await asyncio.gather(*(p.open_stream().__anext__() for p in producers), return_exceptions=True)
+
+    outcomes = asyncio.run(scenario())
+    assert all(isinstance(o, ConfigurationError) for o in outcomes)
+    assert 1 < most <= start_gate.MAX_STARTING, most
