@@ -146,8 +146,10 @@ def test_a_feed_starting_behind_the_others_gets_what_a_feed_of_its_own_would(
             assert got_other.commits == mine.poll()
         assert open_table_readers().get(topic) == 1
         # past the last commit: refused, as a TableFeed does; the others are not disturbed
+        refused = AsyncTableFeed(backend_config, topic, after=tail + 100)
         with pytest.raises(CommitNotFoundError, match="lies past the last commit"):
-            await AsyncTableFeed(backend_config, topic, after=tail + 100).start()
+            await refused.start()
+        await refused.aclose()
         for f in (ahead, behind, other):
             await f.aclose()
         await until(lambda: topic not in open_table_readers(), "the reader closed")
@@ -237,6 +239,19 @@ def test_a_feed_cancelled_mid_read_does_not_disturb_the_others(
         assert own((await second.poll()).commits) == [(table.manager.applied_offset, 1, 0)]
         await second.aclose()
         await until(lambda: topic not in open_table_readers(), "the reader closed")
+
+    asyncio.run(scenario())
+
+
+def test_a_feed_refused_alone_closes_the_reader(backend_config: ConnectionConfig, table: StateTable, topic: str) -> None:
+    table.put("k", {"v": 0})
+
+    async def scenario() -> None:
+        refused = AsyncTableFeed(backend_config, topic, after=table.manager.applied_offset + 5)
+        with pytest.raises(CommitNotFoundError):
+            await refused.start()
+        await refused.aclose()
+        await until(lambda: topic not in open_table_readers(), "the reader closed with the only (refused) feed")
 
     asyncio.run(scenario())
 

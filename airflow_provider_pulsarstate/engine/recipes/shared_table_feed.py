@@ -214,6 +214,7 @@ class _Hub:
             lambda: open_on_shared_backend(config, lambda backend: _Taps(backend, config, topic)), close_on_shared_backend,
             name="pulsarstate-table-feed", what=f"the shared table feed of {topic}",
         )
+        self.members: set[AsyncTableFeed] = set()  # entered and not left (the hub closes after the last)
         self.feeds: set[AsyncTableFeed] = set()  # started: each has its watermark
         self.joining: set[AsyncTableFeed] = set()
         self._prefix_users: Counter[str] = Counter()
@@ -231,13 +232,15 @@ class _Hub:
 
     # ------------------------------------------------------------------ users
     def enter(self, feed: "AsyncTableFeed") -> None:
+        self.members.add(feed)
         self.joining.add(feed)
         if feed.key_prefix is not None:
             self._prefix_users[feed.key_prefix] += 1
 
     async def leave(self, feed: "AsyncTableFeed") -> None:
-        if feed not in self.feeds and feed not in self.joining:
+        if feed not in self.members:
             return
+        self.members.discard(feed)
         self.feeds.discard(feed)
         self.joining.discard(feed)
         if feed.key_prefix is not None:
@@ -245,7 +248,7 @@ class _Hub:
             if self._prefix_users[feed.key_prefix] <= 0:
                 del self._prefix_users[feed.key_prefix]
                 self._since.pop(feed.key_prefix, None)
-        if not self.feeds and not self.joining:
+        if not self.members:
             self._closed = True
             if self._registry.get((self.config, self.topic)) is self:
                 del self._registry[(self.config, self.topic)]
