@@ -73,7 +73,7 @@ from airflow_provider_pulsarstate.engine.topic_stream import (
     TopicStream,
 )
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
-from airflow_provider_pulsarstate.triggers.start_gate import starting
+from airflow_provider_pulsarstate.triggers.start_gate import start_turn
 
 log = logging.getLogger(__name__)
 
@@ -264,18 +264,18 @@ class PulsarMessageTrigger(BaseEventTrigger):
         hook = PulsarStateHook(pulsarstate_conn_id=self.pulsarstate_conn_id)
         backoff = Backoff(initial=0.5, maximum=10.0)
         while True:
+            await start_turn()  # a thousand watchers subscribing together take turns
+            config = await hook.aget_config()
+            stream = hook.get_async_topic_stream(
+                self.topics, self.subscription, config=config,
+                dead_letter_topic=self.dead_letter_topic, max_redeliveries=self.max_redeliveries,
+                redelivery_delay=self.redelivery_delay, initial_position=self.initial_position,
+            )
             try:
-                async with starting():  # a thousand watchers subscribing together take turns
-                    config = await hook.aget_config()
-                    stream = hook.get_async_topic_stream(
-                        self.topics, self.subscription, config=config,
-                        dead_letter_topic=self.dead_letter_topic, max_redeliveries=self.max_redeliveries,
-                        redelivery_delay=self.redelivery_delay, initial_position=self.initial_position,
-                    )
-                    return await stream.open()
+                return await stream.open()
             except BackendUnavailableError as exc:
                 delay = backoff.next_delay()
-                log.warning("subscribing %r to %s failed (%s); retrying in %.1fs", self.subscription, self.topics, exc, delay)
+                log.warning("opening %r failed (%s); retrying in %.1fs", stream, exc, delay)
                 await asyncio.sleep(delay)
 
     # ------------------------------------------------------------------ events

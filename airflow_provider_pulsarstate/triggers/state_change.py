@@ -78,7 +78,7 @@ from airflow_provider_pulsarstate.engine.errors import ConfigurationError, Pulsa
 from airflow_provider_pulsarstate.engine.retry import Backoff
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.triggers.polling import TRANSIENT, check_timing
-from airflow_provider_pulsarstate.triggers.start_gate import starting
+from airflow_provider_pulsarstate.triggers.start_gate import start_turn
 
 ON_CHOICES = ("keys", "view_apply")
 """What a commit must do to fire: apply a view, and/or set or delete rows under ``key_prefix``."""
@@ -344,10 +344,10 @@ class StateChangeProducer(SharedStreamProducer):
         kw = self.kwargs
         poll_interval = float(kw["poll_interval"])
         hook = PulsarStateHook(kw["pulsarstate_conn_id"])
-        async with starting():
-            config = await hook.aget_config()
-            topic = self._topic = config.topic_name(kw["table"])
-            start = await self._watermark.read(topic)
+        await start_turn()  # a thousand triggers starting together take turns
+        config = await hook.aget_config()
+        topic = self._topic = config.topic_name(kw["table"])
+        start = await self._watermark.read(topic)
         backoff = Backoff(initial=min(1.0, poll_interval), maximum=max(poll_interval, 30.0))
         batch_size = int(kw.get("max_commits_per_batch") or DEFAULT_MAX_COMMITS_PER_BATCH)
         loop = asyncio.get_running_loop()
@@ -362,11 +362,11 @@ class StateChangeProducer(SharedStreamProducer):
                         freshness=min(poll_interval / 2, MAX_FRESHNESS),
                     )
                 if sent is None:
-                    async with starting():
-                        sent = await self._feed.start()
-                        if start is None:  # first run: the tail is the watermark, stored before any event
-                            await self._watermark.write(sent, topic)
-                        _log.info("watching table %s after commit offset %d (stored watermark: %s)", topic, sent, start)
+                    sent = await self._feed.start()
+                    await start_turn()  # the triggers the feed's first read woke take turns
+                    if start is None:  # first run: the tail is the watermark, stored before any event
+                        await self._watermark.write(sent, topic)
+                    _log.info("watching table %s after commit offset %d (stored watermark: %s)", topic, sent, start)
                     handed = sent
                 commits, upto, more = await self._feed.poll(limit=batch_size)
             except (*TRANSIENT, TableNotFoundError) as exc:
