@@ -352,7 +352,10 @@ class _Hub:
         return True
 
     async def _catch_up(self, feeds: list["AsyncTableFeed"]) -> None:
-        after = min(f._after for f in feeds if f._after is not None)
+        marks = [f._after for f in feeds if f._after is not None]
+        if not marks:  # nothing to read back: the next cycle admits them
+            return
+        after = min(marks)
         prefixes = frozenset(f.key_prefix for f in feeds if f.key_prefix is not None)
         try:
             records, _ = await self._worker.run(lambda held: held[0].catch_up(after, prefixes))
