@@ -466,23 +466,21 @@ class TopicStream:
         return self
 
     async def _require_topic(self, topic: str) -> None:
-        """Refuse a topic that does not exist (a subscribe would create it)."""
-        from airflow_provider_pulsarstate.engine.backends.admin_async import AsyncPulsarAdmin
-        from airflow_provider_pulsarstate.engine.offsets.pulsar_index import topic_path
-
-        admin = AsyncPulsarAdmin(self.config, what="topic stream")
-        try:
-            partitioned = await admin.request("GET", f"{topic_path(topic)}/partitions", ok=(200, 404))
-            if partitioned.status_code == 200 and int(partitioned.json().get("partitions", 0)) > 0:
-                return
-            stats = await admin.request("GET", f"{topic_path(topic)}/stats", ok=(200, 404))
-            if stats.status_code == 404:
-                raise ConfigurationError(
-                    f"topics: {topic} does not exist on {redact_url(self.config.url)} (create it first; "
-                    "subscribing never creates it)"
-                )
-        finally:
-            await admin.aclose()
+        """Refuse a topic that does not exist (a subscribe would create it). Streams of one loop
+        share the check: a thousand watchers of one topic ask the admin API once, not a thousand
+        times; a topic found is not asked about again for :data:`TOPIC_CHECK_TTL` seconds."""
+        loop = asyncio.get_running_loop()
+        key = (self.config, topic)
+        found = _TOPICS_FOUND.setdefault(loop, {})
+        if loop.time() - found.get(key, -TOPIC_CHECK_TTL) < TOPIC_CHECK_TTL:
+            return
+        checks = _TOPIC_CHECKS.setdefault(loop, {})
+        check = checks.get(key)
+        if check is None:
+            check = checks[key] = loop.create_task(_check_topic(self.config, topic), name=f"check {topic}")
+            check.add_done_callback(lambda done: _forget_check(checks, key, done))
+        await asyncio.shield(check)  # a caller cancelled meanwhile leaves the check to the others
+        found[key] = loop.time()
 
     async def _receive_forever(self) -> None:
         assert self._queue is not None
@@ -790,6 +788,45 @@ class TopicStream:
             name: {"inflight": sorted(lane.inflight), "failed": sorted(lane.failed)}
             for name, lane in self._lanes.items() if lane.inflight or lane.failed
         }
+
+
+TOPIC_CHECK_TTL = 30.0
+"""Seconds a topic found to exist is not asked about again by the streams of one loop."""
+
+# event loop -> (connection, topic) -> when found to exist (loop time) / the check under way
+_TOPICS_FOUND: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[ConnectionConfig, str], float]]" = (
+    weakref.WeakKeyDictionary()
+)
+_TOPIC_CHECKS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[ConnectionConfig, str], asyncio.Task[None]]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _forget_check(checks: dict[Any, Any], key: Any, done: "asyncio.Task[None]") -> None:
+    if checks.get(key) is done:
+        del checks[key]
+    if not done.cancelled():
+        done.exception()  # retrieved: its waiters raise it (or were all cancelled)
+
+
+async def _check_topic(config: ConnectionConfig, topic: str) -> None:
+    """Raise ConfigurationError when ``topic`` does not exist (asked of the admin API)."""
+    from airflow_provider_pulsarstate.engine.backends.admin_async import AsyncPulsarAdmin
+    from airflow_provider_pulsarstate.engine.offsets.pulsar_index import topic_path
+
+    admin = AsyncPulsarAdmin(config, what="topic stream")
+    try:
+        partitioned = await admin.request("GET", f"{topic_path(topic)}/partitions", ok=(200, 404))
+        if partitioned.status_code == 200 and int(partitioned.json().get("partitions", 0)) > 0:
+            return
+        stats = await admin.request("GET", f"{topic_path(topic)}/stats", ok=(200, 404))
+        if stats.status_code == 404:
+            raise ConfigurationError(
+                f"topics: {topic} does not exist on {redact_url(config.url)} (create it first; "
+                "subscribing never creates it)"
+            )
+    finally:
+        await admin.aclose()
 
 
 # event loop -> connection -> [client, streams using it]: one client (one broker connection, one
