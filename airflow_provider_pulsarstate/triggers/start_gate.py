@@ -16,7 +16,7 @@ import asyncio
 import weakref
 from collections import deque
 
-STARTS_PER_TURN = 16
+STARTS_PER_TURN = 4
 """Start steps of one event loop let through per turn of the loop."""
 
 
