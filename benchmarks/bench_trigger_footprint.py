@@ -14,7 +14,8 @@ them (a failure of one kind never hides the others). The child
    (``/proc/self/task``), open fds (``/proc/self/fd``), and TCP connections of this process to the
    broker's binary port and to its admin port (``/proc/self/net/tcp*`` rows whose socket inode is
    one of this process's fds);
-2. starts ``--triggers`` triggers at once, each as the triggerer runs it:
+2. starts ``--triggers`` triggers at once, each as the triggerer runs it (created one after the
+   other with a turn of the loop between two, as ``TriggerRunner.create_triggers`` does):
 
    * ``state_change``: ``StateChangeTrigger`` through Airflow's real ``SharedStreamManager`` (ack
      mode: each event bound and confirmed persisted, the supervisor's part), one table and N
@@ -170,7 +171,7 @@ RUNNING: set[Any] = set()
 
 def _instrument(kind: str) -> None:
     if kind == "state_change":
-        from airflow_provider_pulsarstate.engine.recipes.table_feed import AsyncTableFeed
+        from airflow_provider_pulsarstate.engine.recipes.shared_table_feed import AsyncTableFeed
 
         original = AsyncTableFeed.start
 
@@ -329,10 +330,11 @@ async def _child(kind: str, n: int, idle_seconds: float, detect_timeout: float, 
 
     started = time.monotonic()
     cpu0 = _cpu()
-    tasks = [
-        loop.create_task(drive_shared(i + 1, t) if shared else drive_run(t), name=f"trigger-{i}")
-        for i, t in enumerate(triggers)
-    ]
+    tasks = []
+    for i, t in enumerate(triggers):
+        # as Airflow's TriggerRunner.create_triggers does: the loop gets a turn before each new trigger
+        await asyncio.sleep(0)
+        tasks.append(loop.create_task(drive_shared(i + 1, t) if shared else drive_run(t), name=f"trigger-{i}"))
     next_print = started + 1.0
     start_s: float | None = None
     while True:

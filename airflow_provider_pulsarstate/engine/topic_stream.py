@@ -12,9 +12,9 @@ hands them out as :class:`TopicMessage` (plain data), and settles them:
   failed or is still being processed. Acknowledged positions above the floor are kept as ranges
   (at most one more than the unsettled messages), and once the floor moves one cumulative
   acknowledgement covers them.
-* :meth:`TopicStream.fail`: negative acknowledgement (redelivered after ``redelivery_delay``);
-  after ``max_redeliveries`` failures of one message it is given up: published to the
-  ``dead_letter_topic``, or dropped with an error log when there is none.
+* :meth:`TopicStream.fail`: the message comes again after ``redelivery_delay``, handed out again
+  by this stream from memory; after ``max_redeliveries`` failures of one message it is given up:
+  published to the ``dead_letter_topic``, or dropped with an error log when there is none.
 * :meth:`TopicStream.dead_letter`: give up on a message now (a terminal refusal). A dead-letter
   send that keeps failing is retried, then the message is logged and skipped: never a wedge.
 
@@ -25,8 +25,11 @@ restart, so only unacknowledged messages come again.
 The subscription is ``Failover``: cumulative acknowledgement needs one active consumer per
 partition, and a second process on the same subscription stands by instead of splitting messages.
 On ``Failover``/``Exclusive`` subscriptions the broker answers a negative acknowledgement by
-rewinding to the oldest unacknowledged message, so messages still in flight come again: such
-duplicates (and messages of an entry acknowledged earlier) are dropped here, never handed out twice.
+rewinding to the oldest unacknowledged message, so every message in flight or queued would come
+again (a thousand or more per failure): so a failed message is never negatively acknowledged; the
+stream keeps it and hands it out again itself (a restart gets it from the broker, unacknowledged).
+Duplicates the broker still sends (after a reconnect, and messages of an entry acknowledged
+earlier) are dropped here, never handed out twice.
 pulsar-client's ``DeadLetterPolicy`` only works on ``Shared`` subscriptions, so dead letters are
 published explicitly (failure counts are kept in memory: a restarted process starts them again).
 
@@ -47,7 +50,7 @@ import json
 import logging
 import time
 import weakref
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
@@ -61,6 +64,8 @@ from airflow_provider_pulsarstate.engine.errors import (
 from airflow_provider_pulsarstate.engine.retry import Backoff
 
 log = logging.getLogger(__name__)
+
+_WAKE = object()  # queued to wake a waiting receive when a failed message is due again
 
 Position = tuple[int, int, int]
 """(ledger id, entry id, batch index): the order of messages within one partition."""
@@ -222,7 +227,7 @@ class TopicStreamOptions:
     :param subscription: the durable subscription's name.
     :param initial_position: where a new subscription starts: ``latest`` or ``earliest``.
     :param receiver_queue_size: messages the client prefetches per partition.
-    :param redelivery_delay: seconds before a negatively acknowledged message comes again.
+    :param redelivery_delay: seconds before a failed message comes again.
     :param dead_letter_topic: full topic name that takes messages given up on (None: never give up).
     :param max_redeliveries: failures of one message before it is given up: sent to
         ``dead_letter_topic``, or dropped with an error log without one.
@@ -390,6 +395,8 @@ class TopicStream:
         self._consumer: Any = None
         self._dead_letter_producer: Any = None
         self._queue: asyncio.Queue[Any] | None = None
+        self._due: deque[Any] = deque()  # failed messages whose redelivery delay passed
+        self._timers: set[asyncio.TimerHandle] = set()
         self._pump: asyncio.Task[None] | None = None
         self._lanes: dict[str, _Lane] = defaultdict(_Lane)
         self._failures: dict[tuple[str, Position], int] = {}
@@ -459,23 +466,21 @@ class TopicStream:
         return self
 
     async def _require_topic(self, topic: str) -> None:
-        """Refuse a topic that does not exist (a subscribe would create it)."""
-        from airflow_provider_pulsarstate.engine.backends.admin_async import AsyncPulsarAdmin
-        from airflow_provider_pulsarstate.engine.offsets.pulsar_index import topic_path
-
-        admin = AsyncPulsarAdmin(self.config, what="topic stream")
-        try:
-            partitioned = await admin.request("GET", f"{topic_path(topic)}/partitions", ok=(200, 404))
-            if partitioned.status_code == 200 and int(partitioned.json().get("partitions", 0)) > 0:
-                return
-            stats = await admin.request("GET", f"{topic_path(topic)}/stats", ok=(200, 404))
-            if stats.status_code == 404:
-                raise ConfigurationError(
-                    f"topics: {topic} does not exist on {redact_url(self.config.url)} (create it first; "
-                    "subscribing never creates it)"
-                )
-        finally:
-            await admin.aclose()
+        """Refuse a topic that does not exist (a subscribe would create it). Streams of one loop
+        share the check: a thousand watchers of one topic ask the admin API once, not a thousand
+        times; a topic found is not asked about again for :data:`TOPIC_CHECK_TTL` seconds."""
+        loop = asyncio.get_running_loop()
+        key = (self.config, topic)
+        found = _TOPICS_FOUND.setdefault(loop, {})
+        if loop.time() - found.get(key, -TOPIC_CHECK_TTL) < TOPIC_CHECK_TTL:
+            return
+        checks = _TOPIC_CHECKS.setdefault(loop, {})
+        check = checks.get(key)
+        if check is None:
+            check = checks[key] = loop.create_task(_check_topic(self.config, topic), name=f"check {topic}")
+            check.add_done_callback(lambda done: _forget_check(checks, key, done))
+        await asyncio.shield(check)  # a caller cancelled meanwhile leaves the check to the others
+        found[key] = loop.time()
 
     async def _receive_forever(self) -> None:
         assert self._queue is not None
@@ -494,6 +499,10 @@ class TopicStream:
         if self._closed:
             return
         self._closed = True
+        for timer in self._timers:
+            timer.cancel()
+        self._timers.clear()
+        self._due.clear()
         if self._pump is not None:
             self._pump.cancel()
             try:
@@ -531,6 +540,8 @@ class TopicStream:
 
     def _admit(self, item: Any) -> TopicMessage | None:
         """The message to hand out, or None for a duplicate (raises what the receive loop raised)."""
+        if item is _WAKE:
+            return None
         if isinstance(item, BaseException):
             raise TopicStreamError(f"receiving from {self!r} failed: {type(item).__name__}: {item}") from item
         message = TopicMessage.from_pulsar(item)
@@ -553,10 +564,13 @@ class TopicStream:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return None
-            try:
-                item = await asyncio.wait_for(self._queue.get(), remaining) if remaining is not None else await self._queue.get()
-            except asyncio.TimeoutError:
-                return None
+            if self._due:
+                item = self._due.popleft()
+            else:
+                try:
+                    item = await asyncio.wait_for(self._queue.get(), remaining) if remaining is not None else await self._queue.get()
+                except asyncio.TimeoutError:
+                    return None
             message = self._admit(item)
             if message is not None:
                 return message
@@ -579,8 +593,8 @@ class TopicStream:
         deadline = time.monotonic() + max_wait
         while len(batch) < max_messages:
             # take what is already queued without waiting
-            while len(batch) < max_messages and not self._queue.empty():
-                message = self._admit(self._queue.get_nowait())
+            while len(batch) < max_messages and (self._due or not self._queue.empty()):
+                message = self._admit(self._due.popleft() if self._due else self._queue.get_nowait())
                 if message is not None:
                     batch.append(message)
             if len(batch) >= max_messages:
@@ -635,8 +649,10 @@ class TopicStream:
         self.stats["acknowledged"] += len(group)
 
     async def fail(self, messages: Iterable[TopicMessage], *, reason: str = "", count: bool = True) -> None:
-        """Negatively acknowledge ``messages``: each comes again after ``redelivery_delay`` and holds
-        its partition's floor until then. A message failed more than ``max_redeliveries`` times is
+        """Fail ``messages``: each comes again after ``redelivery_delay`` (handed out again by this
+        stream: never a negative acknowledgement, which rewinds every message in flight on a
+        Failover subscription; counted in ``stats["negative_acks"]``) and holds its partition's
+        floor until then. A message failed more than ``max_redeliveries`` times is
         given up instead: dead-lettered (see :meth:`dead_letter`), or dropped with an error log when
         there is no ``dead_letter_topic``, so one poison message never pins its partition's floor.
         ``count=False``: this failure is not the message's fault (e.g. nobody was listening) and is
@@ -653,8 +669,26 @@ class TopicStream:
                 continue
             lane.inflight.discard(message.position)
             lane.failed.add(message.position)
-            await self._consumer.negative_acknowledge(message._raw)
+            self._redeliver_later(message._raw)
             self.stats["negative_acks"] += 1
+
+    def _redeliver_later(self, raw: Any) -> None:
+        """Hand ``raw`` out again after ``redelivery_delay`` (a message settled meanwhile is then
+        dropped as a duplicate)."""
+        loop = asyncio.get_running_loop()
+
+        def due() -> None:
+            self._timers.discard(timer)
+            if self._closed or self._queue is None:
+                return
+            self._due.append(raw)
+            try:
+                self._queue.put_nowait(_WAKE)  # wakes a receive waiting on the queue (a full queue wakes it anyway)
+            except asyncio.QueueFull:
+                pass
+
+        timer = loop.call_later(self.options.redelivery_delay, due)
+        self._timers.add(timer)
 
     async def dead_letter(self, messages: Iterable[TopicMessage], *, reason: str) -> None:
         """Give ``messages`` up, then acknowledge them: published to the dead-letter topic (payload,
@@ -754,6 +788,45 @@ class TopicStream:
             name: {"inflight": sorted(lane.inflight), "failed": sorted(lane.failed)}
             for name, lane in self._lanes.items() if lane.inflight or lane.failed
         }
+
+
+TOPIC_CHECK_TTL = 30.0
+"""Seconds a topic found to exist is not asked about again by the streams of one loop."""
+
+# event loop -> (connection, topic) -> when found to exist (loop time) / the check under way
+_TOPICS_FOUND: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[ConnectionConfig, str], float]]" = (
+    weakref.WeakKeyDictionary()
+)
+_TOPIC_CHECKS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[ConnectionConfig, str], asyncio.Task[None]]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _forget_check(checks: dict[Any, Any], key: Any, done: "asyncio.Task[None]") -> None:
+    if checks.get(key) is done:
+        del checks[key]
+    if not done.cancelled():
+        done.exception()  # retrieved: its waiters raise it (or were all cancelled)
+
+
+async def _check_topic(config: ConnectionConfig, topic: str) -> None:
+    """Raise ConfigurationError when ``topic`` does not exist (asked of the admin API)."""
+    from airflow_provider_pulsarstate.engine.backends.admin_async import AsyncPulsarAdmin
+    from airflow_provider_pulsarstate.engine.offsets.pulsar_index import topic_path
+
+    admin = AsyncPulsarAdmin(config, what="topic stream")
+    try:
+        partitioned = await admin.request("GET", f"{topic_path(topic)}/partitions", ok=(200, 404))
+        if partitioned.status_code == 200 and int(partitioned.json().get("partitions", 0)) > 0:
+            return
+        stats = await admin.request("GET", f"{topic_path(topic)}/stats", ok=(200, 404))
+        if stats.status_code == 404:
+            raise ConfigurationError(
+                f"topics: {topic} does not exist on {redact_url(config.url)} (create it first; "
+                "subscribing never creates it)"
+            )
+    finally:
+        await admin.aclose()
 
 
 # event loop -> connection -> [client, streams using it]: one client (one broker connection, one

@@ -64,7 +64,8 @@ from airflow_provider_pulsarstate.engine.recipes.state_store import (
     parse_state_key,
 )
 from airflow_provider_pulsarstate.engine.recipes.table import StateTable
-from airflow_provider_pulsarstate.engine.recipes.table_feed import AsyncTableFeed, CommitChanges, TableFeed, read_commit
+from airflow_provider_pulsarstate.engine.recipes.shared_table_feed import AsyncTableFeed
+from airflow_provider_pulsarstate.engine.recipes.table_feed import CommitChanges, TableFeed, read_commit
 from airflow_provider_pulsarstate.engine.recipes.xcom_store import (
     XComRecord,
     XComStore,
@@ -573,13 +574,19 @@ class PulsarStateHook(BaseHook):
         ))
 
     def get_async_table_feed(
-        self, topic: str, *, after: int | None, key_prefix: str | None = None, config: ConnectionConfig | None = None,
+        self, topic: str, *, after: int | None, key_prefix: str | None = None, freshness: float = 0.0,
+        config: ConnectionConfig | None = None,
     ) -> AsyncTableFeed:
-        """:meth:`get_table_feed` for a trigger: read on the feed's own worker thread, never
-        blocking an event loop (no I/O here). Pass the config read by ``await hook.aget_config()``
-        inside a loop; the caller closes the feed (``await feed.aclose()``)."""
+        """:meth:`get_table_feed` for a trigger: never blocking an event loop, and through one
+        reader of the table shared by every feed of the process (each with its own watermark; see
+        :mod:`~airflow_provider_pulsarstate.engine.recipes.shared_table_feed`). No I/O here. Pass
+        the config read by ``await hook.aget_config()`` inside a loop; the caller closes the feed
+        (``await feed.aclose()``).
+
+        :param freshness: seconds a poll may be answered from a shared read started before it.
+        """
         config = config if config is not None else self.get_config()
-        return AsyncTableFeed(config, config.topic_name(topic), after=after, key_prefix=key_prefix)
+        return AsyncTableFeed(config, config.topic_name(topic), after=after, key_prefix=key_prefix, freshness=freshness)
 
     def get_table_changes(
         self, topic: str, offset: int, *, key_prefix: str | None = None, timeout: float | None = None,

@@ -73,6 +73,7 @@ from airflow_provider_pulsarstate.engine.topic_stream import (
     TopicStream,
 )
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+from airflow_provider_pulsarstate.triggers.start_gate import start_turn
 
 log = logging.getLogger(__name__)
 
@@ -263,6 +264,7 @@ class PulsarMessageTrigger(BaseEventTrigger):
         hook = PulsarStateHook(pulsarstate_conn_id=self.pulsarstate_conn_id)
         backoff = Backoff(initial=0.5, maximum=10.0)
         while True:
+            await start_turn()  # a thousand watchers subscribing together take turns
             config = await hook.aget_config()
             stream = hook.get_async_topic_stream(
                 self.topics, self.subscription, config=config,

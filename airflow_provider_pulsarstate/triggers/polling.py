@@ -12,7 +12,8 @@ A subclass opens its probe (:meth:`PollingTrigger._open`) and makes one observat
   reported as success; any other error ends the trigger with an ``error`` event naming it;
 * ``deadline`` (or the deferral's ``timeout_after``) ends it with a ``timeout`` event carrying the
   last observation;
-* the probe is closed in a ``finally``, also when the triggerer cancels the trigger.
+* the probe is closed in a ``finally``, also when the triggerer cancels the trigger;
+* opening waits its turn (:mod:`~airflow_provider_pulsarstate.triggers.start_gate`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, OperationTimeoutError
 from airflow_provider_pulsarstate.engine.retry import Backoff
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+from airflow_provider_pulsarstate.triggers.start_gate import start_turn
 
 TRANSIENT = (BackendUnavailableError, OperationTimeoutError, asyncio.TimeoutError)
 """Errors a poll retries with back-off until the deadline."""
@@ -115,6 +117,7 @@ class PollingTrigger(BaseTrigger):
         probe: Any = None
         try:
             try:
+                await start_turn()  # a thousand triggers starting together take turns
                 hook = PulsarStateHook(self.pulsarstate_conn_id)
                 config = await hook.aget_config()
                 probe, where, goal = await self._open(hook, config)

@@ -6,11 +6,15 @@ Use it in an :class:`~airflow.sdk.AssetWatcher`: every commit of the table that 
 (also under the prefix). A downstream task reads exactly that commit's rows with
 ``PulsarStateHook().get_table_changes(table, offset)``.
 
-How it reads the table: the table's log is read through the hook's table feed
-(:class:`~airflow_provider_pulsarstate.engine.recipes.table_feed.AsyncTableFeed`) on a worker
-thread of the feed's own, so a poll (or a replay from a checkpoint manifest) never blocks the
-triggerer's event loop nor asgiref's shared thread. The feed applies the log's acceptance rules
-(epochs, fenced writes), so an event stands for a change every replica of the table has.
+How it reads the table: through the hook's async table feed
+(:mod:`~airflow_provider_pulsarstate.engine.recipes.shared_table_feed`): one reader of the table's
+log per triggerer process, shared by every trigger watching that table (each keeps its own
+watermark and prefix), reading on the process-wide worker pool, so a poll (or a replay from a
+checkpoint manifest) never blocks the triggerer's event loop nor asgiref's shared thread, and a
+thousand triggers on a table cost one reader and about one read a second. A poll is answered from
+a shared read started at most ``min(poll_interval / 2, 1 s)`` before it. The feed applies the log's
+acceptance rules (epochs, fenced writes), so an event stands for a change every replica of the
+table has.
 
 The watermark, and why a restart neither misses nor repeats a change
 --------------------------------------------------------------------
@@ -27,8 +31,10 @@ triggerer died in between. So the trigger uses Airflow 3.3's *ack mode* of share
 only place where the triggerer tells a trigger that its events are stored:
 
 1. the stream's producer (:class:`StateChangeProducer`) polls the feed from the stored watermark
-   and yields one raw batch per poll that read new records: the commits (counts only) and the
-   offset read up to;
+   and yields one raw batch per poll that read commits matching ``on`` (at most
+   ``max_commits_per_batch``): those commits (counts only) and the offset read up to; commits that
+   match nothing are only passed over by the next batch, or by an empty one at least every
+   :data:`IDLE_WATERMARK_INTERVAL` seconds;
 2. this trigger's ``filter_shared_stream`` turns each matching commit into a ``TriggerEvent``;
 3. the triggerer stores those asset events, and only after its supervisor confirmed them
    persisted (and the filter moved on) does it call the producer's ``advance``, which writes the
@@ -72,12 +78,21 @@ from airflow_provider_pulsarstate.engine.errors import ConfigurationError, Pulsa
 from airflow_provider_pulsarstate.engine.retry import Backoff
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.triggers.polling import TRANSIENT, check_timing
+from airflow_provider_pulsarstate.triggers.start_gate import start_turn
 
 ON_CHOICES = ("keys", "view_apply")
 """What a commit must do to fire: apply a view, and/or set or delete rows under ``key_prefix``."""
 
 DEFAULT_MAX_COMMITS_PER_BATCH = 500
 """Commits per delivered batch at most (a larger backlog comes in several batches)."""
+
+MAX_FRESHNESS = 1.0
+"""Seconds at most a poll may be answered from the table's shared read started before it (half
+the ``poll_interval`` when shorter): a thousand triggers on a table cost about one read a second."""
+
+IDLE_WATERMARK_INTERVAL = 60.0
+"""Seconds at most between two watermark writes while the table's commits fire none of a trigger's
+events (a restart then reads those commits again, and they fire nothing again)."""
 
 MAX_COALESCED_VIEW_IDS = 100
 """View ids a coalesced event lists at most (``view_ids_total`` counts them all)."""
@@ -231,12 +246,17 @@ class StateChangeTrigger(BaseEventTrigger):
         return [TriggerEvent({"table": batch["table"], **commit, "matched": matched}) for commit, matched in matching]
 
     def _matched(self, commit: dict[str, Any]) -> list[str]:
-        matched = []
-        if "view_apply" in self.on and commit["view_apply"]:
-            matched.append("view_apply")
-        if "keys" in self.on and (commit["prefix_sets"] or commit["prefix_deletes"]):
-            matched.append("keys")
-        return matched
+        return _matches(self.on, commit["view_apply"], commit.get("prefix_sets"), commit.get("prefix_deletes"))
+
+
+def _matches(on: Sequence[str], view_apply: bool, prefix_sets: int | None, prefix_deletes: int | None) -> list[str]:
+    """Which of ``on`` a commit meets."""
+    matched = []
+    if "view_apply" in on and view_apply:
+        matched.append("view_apply")
+    if "keys" in on and (prefix_sets or prefix_deletes):
+        matched.append("keys")
+    return matched
 
 
 def _coalesced(table: str, matching: list[tuple[dict[str, Any], list[str]]]) -> dict[str, Any]:
@@ -305,15 +325,6 @@ class _Watermark:
         self.value = offset
 
 
-def _chunks(commits: Sequence[Any], upto: int, size: int) -> list[tuple[Sequence[Any], int]]:
-    """A poll's commits in batches of at most ``size``, each with the watermark it stands for: its
-    last commit's offset, and ``upto`` (the position read to) for the last batch."""
-    if len(commits) <= size:
-        return [(commits, upto)]
-    parts = [commits[i : i + size] for i in range(0, len(commits), size)]
-    return [(part, upto if i == len(parts) - 1 else part[-1].offset) for i, part in enumerate(parts)]
-
-
 class StateChangeProducer(SharedStreamProducer):
     """The shared stream's producer: polls the table's feed from the stored watermark and writes
     the watermark in :meth:`advance`, i.e. once the triggerer stored the batch's events.
@@ -333,21 +344,31 @@ class StateChangeProducer(SharedStreamProducer):
         kw = self.kwargs
         poll_interval = float(kw["poll_interval"])
         hook = PulsarStateHook(kw["pulsarstate_conn_id"])
+        await start_turn()  # a thousand triggers starting together take turns
         config = await hook.aget_config()
         topic = self._topic = config.topic_name(kw["table"])
         start = await self._watermark.read(topic)
         backoff = Backoff(initial=min(1.0, poll_interval), maximum=max(poll_interval, 30.0))
-        sent: int | None = None  # the offset read up to and handed out (None: the feed is not started)
+        batch_size = int(kw.get("max_commits_per_batch") or DEFAULT_MAX_COMMITS_PER_BATCH)
+        loop = asyncio.get_running_loop()
+        quiet_since = loop.time()  # when a batch was last handed out (or the stream started)
+        sent: int | None = None  # the offset read up to (None: the feed is not started)
+        handed = -1  # the offset of the last batch handed out
         while True:
             try:
                 if self._feed is None:
-                    self._feed = hook.get_async_table_feed(topic, after=start, key_prefix=kw["key_prefix"], config=config)
+                    self._feed = hook.get_async_table_feed(
+                        topic, after=start, key_prefix=kw["key_prefix"], config=config,
+                        freshness=min(poll_interval / 2, MAX_FRESHNESS),
+                    )
                 if sent is None:
                     sent = await self._feed.start()
+                    await start_turn()  # the triggers the feed's first read woke take turns
                     if start is None:  # first run: the tail is the watermark, stored before any event
                         await self._watermark.write(sent, topic)
                     _log.info("watching table %s after commit offset %d (stored watermark: %s)", topic, sent, start)
-                commits, upto = await self._feed.poll()
+                    handed = sent
+                commits, upto, more = await self._feed.poll(limit=batch_size)
             except (*TRANSIENT, TableNotFoundError) as exc:
                 delay = backoff.next_delay()
                 _log.warning("reading table %s failed (%s: %s); retrying in %.1fs", topic, type(exc).__name__, exc, delay)
@@ -363,11 +384,16 @@ class StateChangeProducer(SharedStreamProducer):
                 await asyncio.sleep(delay)
                 continue
             backoff = Backoff(initial=min(1.0, poll_interval), maximum=max(poll_interval, 30.0))
-            if upto > sent:
-                for chunk, chunk_upto in _chunks(commits, upto, int(kw.get("max_commits_per_batch") or DEFAULT_MAX_COMMITS_PER_BATCH)):
-                    yield {"table": topic, "commits": [c.as_json() for c in chunk], "upto": chunk_upto}, chunk_upto
-                    await asyncio.sleep(0)  # the loop's other tasks get a turn between batches
-                sent = upto
+            firing = [c for c in commits if _matches(kw["on"], c.view_apply, c.prefix_sets, c.prefix_deletes)]
+            sent = max(sent, upto)
+            # commits that fire nothing move the stored watermark now and then, not each time: a
+            # thousand triggers on a table would otherwise write a thousand watermarks per commit
+            if firing or (sent > handed and loop.time() - quiet_since >= IDLE_WATERMARK_INTERVAL):
+                yield {"table": topic, "commits": [c.as_json() for c in firing], "upto": sent}, sent
+                handed, quiet_since = sent, loop.time()
+            if more:  # a backlog: the next batch at once, the loop's other tasks getting a turn first
+                await asyncio.sleep(0)
+                continue
             await asyncio.sleep(poll_interval * random.uniform(0.75, 1.0))
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:

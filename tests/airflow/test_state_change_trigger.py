@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
@@ -335,3 +336,132 @@ def test_provider_info_lists_the_trigger() -> None:
     from airflow_provider_pulsarstate.provider_info import provider_info
 
     assert "airflow_provider_pulsarstate.triggers.state_change" in provider_info()["triggers"][0]["python-modules"]
+
+
+def test_triggers_on_one_table_share_one_reader_and_each_gets_its_own_events(state_backend: str) -> None:
+    """What a triggerer with many watchers of one table holds: one reader of the table's log,
+    closed with the last trigger; each trigger still gets exactly its own events, also after
+    others were cancelled (one mid-read)."""
+    from airflow_provider_pulsarstate.engine.recipes.shared_table_feed import open_table_readers
+
+    table, n = f"state-change-{uuid.uuid4().hex[:8]}", 12
+    with PulsarStateHook() as hook, hook.get_table(table, writer_idle_timeout=0.1) as t:
+        t.put("setup", {"v": 0})
+        topic = hook.topic_name(table)
+
+    def put_each(keys: list[str]) -> dict[str, int]:
+        offsets = {}
+        with PulsarStateHook() as hook, hook.get_table(table, writer_idle_timeout=0.1) as t:
+            for key in keys:
+                t.put(key, {"v": 1})
+                offsets[key] = t.manager.applied_offset
+        return offsets
+
+    async def scenario() -> float:
+        async with LoopLag() as lag:
+            manager = SharedStreamManager(ack_timeout=60)
+            stores = [MemoryAccessor({}) for _ in range(n)]
+            watchers = []
+            for i in range(n):
+                trigger = StateChangeTrigger(table=table, on=["keys"], key_prefix=f"p{i}-", poll_interval=0.2)
+                trigger.asset_state_store = stores[i]
+                watchers.append(Watcher(manager, trigger, i + 1))
+            pending = [asyncio.ensure_future(w.next()) for w in watchers]
+            await wait_for(lambda: all(s.writes for s in stores), "every trigger's first watermark")
+            assert open_table_readers().get(topic) == 1
+            offsets = await asyncio.to_thread(put_each, [f"p{i}-a" for i in range(n)])
+            for i, w in enumerate(watchers):
+                event = await asyncio.wait_for(pending[i], 60)
+                assert (event.payload["offset"], event.payload["prefix_sets"]) == (offsets[f"p{i}-a"], 1)
+                manager.confirm_persisted(w.seqs)
+            pending = [asyncio.ensure_future(w.next()) for w in watchers]
+            for i in range(0, n, 2):  # half are cancelled (waiting on the shared feed), the others go on
+                await watchers[i].stop(pending[i])
+            offsets = await asyncio.to_thread(put_each, [f"p{i}-b" for i in range(n)])
+            for i in range(1, n, 2):
+                event = await asyncio.wait_for(pending[i], 60)
+                assert (event.payload["offset"], event.payload["prefix_sets"]) == (offsets[f"p{i}-b"], 1)
+            assert open_table_readers().get(topic) == 1
+            for i in range(1, n, 2):
+                await watchers[i].stop()
+            await wait_for(lambda: topic not in open_table_readers(), "the reader closed with the last trigger")
+        return lag.worst
+
+    assert asyncio.run(scenario()) < LOOP_LAG_LIMIT
+
+
+def test_commits_that_fire_nothing_move_the_watermark_now_and_then(state_backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each commit of a busy table would otherwise cost every trigger watching it a batch and a
+    watermark write; commits outside the trigger's prefix are passed over by the next batch."""
+    from airflow.triggers.shared_stream import AdvanceItem, AdvanceOutcome
+
+    from airflow_provider_pulsarstate.triggers import state_change
+
+    monkeypatch.setattr(state_change, "IDLE_WATERMARK_INTERVAL", 1.5)
+    table = f"state-change-{uuid.uuid4().hex[:8]}"
+
+    def put(key: str) -> int:
+        with PulsarStateHook() as hook, hook.get_table(table, writer_idle_timeout=0.1) as t:
+            t.put(key, {"v": 1})
+            return t.manager.applied_offset
+
+    put("setup")
+    kwargs = StateChangeTrigger(table=table, on=["keys"], key_prefix="sku-", poll_interval=0.1).serialize()[1]
+    store = MemoryAccessor({})
+
+    async def scenario() -> None:
+        producer = state_change.StateChangeProducer(kwargs, store)
+        stream = producer.open_stream()
+        first = asyncio.ensure_future(stream.__anext__())
+        await wait_for(lambda: store.writes, "the first watermark")
+        other = await asyncio.to_thread(put, "eur-1")
+        await asyncio.sleep(0.5)
+        assert not first.done()  # nothing fires: no batch yet, the watermark stays
+        mine = await asyncio.to_thread(put, "sku-1")
+        batch, upto = await asyncio.wait_for(first, 30)
+        assert [c["offset"] for c in batch["commits"]] == [mine] and upto == mine > other
+        await producer.advance([AdvanceItem(upto, AdvanceOutcome(acked=1, failed=0))])
+        late = await asyncio.to_thread(put, "eur-2")
+        batch, upto = await asyncio.wait_for(stream.__anext__(), 30)  # the quiet interval passed
+        assert batch["commits"] == [] and upto == late
+        await stream.aclose()
+        await producer.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_triggers_starting_together_take_turns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A triggerer (re)starting many triggers: at most STARTS_PER_TURN start steps (connection
+    read, ...) per turn of the loop, the others in the next turns; nothing held across I/O, so
+    a start waiting on the broker keeps no other from starting."""
+    from airflow_provider_pulsarstate.triggers import start_gate
+    from airflow_provider_pulsarstate.triggers.state_change import StateChangeProducer
+
+    turn, per_turn, inside, most = 0, Counter(), 0, 0
+
+    async def slow_config(self: Any) -> Any:
+        nonlocal inside, most
+        per_turn[turn] += 1
+        inside += 1
+        most = max(most, inside)
+        await asyncio.sleep(0.2)  # I/O
+        inside -= 1
+        raise ConfigurationError("stop here")
+
+    monkeypatch.setattr(PulsarStateHook, "aget_config", slow_config)
+
+    async def scenario() -> list[Any]:
+        loop = asyncio.get_running_loop()
+
+        def count_turns() -> None:
+            nonlocal turn
+            turn += 1
+            loop.call_soon(count_turns)
+
+        loop.call_soon(count_turns)
+        producers = [StateChangeProducer(StateChangeTrigger(table=f"t{i}").serialize()[1], None) for i in range(60)]
+        return await asyncio.gather(*(p.open_stream().__anext__() for p in producers), return_exceptions=True)
+
+    outcomes = asyncio.run(scenario())
+    assert all(isinstance(o, ConfigurationError) for o in outcomes)
+    assert max(per_turn.values()) <= start_gate.STARTS_PER_TURN < 60 == most, (per_turn, most)

@@ -9,6 +9,9 @@ needs the table's rows:
   prefix). It keeps counts only, never rows.
 * :func:`read_commit` returns the row changes of one commit offset.
 
+(For async code, :mod:`~airflow_provider_pulsarstate.engine.recipes.shared_table_feed` gives the
+same commits through one reader per table shared by every feed of the process.)
+
 Both read the log through a :class:`~airflow_provider_pulsarstate.engine.manager.SharedStateManager`
 whose state is nothing at all (its applier ignores every op), so a record reaches them exactly
 when it reaches every replica of the table: the same epoch rules (zombie and forged frames
@@ -29,11 +32,10 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from airflow_provider_pulsarstate.engine.backends.base import EARLIEST, Backend
 from airflow_provider_pulsarstate.engine.checkpoint import CheckpointInfo, CheckpointStore
-from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.engine.errors import (
     CheckpointError,
     CommitNotFoundError,
@@ -45,9 +47,8 @@ from airflow_provider_pulsarstate.engine.log import CorruptPolicy
 from airflow_provider_pulsarstate.engine.manager import Change, SharedStateManager
 from airflow_provider_pulsarstate.engine.recipes.table import TableChange
 from airflow_provider_pulsarstate.engine.recipes.table_ops import decode_checked_op, decode_row, encode_op
-from airflow_provider_pulsarstate.engine.worker_thread import WorkerThread, close_on_shared_backend, open_on_shared_backend
 
-__all__ = ["AsyncTableFeed", "CommitChanges", "TableCommit", "TableFeed", "read_commit"]
+__all__ = ["CommitChanges", "TableCommit", "TableFeed", "read_commit"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -410,48 +411,3 @@ def read_commit(
                 "set" if op["o"] == "set" else "delete", op["k"], decode_row(op["k"], op.get("v")), op.get("w"), offset,
             ))
     return CommitChanges(tally.commit(offset), changes)
-
-
-class AsyncTableFeed:
-    """:class:`TableFeed` awaited without blocking an event loop: the log is read on the
-    process-wide pool of :mod:`~airflow_provider_pulsarstate.engine.worker_thread` (never asgiref's
-    shared thread), through the connection's back end shared by every feed of the process and a
-    feed kept for this feed's life. No I/O before the first call.
-
-    :param config: the connection.
-    :param topic: the table's topic (full name).
-    :param after: as for :class:`TableFeed`.
-    :param key_prefix: as for :class:`TableFeed`.
-    """
-
-    def __init__(self, config: ConnectionConfig, topic: str, *, after: int | None, key_prefix: str | None = None) -> None:
-        if after is not None:
-            _check_offset("after", after, -1)
-        self.topic = topic
-        self._worker: WorkerThread[tuple[TableFeed, ConnectionConfig]] = WorkerThread(
-            lambda: _open_feed(config, topic, after, key_prefix), close_on_shared_backend,
-            name="pulsarstate-table-feed", what=f"the table feed of {topic}",
-        )
-
-    async def start(self) -> int:
-        """:meth:`TableFeed.start`: the watermark the feed starts from."""
-        return await self._run(lambda feed: feed.start())
-
-    async def poll(self) -> tuple[list[TableCommit], int]:
-        """:meth:`TableFeed.poll`, with the watermark after it."""
-        return await self._run(lambda feed: (feed.poll(), feed.start()))
-
-    async def _run(self, fn: Callable[[TableFeed], Any]) -> Any:
-        return await self._worker.run(lambda opened: fn(opened[0]))
-
-    async def aclose(self) -> None:
-        """Close the feed and its back end (idempotent; never waits on a read still running)."""
-        await self._worker.aclose()
-
-
-def _open_feed(config: ConnectionConfig, topic: str, after: int | None, key_prefix: str | None) -> tuple[TableFeed, ConnectionConfig]:
-    return open_on_shared_backend(  # one back end per connection, shared by every feed of the process
-        config, lambda backend: TableFeed(
-            backend, topic, after=after, key_prefix=key_prefix, operation_timeout=config.operation_timeout
-        ),
-    )
