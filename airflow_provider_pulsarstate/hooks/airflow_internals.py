@@ -16,10 +16,22 @@ PROCESS_CONTEXT_ENV = "_AIRFLOW_PROCESS_CONTEXT"
 a task, connections come from the metadata DB only when it says ``server``."""
 
 
+def in_task_runner() -> bool:
+    """Whether this process is a task runner talking to its supervisor (``SUPERVISOR_COMMS`` set in
+    ``airflow.sdk.execution_time.task_runner``), which Airflow itself checks before the process
+    context: a task forked from a server process (LocalExecutor under the scheduler) inherits
+    ``_AIRFLOW_PROCESS_CONTEXT=server`` but is task-side."""
+    import sys
+
+    task_runner = sys.modules.get("airflow.sdk.execution_time.task_runner")
+    return getattr(task_runner, "SUPERVISOR_COMMS", None) is not None
+
+
 def in_server_context() -> bool:
     """Whether this process is an Airflow server process (API server, scheduler, a server-side CLI
-    command), where connections are read from the metadata DB, secrets backends and environment."""
-    return os.environ.get(PROCESS_CONTEXT_ENV) == "server"
+    command), where connections are read from the metadata DB, secrets backends and environment;
+    decided as Airflow's own secrets-backend choice does (a task runner is never server-side)."""
+    return os.environ.get(PROCESS_CONTEXT_ENV) == "server" and not in_task_runner()
 
 
 @contextlib.contextmanager

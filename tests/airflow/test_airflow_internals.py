@@ -54,3 +54,16 @@ def test_the_masked_name_check_is_airflows_own() -> None:
     assert connections.should_hide_value_for_key is secrets_masker.should_hide_value_for_key
     assert is_masked_field_name("password") and is_masked_field_name("allow_insecure_token")
     assert not is_masked_field_name("allow_plaintext_auth")
+
+
+def test_a_task_runner_is_task_side_even_under_a_server_parent(monkeypatch: pytest.MonkeyPatch) -> None:
+    # LocalExecutor forks task processes from the scheduler, which set the server context in its
+    # environment; Airflow then picks the task-side secrets chain because SUPERVISOR_COMMS is set
+    from airflow.sdk.execution_time import task_runner
+
+    monkeypatch.setenv(PROCESS_CONTEXT_ENV, "server")
+    monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", object(), raising=False)
+    assert not in_server_context()
+    assert "MetastoreBackend" not in _backend_names()
+    monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", None)
+    assert in_server_context()
