@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return target
 
 
-def _read_table(venv: Path, state_file: Path, table_topic: str) -> dict[str, Any]:
+def _read_table(venv: Path, config: dict[str, str], table_topic: str) -> dict[str, Any]:
     """The table's committed rows, read by the deployment's own install."""
     script = textwrap.dedent(
         """
@@ -67,7 +68,7 @@ def _read_table(venv: Path, state_file: Path, table_topic: str) -> dict[str, Any
         from airflow_provider_pulsarstate import ConnectionConfig, open_backend
         from airflow_provider_pulsarstate.engine.recipes.table import StateTable
 
-        config = ConnectionConfig(url=sys.argv[1])
+        config = ConnectionConfig(**json.loads(sys.argv[1]))
         backend = open_backend(config)
         try:
             with StateTable(backend, config.topic_name(sys.argv[2])) as table:
@@ -78,7 +79,7 @@ def _read_table(venv: Path, state_file: Path, table_topic: str) -> dict[str, Any
         """
     )
     result = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", script, str(state_file), table_topic],
+        [str(venv / "bin" / "python"), "-c", script, json.dumps(config), table_topic],
         env={**os.environ, "PYTHONPATH": ""}, capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -98,8 +99,18 @@ def _fold(batches: int) -> dict[str, Any]:
     return json.loads(json.dumps(table))
 
 
-def test_the_example_pipeline_runs_in_a_fresh_deployment_on_the_embedded_log(venv: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["embedded", pytest.param("pulsar", marks=pytest.mark.pulsar)])
+def test_the_example_pipeline_runs_in_a_fresh_deployment(venv: Path, tmp_path: Path, backend: str,
+                                                         request: pytest.FixtureRequest) -> None:
     home = tmp_path / "airflow"
+    connection: dict[str, Any] = {"connection_id": "pulsarstate_default", "conn_type": "pulsarstate"}
+    if backend == "pulsar":
+        broker = request.getfixturevalue("pulsar_broker")
+        urls = {"service_url": broker.service_url, "admin_url": broker.admin_url}
+        connection["extra"] = json.dumps(urls)
+        read_config = {"url": urls["service_url"], "admin_url": urls["admin_url"]}
+    else:  # the embedded default: a connection without a host, the log under AIRFLOW_HOME
+        read_config = {"url": str(home / "pulsarstate" / "state.db")}
     env = {
         "PYTHONPATH": "",  # the installed wheel, never the checkout
         "AIRFLOW__CORE__XCOM_BACKEND": "airflow_provider_pulsarstate.xcom.backend.PulsarXComBackend",
@@ -108,11 +119,11 @@ def test_the_example_pipeline_runs_in_a_fresh_deployment_on_the_embedded_log(ven
         "AIRFLOW__CORE__TEST_CONNECTION": "Enabled",
         "AIRFLOW_CONN_SPARK_DEFAULT": '{"conn_type": "spark", "host": "local[*]"}',
     }
-    names = {"events_topic": "deploy-events", "table_topic": "deploy-table", "subscription": "deploy-ingest"}
+    suffix = uuid.uuid4().hex[:8]  # one broker serves the whole session
+    names = {"events_topic": f"deploy-events-{suffix}", "table_topic": f"deploy-table-{suffix}", "subscription": "deploy-ingest"}
     with AirflowProcesses(home=home, dags_folder=ROOT / "dags", env=env, airflow=venv / "bin" / "airflow",
                           start_timeout=300) as af:
-        # the embedded default: a pulsarstate connection without a host
-        af._send("POST", "/api/v2/connections", {"connection_id": "pulsarstate_default", "conn_type": "pulsarstate"})
+        af._send("POST", "/api/v2/connections", connection)
         af.wait_for_dag(DAG_ID, timeout=300)
         for batch in (1, 2):
             run_id = af.trigger(DAG_ID, conf={"batch": batch, "events": EVENTS, "skus": SKUS, **names})
@@ -122,5 +133,5 @@ def test_the_example_pipeline_runs_in_a_fresh_deployment_on_the_embedded_log(ven
                 + ", ".join(f"{t['task_id']}={t['state']}" for t in af.task_instances(DAG_ID, run_id))
                 + "\n" + af.tail("scheduler")
             )
-    rows = _read_table(venv, home / "pulsarstate" / "state.db", names["table_topic"])
+    rows = _read_table(venv, read_config, names["table_topic"])
     assert rows == _fold(2)
