@@ -37,7 +37,9 @@ def provider_info() -> dict[str, Any]:
             {
                 "integration-name": "Pulsar State",
                 "python-modules": [
+                    "airflow_provider_pulsarstate.hooks.airflow_internals",
                     "airflow_provider_pulsarstate.hooks.connection_form",
+                    "airflow_provider_pulsarstate.hooks.embedded_check",
                     "airflow_provider_pulsarstate.hooks.provider_config",
                     "airflow_provider_pulsarstate.hooks.pulsarstate",
                     "airflow_provider_pulsarstate.hooks.shared_objects",
