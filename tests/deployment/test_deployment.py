@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 from airflow_provider_pulsarstate.testing.airflow_processes import AirflowProcesses
 
@@ -86,6 +87,20 @@ def _read_table(venv: Path, config: dict[str, str], table_topic: str) -> dict[st
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def _create_and_test_connection(api_url: str, typed: dict[str, str]) -> None:
+    """``pulsarstate_default`` as the UI saves it: the form's defaults (from the hook metadata the
+    form is built from) plus what the user typed, created and then tested through the REST API."""
+    meta = requests.get(api_url + "/ui/connections/hook_meta", timeout=30)
+    assert meta.status_code == 200, meta.text
+    (entry,) = [e for e in meta.json() if e["connection_type"] == "pulsarstate"]
+    form = {name: spec["value"] for name, spec in entry["extra_fields"].items()}
+    body = {"connection_id": "pulsarstate_default", "conn_type": "pulsarstate", "extra": json.dumps({**form, **typed})}
+    created = requests.post(api_url + "/api/v2/connections", json=body, timeout=30)
+    assert created.status_code == 201, created.text
+    tested = requests.post(api_url + "/api/v2/connections/test", json=body, timeout=120)
+    assert tested.status_code == 200 and tested.json()["status"] is True, tested.text
+
+
 def _fold(batches: int) -> dict[str, Any]:
     import importlib.util
 
@@ -103,13 +118,12 @@ def _fold(batches: int) -> dict[str, Any]:
 def test_the_example_pipeline_runs_in_a_fresh_deployment(venv: Path, tmp_path: Path, backend: str,
                                                          request: pytest.FixtureRequest) -> None:
     home = tmp_path / "airflow"
-    connection: dict[str, Any] = {"connection_id": "pulsarstate_default", "conn_type": "pulsarstate"}
+    typed: dict[str, str] = {}  # what a user types into the form; everything else keeps its default
     if backend == "pulsar":
         broker = request.getfixturevalue("pulsar_broker")
-        urls = {"service_url": broker.service_url, "admin_url": broker.admin_url}
-        connection["extra"] = json.dumps(urls)
-        read_config = {"url": urls["service_url"], "admin_url": urls["admin_url"]}
-    else:  # the embedded default: a connection without a host, the log under AIRFLOW_HOME
+        typed = {"service_url": broker.service_url, "admin_url": broker.admin_url}
+        read_config = {"url": broker.service_url, "admin_url": broker.admin_url}
+    else:  # the embedded default: an empty service_url, the log under AIRFLOW_HOME
         read_config = {"url": str(home / "pulsarstate" / "state.db")}
     env = {
         "PYTHONPATH": "",  # the installed wheel, never the checkout
@@ -123,7 +137,7 @@ def test_the_example_pipeline_runs_in_a_fresh_deployment(venv: Path, tmp_path: P
     names = {"events_topic": f"deploy-events-{suffix}", "table_topic": f"deploy-table-{suffix}", "subscription": "deploy-ingest"}
     with AirflowProcesses(home=home, dags_folder=ROOT / "dags", env=env, airflow=venv / "bin" / "airflow",
                           start_timeout=300) as af:
-        af._send("POST", "/api/v2/connections", connection)
+        _create_and_test_connection(af.api_url, typed)
         af.wait_for_dag(DAG_ID, timeout=300)
         for batch in (1, 2):
             run_id = af.trigger(DAG_ID, conf={"batch": batch, "events": EVENTS, "skus": SKUS, **names})
