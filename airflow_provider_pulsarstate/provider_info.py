@@ -32,20 +32,29 @@ def provider_info() -> dict[str, Any]:
                 "tags": ["software"],
             }
         ],
+        # Every module of these packages: tests/test_packaging.py checks the lists are complete.
         "hooks": [
             {
                 "integration-name": "Pulsar State",
-                "python-modules": ["airflow_provider_pulsarstate.hooks.pulsarstate"],
+                "python-modules": [
+                    "airflow_provider_pulsarstate.hooks.airflow_internals",
+                    "airflow_provider_pulsarstate.hooks.connection_form",
+                    "airflow_provider_pulsarstate.hooks.embedded_check",
+                    "airflow_provider_pulsarstate.hooks.provider_config",
+                    "airflow_provider_pulsarstate.hooks.pulsarstate",
+                    "airflow_provider_pulsarstate.hooks.shared_objects",
+                    "airflow_provider_pulsarstate.hooks.teams",
+                ],
             }
         ],
         "operators": [
             {
                 "integration-name": "Pulsar State",
                 "python-modules": [
-                    "airflow_provider_pulsarstate.operators.views",
-                    "airflow_provider_pulsarstate.operators.spark_submit",
+                    "airflow_provider_pulsarstate.operators.leases",
                     "airflow_provider_pulsarstate.operators.offsets",
-                    # issue 10: XCom backend
+                    "airflow_provider_pulsarstate.operators.spark_submit",
+                    "airflow_provider_pulsarstate.operators.views",
                     "airflow_provider_pulsarstate.operators.xcom_cleanup",
                 ],
             }
@@ -54,8 +63,8 @@ def provider_info() -> dict[str, Any]:
             {
                 "integration-name": "Pulsar State",
                 "python-modules": [
-                    "airflow_provider_pulsarstate.sensors.offsets",
                     "airflow_provider_pulsarstate.sensors.leadership",
+                    "airflow_provider_pulsarstate.sensors.offsets",
                 ],
             }
         ],
@@ -63,19 +72,18 @@ def provider_info() -> dict[str, Any]:
             {
                 "integration-name": "Pulsar State",
                 "python-modules": [
-                    "airflow_provider_pulsarstate.triggers.offsets",
                     "airflow_provider_pulsarstate.triggers.leadership",
-                    # issue 12: topic messages
+                    "airflow_provider_pulsarstate.triggers.leadership_conditions",
                     "airflow_provider_pulsarstate.triggers.messages",
-                    # issue 12: StateChangeTrigger
+                    "airflow_provider_pulsarstate.triggers.offsets",
+                    "airflow_provider_pulsarstate.triggers.polling",
+                    "airflow_provider_pulsarstate.triggers.progress",
                     "airflow_provider_pulsarstate.triggers.state_change",
                 ],
             }
         ],
-        # issue 12: topic messages (PulsarMessageTrigger, common-messaging scheme "pulsar")
+        # topic messages (PulsarMessageTrigger, common-messaging scheme "pulsar")
         "queues": ["airflow_provider_pulsarstate.queues.pulsar.PulsarMessageQueueProvider"],
-        # end issue 12
-        # issue 10: XCom backend
         "cli": ["airflow_provider_pulsarstate.cli.commands.get_cli_commands"],
         "config": {
             SECTION: {

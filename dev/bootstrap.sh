@@ -20,11 +20,14 @@ if ! "$PY" -m uv --version >/dev/null 2>&1 && ! command -v uv >/dev/null 2>&1; t
 fi
 UV="uv"; command -v uv >/dev/null 2>&1 || UV="$PY -m uv"
 
-stamp=.venv/.installed-$(cat pyproject.toml | sha1sum | cut -c1-12)
+# Exact versions from the lock (refreshed on purpose by dev/lock), then the project itself without resolving.
+lock=requirements/test.lock
+stamp=.venv/.installed-$(cat pyproject.toml "$lock" dev/bootstrap.sh | sha1sum | cut -c1-12)
 if [ ! -f "$stamp" ]; then
     [ -x .venv/bin/python ] || $UV venv -q --python "$PY" .venv
-    echo "bootstrap: installing the project and its dependencies into .venv" >&2
-    $UV pip install -q --python .venv/bin/python -e ".[test]"
+    echo "bootstrap: installing the locked dependencies ($lock) and the project into .venv" >&2
+    $UV pip sync -q --python .venv/bin/python "$lock"
+    $UV pip install -q --python .venv/bin/python --no-deps -e .
     rm -f .venv/.installed-*
     touch "$stamp"
 fi

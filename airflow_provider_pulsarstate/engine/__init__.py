@@ -22,6 +22,7 @@ from airflow_provider_pulsarstate.engine.errors import (
     ClosedError,
     ConfigurationError,
     CorruptEntryError,
+    MissingExtraError,
     OperationTimeoutError,
     PulsarStateError,
     SerializationError,
@@ -37,7 +38,7 @@ from airflow_provider_pulsarstate.engine.recipes.map import MapChange, PulsarMap
 
 __all__ = [
     "AcquireMode", "Backend", "BackendUnavailableError", "Change", "CheckpointError", "ClosedError",
-    "ConfigurationError", "ConnectionConfig", "CorruptEntryError", "MapChange", "OperationTimeoutError",
+    "ConfigurationError", "ConnectionConfig", "CorruptEntryError", "MapChange", "MissingExtraError", "OperationTimeoutError",
     "PulsarMap", "PulsarStateError", "SerializationError", "SharedStateManager", "UnknownOutcomeError",
     "ValueTooLargeError", "WriteId", "WriteOutcome", "WriterBusyError", "WriterFencedError", "open_backend",
 ]

@@ -20,6 +20,18 @@ class ConfigurationError(PulsarStateError, ValueError):
     """A connection URL, option or argument is invalid (the message names it)."""
 
 
+class MissingExtraError(PulsarStateError, ImportError):
+    """An optional part was used without its extra installed; the message names the part and
+    the ``pip install 'airflow-provider-pulsarstate[...]'`` command that adds it.
+
+    :ivar extra: the extra to install (e.g. ``spark``).
+    """
+
+    def __init__(self, message: str, *, extra: str) -> None:
+        super().__init__(message)
+        self.extra = extra
+
+
 class RetentionPolicyError(ConfigurationError):
     """The store would delete a state log (finite retention, or inactive topics deleted) and the
     policy could not be fixed from here. The message names the topic, the setting and the

@@ -1,4 +1,5 @@
-"""``spark-submit`` for jobs that stage rows into a temp view, and under a lease (the Spark provider is required)."""
+"""``spark-submit`` for jobs that stage rows into a temp view, and under a lease (the ``[spark]`` extra is required:
+importing this module without it raises :class:`MissingExtraError` with the install command)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,19 @@ import shutil
 import sys
 from typing import TYPE_CHECKING, Any
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
 
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.operators.leases import LeaseGuardMixin
+from airflow_provider_pulsarstate.spark.requirement import missing_spark
 from airflow_provider_pulsarstate.spark.views import AUTH_TOKEN_ENV
+
+try:
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+except ImportError as exc:
+    raise missing_spark("airflow_provider_pulsarstate.operators.spark_submit (SparkSubmitOperator)", exc) from exc
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

@@ -31,6 +31,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow_provider_pulsarstate.engine.config import DEFAULT_MAX_DELETE_FRACTION
 from airflow_provider_pulsarstate.engine.errors import (
     LeaseFencedError,
+    MissingExtraError,
     UnknownScopePredicateError,
     ViewClosedError,
     ViewConflictError,
@@ -382,6 +383,7 @@ def temp_view_spark_task_group(
         cursor, so a run killed between apply and commit loses and repeats nothing.
     :param spark_kwargs: more SparkSubmitOperator arguments (``conf``, ``env_vars``, ``name``, ...).
     :return: the group; ``group.create``, ``.spark``, ``.apply``, ``.drop`` are its tasks.
+    :raises MissingExtraError: the ``[spark]`` extra (the Spark provider) is not installed.
     """
     for reserved in ("task_id", "application", "application_args", "conn_id"):
         if reserved in spark_kwargs:
@@ -393,11 +395,8 @@ def temp_view_spark_task_group(
         extra = ["--source-topic", source_topic, *extra]
     try:
         from airflow_provider_pulsarstate.operators.spark_submit import ViewSparkSubmitOperator
-    except ImportError as exc:  # pragma: no cover - a declared dependency
-        raise ImportError(
-            f"temp_view_spark_task_group needs the Spark provider ({exc}): "
-            "pip install apache-airflow-providers-apache-spark"
-        ) from exc
+    except MissingExtraError as exc:
+        raise MissingExtraError(f"temp_view_spark_task_group: {exc}", extra=exc.extra) from exc
 
     with TempViewTaskGroup(group_id=group_id) as group:
         create = CreateTempViewOperator(

@@ -6,6 +6,10 @@
 ingestion, with :func:`ingestion_range` and :func:`table_snapshot`). The config
 travels as JSON (:func:`dump_config` / :func:`load_config`), which is how the Airflow task group
 hands it to ``spark-submit``.
+
+pyspark is optional (the ``[spark]`` extra): this package imports without it, and the helpers that
+need it raise :class:`~airflow_provider_pulsarstate.engine.errors.MissingExtraError` with the
+``pip install 'airflow-provider-pulsarstate[spark]'`` command.
 """
 
 from __future__ import annotations

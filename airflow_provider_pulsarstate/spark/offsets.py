@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError, OffsetError
+from airflow_provider_pulsarstate.spark.requirement import require_pyspark
 from airflow_provider_pulsarstate.spark.views import _as_config, portable_config
 
 if TYPE_CHECKING:
@@ -41,7 +42,11 @@ DEFAULT_OFFSETS_PER_SPLIT = 50_000
 
 
 def message_schema() -> "StructType":
-    """The schema of :func:`read_offset_range`'s DataFrame."""
+    """The schema of :func:`read_offset_range`'s DataFrame.
+
+    :raises MissingExtraError: pyspark is not installed (the ``[spark]`` extra).
+    """
+    require_pyspark("message_schema")
     from pyspark.sql import types as T
 
     return T.StructType(
@@ -110,7 +115,9 @@ def read_offset_range(
     :raises ConfigurationError: bad ranges (on the driver, before any task runs).
     :raises pyspark.errors.PythonException: a task failed; its message carries ours (an
         :class:`OffsetOutOfRangeError` when ``start`` was trimmed by retention: messages are lost).
+    :raises MissingExtraError: pyspark is not installed (the ``[spark]`` extra).
     """
+    require_pyspark("read_offset_range")
     cfg = portable_config(config)
     full_topic = cfg.topic_name(topic)
     splits = plan_splits(start, end, offsets_per_split=offsets_per_split)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError, SerializationError
+from airflow_provider_pulsarstate.spark.requirement import require_pyspark
 
 if TYPE_CHECKING:
     from airflow_provider_pulsarstate.engine.recipes.table import SourceRange
@@ -166,7 +167,9 @@ def write_view(
         binary, ...); the message names the column.
     :raises pyspark.errors.PythonException: an executor failed; its message carries ours (a null
         key, a NaN, a view that is not open).
+    :raises MissingExtraError: pyspark is not installed (the ``[spark]`` extra).
     """
+    require_pyspark("write_view")
     if batch_rows < 1:
         raise ConfigurationError(f"batch_rows must be at least 1, got {batch_rows!r}")
     cfg = portable_config(config)
@@ -385,7 +388,9 @@ def read_table(
     :param table_topic: the table's topic (short names use the config's tenant and namespace).
     :param key_column: the name of the key column.
     :raises ConfigurationError: a field of the table is called ``key_column``.
+    :raises MissingExtraError: pyspark is not installed (the ``[spark]`` extra).
     """
+    require_pyspark("read_table")
     from pyspark.sql import types as T
 
     from airflow_provider_pulsarstate.engine.backends import open_backend

@@ -13,7 +13,8 @@ Usage::
         run_id = af.trigger("my_dag", conf={"n": 3})
         assert af.wait_for_run("my_dag", run_id) == "success"
 
-It imports nothing from Airflow (it runs the ``airflow`` CLI next to ``sys.executable``).
+It imports nothing from Airflow (it runs the ``airflow`` CLI next to ``sys.executable``, or the one given:
+another venv's, to test an installed wheel).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class AirflowProcesses:
     :param components: which to start (all four by default).
     :param parallelism: LocalExecutor worker processes.
     :param start_timeout: seconds for the DB migration and each component to come up.
+    :param airflow: the ``airflow`` executable (default: the one next to ``sys.executable``).
     """
 
     def __init__(
@@ -66,6 +68,7 @@ class AirflowProcesses:
         components: Iterable[str] = COMPONENTS,
         parallelism: int = 4,
         start_timeout: float = 180.0,
+        airflow: str | Path | None = None,
     ) -> None:
         self.home = Path(home)
         self.dags_folder = Path(dags_folder)
@@ -75,7 +78,7 @@ class AirflowProcesses:
             raise ValueError(f"unknown Airflow components {sorted(unknown)}; choose from {COMPONENTS}")
         self.start_timeout = start_timeout
         self.api_port = free_port()
-        self.airflow = str(Path(sys.executable).with_name("airflow"))
+        self.airflow = str(airflow or Path(sys.executable).with_name("airflow"))
         self.env = {
             **os.environ,
             "AIRFLOW_HOME": str(self.home),
