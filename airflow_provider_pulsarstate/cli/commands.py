@@ -15,7 +15,14 @@ from typing import Callable
 
 from airflow.cli.cli_config import ActionCommand, GroupCommand
 
-from airflow_provider_pulsarstate.cli import fence_reset, state_store_cleanup, state_store_migrate, xcom_cleanup
+from airflow_provider_pulsarstate.cli import (
+    fence_reset,
+    state_store_cleanup,
+    state_store_migrate,
+    table_show,
+    xcom_cleanup,
+    xcom_show,
+)
 
 _COMMANDS: list[tuple[str, str, ModuleType, Callable[..., None]]] = [
     ("xcom-cleanup", "Remove the XCom maps of runs no longer in the metadata DB or finished longer ago than a retention",
@@ -26,6 +33,9 @@ _COMMANDS: list[tuple[str, str, ModuleType, Callable[..., None]]] = [
      state_store_migrate, state_store_migrate.state_store_migrate),
     ("reset-fence", "Remove a lease fence from a table, with a record in its log (after a forged token)",
      fence_reset, fence_reset.reset_fence),
+    ("table-show", "Print a table's committed rows as JSON (read-only)", table_show, table_show.table_show),
+    ("xcom-show", "Print the XCom values of one DAG run from the provider's store as JSON (read-only)",
+     xcom_show, xcom_show.xcom_show),
 ]
 
 
@@ -48,7 +58,8 @@ def server_side(name: str, func: Callable[[argparse.Namespace], None]) -> Callab
 
 
 def get_cli_commands() -> list[GroupCommand]:
-    """``airflow pulsarstate xcom-cleanup``, ``state-store-cleanup``, ``state-store-migrate`` and ``reset-fence``."""
+    """``airflow pulsarstate xcom-cleanup``, ``state-store-cleanup``, ``state-store-migrate``, ``reset-fence``,
+    and the read-only ``table-show`` and ``xcom-show``."""
     return [
         GroupCommand(
             name="pulsarstate",

@@ -179,6 +179,23 @@ class AirflowProcesses:
     def api_url(self) -> str:
         return f"http://127.0.0.1:{self.api_port}"
 
+    def login(self, username: str, password: str) -> None:
+        """Send every later request with a bearer token of ``username`` (SimpleAuthManager logins
+        on), as the UI does."""
+        resp = self._session.post(
+            self.api_url + "/auth/token", json={"username": username, "password": password}, timeout=30
+        )
+        if resp.status_code != 201:
+            raise AirflowProcessError(f"login as {username!r} answered {resp.status_code}: {resp.text[:500]}")
+        self._session.headers["Authorization"] = f"Bearer {resp.json()['access_token']}"
+
+    def send(self, method: str, path: str, body: Mapping[str, Any] | None = None, *, timeout: float = 30) -> Any:
+        """The JSON answer to a request that must answer 200 or 201 (else AirflowProcessError)."""
+        resp = self._session.request(method, self.api_url + path, json=body, timeout=timeout)
+        if resp.status_code not in (200, 201):
+            raise AirflowProcessError(f"{method} {path} answered {resp.status_code}: {resp.text[:500]}")
+        return resp.json()
+
     def _get(self, path: str) -> Any:
         """The JSON answer to a GET, or None when there is no 200 answer (yet)."""
         try:
@@ -186,12 +203,6 @@ class AirflowProcesses:
         except requests.RequestException:
             return None
         return resp.json() if resp.status_code == 200 else None
-
-    def _send(self, method: str, path: str, body: Mapping[str, Any]) -> Any:
-        resp = self._session.request(method, self.api_url + path, json=body, timeout=30)
-        if resp.status_code not in (200, 201):
-            raise AirflowProcessError(f"{method} {path} answered {resp.status_code}: {resp.text[:500]}")
-        return resp.json()
 
     def _wait(self, predicate: Any, what: str, timeout: float | None = None) -> Any:
         deadline = time.monotonic() + (timeout if timeout is not None else self.start_timeout)
@@ -212,12 +223,12 @@ class AirflowProcesses:
         """Wait until the dag-processor serialized ``dag_id``; unpause it (all DAGs start paused)."""
         self._wait(lambda: self._get(f"/api/v2/dags/{dag_id}"), f"DAG {dag_id} to be parsed", timeout)
         if unpause:
-            self._send("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+            self.send("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
 
     def trigger(self, dag_id: str, *, conf: Mapping[str, Any] | None = None) -> str:
         """Create a manual DAG run; returns its run id."""
         body = {"logical_date": None, "conf": dict(conf or {})}
-        return str(self._send("POST", f"/api/v2/dags/{dag_id}/dagRuns", body)["dag_run_id"])
+        return str(self.send("POST", f"/api/v2/dags/{dag_id}/dagRuns", body)["dag_run_id"])
 
     def runs(self, dag_id: str) -> list[dict[str, Any]]:
         """The DAG's runs (id, state, run type, ...), oldest first."""

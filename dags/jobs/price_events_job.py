@@ -75,6 +75,26 @@ def fold(events: Iterable[dict[str, Any]], table: dict[str, dict[str, Any]] | No
     return out
 
 
+def expected_runs(
+    batches: int, events: int = DEFAULT_EVENTS, skus: int = DEFAULT_SKUS
+) -> tuple[list[dict[str, int]], dict[str, dict[str, Any]]]:
+    """The truth for runs of batches 1..``batches`` in plain Python: the counts each run's ``report``
+    gives (events published and consumed, rows set / deleted / unchanged, table rows) and the table
+    after the last run."""
+    reports: list[dict[str, int]] = []
+    table: dict[str, dict[str, Any]] = {}
+    for batch in range(1, batches + 1):
+        batch_list = batch_events(batch, events, skus)
+        touched = {e["sku"] for e in batch_list}
+        unchanged = len(table.keys() - touched)
+        table = fold(batch_list, table)
+        reports.append({
+            "events_published": events, "offsets_consumed": events, "set": len(touched), "delete": 0,
+            "unchanged": unchanged, "table_rows": len(table),
+        })
+    return reports, table
+
+
 # ---------------------------------------------------------------------------------- the job
 def fold_frame(spark: Any, table: dict[str, dict[str, Any]], events: Any) -> Any:
     """The new table as a DataFrame (sku, price, stock, events): ``table`` plus ``events`` folded in."""

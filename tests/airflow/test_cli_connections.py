@@ -80,6 +80,8 @@ def test_commands_use_the_connection_in_the_metadata_db(
         ["state-store-cleanup", "--dry-run"],
         ["state-store-migrate", "--dry-run"],
         ["reset-fence", "--topic", "prices", "--lease", "nightly"],
+        ["table-show", "--topic", "prices"],
+        ["xcom-show", "--dag-id", "d", "--run-id", "r"],
     ],
     ids=lambda c: "-".join(c[:2]),
 )
