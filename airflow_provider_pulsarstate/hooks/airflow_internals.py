@@ -16,6 +16,16 @@ PROCESS_CONTEXT_ENV = "_AIRFLOW_PROCESS_CONTEXT"
 a task, connections come from the metadata DB only when it says ``server``."""
 
 
+BLOCKED_DB_URL_PREFIX = "airflow-db-not-allowed:"
+"""What Airflow 3.3's supervisor puts in ``[database] sql_alchemy_conn`` of a task process
+(``block_orm_access``): the metadata DB's address is hidden from tasks."""
+
+
+def is_blocked_db_url(address: str) -> bool:
+    """Whether ``address`` is the placeholder a task process sees instead of the metadata DB's URL."""
+    return address.strip().startswith(BLOCKED_DB_URL_PREFIX)
+
+
 def in_task_runner() -> bool:
     """Whether this process is a task runner talking to its supervisor (``SUPERVISOR_COMMS`` set in
     ``airflow.sdk.execution_time.task_runner``), which Airflow itself checks before the process

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError
+from airflow_provider_pulsarstate.hooks.airflow_internals import is_blocked_db_url
 
 SECTION = "pulsarstate"
 
@@ -146,11 +147,13 @@ def derived_key_namespace(conf: Any) -> str:
         address = conf.get("database", "sql_alchemy_conn", fallback="")
     except Exception:
         address = ""
-    if not address or not str(address).strip():
+    if not address or not str(address).strip() or is_blocked_db_url(str(address)):
+        # A task process sees a placeholder, never the metadata DB's address: deriving from it would
+        # give every deployment's tasks one namespace, and another than the API server's and CLI's.
         raise ConfigurationError(
-            f"[{SECTION}] key_namespace is not set and [database] sql_alchemy_conn is not configured in this "
-            "process to derive one: set key_namespace to a name unique to this deployment, the same on every "
-            "component (AIRFLOW__PULSARSTATE__KEY_NAMESPACE)"
+            f"[{SECTION}] key_namespace is not set and [database] sql_alchemy_conn is not visible in this "
+            "process to derive one (Airflow hides it from task processes): set key_namespace to a name "
+            "unique to this deployment, the same on every component (AIRFLOW__PULSARSTATE__KEY_NAMESPACE)"
         )
     return "airflow-" + hashlib.sha256(str(address).strip().encode()).hexdigest()[:12]
 

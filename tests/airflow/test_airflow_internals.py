@@ -10,6 +10,7 @@ import pytest
 from airflow_provider_pulsarstate.hooks.airflow_internals import (
     PROCESS_CONTEXT_ENV,
     in_server_context,
+    is_blocked_db_url,
     is_masked_field_name,
     server_context,
 )
@@ -67,3 +68,32 @@ def test_a_task_runner_is_task_side_even_under_a_server_parent(monkeypatch: pyte
     assert "MetastoreBackend" not in _backend_names()
     monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", None)
     assert in_server_context()
+
+
+def test_task_processes_see_the_placeholder_the_namespace_is_never_derived_from() -> None:
+    import inspect
+
+    from airflow.sdk.execution_time import supervisor
+
+    from airflow_provider_pulsarstate.engine.errors import ConfigurationError
+    from airflow_provider_pulsarstate.hooks.provider_config import derived_key_namespace
+
+    class Conf:
+        def __init__(self, address: str) -> None:
+            self.address = address
+
+        def get(self, section: str, key: str, fallback: str = "") -> str:
+            assert (section, key) == ("database", "sql_alchemy_conn")
+            return self.address
+
+    # the value Airflow's supervisor writes into a task process's config is the one we recognise
+    (placeholder,) = [
+        line.split('"')[1] for line in inspect.getsource(supervisor.block_orm_access).splitlines()
+        if line.strip().startswith("conn = ")
+    ]
+    assert is_blocked_db_url(placeholder)
+    with pytest.raises(ConfigurationError, match=r"key_namespace is not set.*hides it from task processes"):
+        derived_key_namespace(Conf(placeholder))
+    one = derived_key_namespace(Conf("postgresql://db-a/airflow"))
+    assert one.startswith("airflow-") and one == derived_key_namespace(Conf("postgresql://db-a/airflow"))
+    assert one != derived_key_namespace(Conf("postgresql://db-b/airflow"))

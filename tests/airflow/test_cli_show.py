@@ -66,3 +66,34 @@ def test_xcom_show_prints_one_runs_values_deserialized(env_connection: Any, airf
     assert _show(tmp_path, "xcom-show", "--dag-id", "d", "--run-id", "r1", "--task-id", "report") == [
         {"task_id": "report", "map_index": -1, "key": "return_value", "value": {"rows": 3, "offsets": {"0": [0, 2]}}},
     ]
+
+
+def test_xcom_show_prints_the_last_value_pushed_of_each_row_as_messages(
+    env_connection: Any, airflow_db: Path, tmp_path: Path
+) -> None:
+    from airflow.sdk.serde import serialize
+
+    from airflow_provider_pulsarstate.hooks.pulsarstate import XComIdentity
+
+    env_connection("pulsarstate_default", extra={"service_url": str(tmp_path / "log" / "state.db")})
+    close_shared_state_maps()
+    settings = provider_settings()
+
+    def push(run_id: str, task_id: str, map_index: int, key: str, value: Any) -> None:
+        with PulsarStateHook().xcom_message_log(
+            settings.xcom_topic, namespace=settings.key_namespace, dag_id="d", run_id=run_id,
+        ) as log:
+            identity = XComIdentity(settings.key_namespace, "d", run_id, task_id, map_index, key)
+            log.append(identity, json.dumps(serialize(value)), type_name=type(value).__name__)
+
+    push("r1", "report", -1, "return_value", {"rows": 1})
+    push("r1", "report", -1, "return_value", {"rows": 3})  # a retry's push replaces the first
+    push("r1", "publish", 0, "return_value", [1, 2])
+    push("r2", "report", -1, "return_value", {"rows": 99})
+    close_shared_state_maps()
+
+    assert _show(tmp_path, "xcom-show", "--dag-id", "d", "--run-id", "r1") == [
+        {"task_id": "publish", "map_index": 0, "key": "return_value", "value": [1, 2]},
+        {"task_id": "report", "map_index": -1, "key": "return_value", "value": {"rows": 3}},
+    ]
+    assert _show(tmp_path, "xcom-show", "--dag-id", "d", "--run-id", "r3") == []

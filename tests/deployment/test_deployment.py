@@ -162,8 +162,8 @@ def test_the_example_pipeline_runs_in_a_fresh_deployment(venv: Path, tmp_path: P
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
     }
     suffix = uuid.uuid4().hex[:8]  # the broker outlives the test: topics of their own
-    # Set, not derived: task processes see [database] sql_alchemy_conn as Airflow's worker
-    # placeholder, so the derived namespace differs between tasks and the CLI / API server.
+    # Required on workers: task processes see a placeholder for [database] sql_alchemy_conn, so the
+    # namespace cannot be derived there (the backends refuse instead of deriving a wrong one).
     env["AIRFLOW__PULSARSTATE__KEY_NAMESPACE"] = f"deploy-{suffix}"
     names = {"events_topic": f"deploy-events-{suffix}", "table_topic": f"deploy-table-{suffix}",
              "subscription": f"deploy-ingest-{suffix}"}
