@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_pulsarstate.engine.recipes.state_store import AssetStateScope, OwnedMaps, StateStore
-from airflow_provider_pulsarstate.engine.recipes.xcom_store import XComStore, run_topic
+from airflow_provider_pulsarstate.engine.recipes.xcom_messages import XComMessageLog, message_topic
 from airflow_provider_pulsarstate.testing.airflow_processes import AirflowProcesses
 
 BACKEND = "airflow_provider_pulsarstate.state_store.backend.PulsarStateStoreBackend"
@@ -92,11 +92,12 @@ def test_eight_concurrent_tasks_atomic_update_loses_nothing_get_set_loses(
         with OwnedMaps(backend) as maps:
             store = StateStore(maps, config.topic_name(topic), namespace=NAMESPACE)
             for pattern, (run_id, key) in runs.items():
-                xcom_run = run_topic(config.topic_name(xcom_topic), NAMESPACE, DAG_ID, run_id)
-                with XComStore(backend, xcom_run, namespace=NAMESPACE) as xcoms:
+                xcom_run = message_topic(config.topic_name(xcom_topic), NAMESPACE, DAG_ID, run_id)
+                with XComMessageLog(backend, xcom_run, namespace=NAMESPACE) as xcoms:  # the default layout
                     values = {
-                        (e.task_id, e.map_index): json.loads(e.record.value_json)
-                        for e in xcoms.list_run(DAG_ID, run_id) if e.key == "return_value"
+                        (m.identity.task_id, m.identity.map_index): json.loads(m.record.value_json)
+                        for m in (found.message for found in xcoms.scan().messages)
+                        if m is not None and m.identity.key == "return_value"
                     }
                 spans = [v for (task_id, _), v in values.items() if task_id == "increment"]
                 assert len(spans) == 8, values
