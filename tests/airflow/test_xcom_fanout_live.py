@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_pulsarstate import ConnectionConfig, open_backend
-from airflow_provider_pulsarstate.engine.recipes.xcom_store import XComStore, run_topic
+from airflow_provider_pulsarstate.engine.recipes.xcom_messages import XComMessageLog, message_topic
 from airflow_provider_pulsarstate.testing.airflow_processes import AirflowProcesses
 
 XCOM_BACKEND = "airflow_provider_pulsarstate.xcom.backend.PulsarXComBackend"
@@ -76,13 +76,14 @@ def test_a_mapped_task_of_100_instances_pushes_at_once_and_its_downstream_reads_
         references = _references(af.home / "airflow.db", run_id)
 
     config = ConnectionConfig(url=extra["service_url"], admin_url=extra.get("admin_url", ""))
-    topic = run_topic(config.topic_name(xcom_topic), namespace, DAG_ID, run_id)
+    topic = message_topic(config.topic_name(xcom_topic), namespace, DAG_ID, run_id)  # the default layout
     assert len(references) == N and {r["topic"] for r in references} == {topic}, references[:3]
     backend = open_backend(config)
     try:
-        with XComStore(backend, topic, namespace=namespace) as store:
-            values = {(e.task_id, e.map_index): json.loads(e.record.value_json)
-                      for e in store.list_run(DAG_ID, run_id) if e.key == "return_value"}
+        with XComMessageLog(backend, topic, namespace=namespace) as log:
+            values = {(m.identity.task_id, m.identity.map_index): json.loads(m.record.value_json)
+                      for m in (found.message for found in log.scan().messages)
+                      if m is not None and m.identity.key == "return_value"}
     finally:
         backend.close()
     squares = {index: v for (task_id, index), v in values.items() if task_id == "square"}
