@@ -155,24 +155,32 @@ def _asking(row: _Row) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def run_store(settings: ProviderSettings, dag_id: str, run_id: str) -> Iterator[XComStore]:
-    """This process's open XComStore of one DAG run (opened on demand, shared while in use).
-
-    :raises XComStoreUnavailableError: the connection is invalid or the store cannot be opened.
-    """
+def _opened(settings: ProviderSettings, dag_id: str, run_id: str, what: str, open_it: Any) -> Iterator[Any]:
+    """``open_it(hook, **run)`` entered, any failure but our own XCom errors raised as
+    :class:`XComStoreUnavailableError` naming ``what``, the run, the connection and the topic."""
     with contextlib.ExitStack() as stack:
         try:
-            store = stack.enter_context(PulsarStateHook(settings.conn_id).xcom_run_store(
-                settings.xcom_topic, namespace=settings.key_namespace, dag_id=dag_id, run_id=run_id,
-                max_value_bytes=settings.xcom_max_value_bytes,
+            opened = stack.enter_context(open_it(
+                PulsarStateHook(settings.conn_id), settings.xcom_topic, namespace=settings.key_namespace,
+                dag_id=dag_id, run_id=run_id, max_value_bytes=settings.xcom_max_value_bytes,
             ))
         except XComError:
             raise
         except Exception as exc:
             raise XComStoreUnavailableError(
-                f"cannot open the XCom store of run {run_id!r} of {dag_id!r} (connection {settings.conn_id!r}, "
+                f"cannot open the {what} of run {run_id!r} of {dag_id!r} (connection {settings.conn_id!r}, "
                 f"topic {settings.xcom_topic!r}): {type(exc).__name__}: {exc}"
             ) from exc
+        yield opened
+
+
+@contextlib.contextmanager
+def run_store(settings: ProviderSettings, dag_id: str, run_id: str) -> Iterator[XComStore]:
+    """This process's open XComStore of one DAG run (opened on demand, shared while in use).
+
+    :raises XComStoreUnavailableError: the connection is invalid or the store cannot be opened.
+    """
+    with _opened(settings, dag_id, run_id, "XCom store", PulsarStateHook.xcom_run_store) as store:
         yield store
 
 
@@ -182,19 +190,7 @@ def run_messages(settings: ProviderSettings, dag_id: str, run_id: str) -> Iterat
 
     :raises XComStoreUnavailableError: the connection is invalid.
     """
-    with contextlib.ExitStack() as stack:
-        try:
-            messages = stack.enter_context(PulsarStateHook(settings.conn_id).xcom_message_log(
-                settings.xcom_topic, namespace=settings.key_namespace, dag_id=dag_id, run_id=run_id,
-                max_value_bytes=settings.xcom_max_value_bytes,
-            ))
-        except XComError:
-            raise
-        except Exception as exc:
-            raise XComStoreUnavailableError(
-                f"cannot open the XCom topic of run {run_id!r} of {dag_id!r} (connection {settings.conn_id!r}, "
-                f"topic {settings.xcom_topic!r}): {type(exc).__name__}: {exc}"
-            ) from exc
+    with _opened(settings, dag_id, run_id, "XCom topic", PulsarStateHook.xcom_message_log) as messages:
         yield messages
 
 
