@@ -137,25 +137,43 @@ def _cpu() -> float:
     return t.user + t.system
 
 
+def _runnable_wait() -> float:
+    """Seconds this thread spent runnable but waiting for a CPU (Linux ``schedstat``; 0 elsewhere)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 class Ticker:
-    """The loop's worst lateness of a 10 ms sleep (``tests/airflow/trigger_driver.py``'s LoopLag)."""
+    """The loop's worst lateness of a 10 ms sleep, as ``tests/airflow/trigger_driver.py``'s LoopLag:
+    ``worst`` leaves out the time the loop's thread waited for a CPU while runnable (the machine's
+    load, not the loop being blocked: a blocking call, sleeping, computing or waiting for the GIL,
+    still counts); ``worst_raw`` is the wall-clock lateness."""
 
     def __init__(self, tick: float = 0.01) -> None:
-        self.tick, self.worst = tick, 0.0
+        self.tick, self.worst, self.worst_raw = tick, 0.0, 0.0
         self._task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            before = loop.time()
+            before, queued = loop.time(), _runnable_wait()
             await asyncio.sleep(self.tick)
-            self.worst = max(self.worst, loop.time() - before - self.tick)
+            late = loop.time() - before - self.tick
+            self.worst_raw = max(self.worst_raw, late)
+            self.worst = max(self.worst, late - (_runnable_wait() - queued))
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     def reset(self) -> float:
         worst, self.worst = self.worst, 0.0
+        return worst
+
+    def reset_raw(self) -> float:
+        worst, self.worst_raw = self.worst_raw, 0.0
         return worst
 
     async def stop(self) -> None:
@@ -208,6 +226,62 @@ def _instrument(kind: str) -> None:
 
 
 # ================================================================================ the child
+def _watch_turns(limit: float) -> None:
+    """Print every loop turn longer than ``limit`` seconds with its slowest callbacks (diagnosis)."""
+    import asyncio.base_events
+    import asyncio.events
+    from collections import Counter
+
+    turn: list[tuple[float, str]] = []
+    t_start = time.monotonic()
+    original_run, original_once = asyncio.events.Handle._run, asyncio.base_events.BaseEventLoop._run_once
+
+    import threading
+    import traceback
+
+    current: list[Any] = [None, 0.0]  # the callback running now on the loop's thread, since when
+    loop_thread = threading.get_ident()
+
+    def watchdog() -> None:  # the stack of a callback running over the limit, once per callback
+        seen = None
+        while True:
+            time.sleep(limit / 4)
+            handle, since = current
+            if handle is None or handle is seen or time.perf_counter() - since < limit:
+                continue
+            seen = handle
+            frame = sys._current_frames().get(loop_thread)
+            stack = [f"{Path(fs.filename).name}:{fs.lineno} {fs.name}" for fs in traceback.extract_stack(frame)][-9:]
+            print(f"    {time.monotonic() - t_start:6.2f}s callback over {limit * 1000:.0f} ms: {' < '.join(reversed(stack))}",
+                  file=sys.stderr, flush=True)
+
+    threading.Thread(target=watchdog, daemon=True).start()
+
+    def run(self: Any) -> None:
+        t0 = time.perf_counter()
+        current[0], current[1] = self, t0
+        original_run(self)
+        current[0] = None
+        cb = getattr(self._callback, "__self__", None)
+        coro = getattr(cb, "get_coro", lambda: None)()
+        name = getattr(coro, "__qualname__", None) or repr(self._callback)[:80]
+        turn.append((time.perf_counter() - t0, name))
+
+    def once(self: Any) -> None:
+        turn.clear()
+        original_once(self)
+        took = sum(d for d, _ in turn)
+        if took > limit:
+            by = Counter()
+            for d, n in turn:
+                by[n] += d
+            top = ", ".join(f"{n}: {d * 1000:.0f}ms" for n, d in by.most_common(4))
+            print(f"    {time.monotonic() - t_start:6.2f}s slow turn {took * 1000:.0f} ms, {len(turn)} callbacks: {top}", file=sys.stderr, flush=True)
+
+    asyncio.events.Handle._run = run  # type: ignore[method-assign]
+    asyncio.base_events.BaseEventLoop._run_once = once  # type: ignore[method-assign]
+
+
 def _make_triggers(kind: str, n: int, setup: dict[str, Any]) -> list[Any]:
     if kind == "state_change":
         from airflow_provider_pulsarstate.triggers.state_change import StateChangeTrigger
@@ -281,6 +355,12 @@ async def _child(kind: str, n: int, idle_seconds: float, detect_timeout: float, 
                  ports: dict[str, int]) -> dict[str, Any]:
     from airflow.triggers.shared_stream import SharedStreamManager
 
+    # what a triggerer process has before it runs a trigger: its runner's modules imported (the
+    # connection lookup's among them) and the secrets backends loaded
+    import airflow.jobs.triggerer_job_runner  # noqa: F401
+    from airflow.sdk.execution_time.supervisor import ensure_secrets_backend_loaded
+
+    ensure_secrets_backend_loaded()
     import airflow_provider_pulsarstate.triggers.leadership  # noqa: F401  (imports before the idle figures)
     import airflow_provider_pulsarstate.triggers.messages  # noqa: F401
     import airflow_provider_pulsarstate.triggers.offsets  # noqa: F401
@@ -296,6 +376,7 @@ async def _child(kind: str, n: int, idle_seconds: float, detect_timeout: float, 
     # the control: the same ticker with no trigger at all (what the machine's load alone costs)
     await asyncio.sleep(3.0)
     out["stall_control_s"] = ticker.reset()
+    out["stall_control_s_raw"] = ticker.reset_raw()
     fired: list[float] = []
     errors: list[str] = []
     shared = kind in ("state_change", "messages")
@@ -328,6 +409,14 @@ async def _child(kind: str, n: int, idle_seconds: float, detect_timeout: float, 
         finally:
             await runner.aclose()
 
+    if os.environ.get("BENCH_SLOW_TURNS"):
+        _watch_turns(float(os.environ["BENCH_SLOW_TURNS"]))
+    profile = None
+    if os.environ.get("BENCH_PROFILE_START"):  # where the loop's time goes while the triggers start
+        import cProfile
+
+        profile = cProfile.Profile()
+        profile.enable()
     started = time.monotonic()
     cpu0 = _cpu()
     tasks = []
@@ -352,11 +441,15 @@ async def _child(kind: str, n: int, idle_seconds: float, detect_timeout: float, 
             break
         if all(t.done() for t in tasks):
             break
+    if profile is not None:
+        profile.disable()
+        profile.dump_stats(os.environ["BENCH_PROFILE_START"])
     out["start_s"] = start_s
     out["running"] = len(RUNNING)
     out["start_cpu_s"] = _cpu() - cpu0
     out["after_start"] = _minus(_snapshot(ports), idle)
     out["stall_start_s"] = ticker.reset()
+    out["stall_start_s_raw"] = ticker.reset_raw()
     print(f"    all running: {start_s if start_s is None else round(start_s, 2)}s ({len(RUNNING)}/{n}); "
           f"idling {idle_seconds:.0f}s", file=sys.stderr, flush=True)
 
@@ -372,6 +465,7 @@ async def _child(kind: str, n: int, idle_seconds: float, detect_timeout: float, 
         out["steady"] = _minus(_snapshot(ports), idle)
         out["peak"] = peak
         out["stall_idle_s"] = ticker.reset()
+        out["stall_idle_s_raw"] = ticker.reset_raw()
         out["fired_before_change"] = len(fired)
         # detection: one change, then the first trigger firing after it
         before = len(fired)
@@ -385,6 +479,7 @@ async def _child(kind: str, n: int, idle_seconds: float, detect_timeout: float, 
         except Exception as exc:  # a broken change is reported, not hidden
             out["detect_error"] = f"{type(exc).__name__}: {exc}"
         out["stall_detect_s"] = ticker.reset()
+        out["stall_detect_s_raw"] = ticker.reset_raw()
     out["errors"] = errors[:3]
     out["errors_total"] = len(errors)
     # stop every trigger as the triggerer does, then what is left
@@ -590,6 +685,9 @@ def main() -> None:
         if bad:
             parser.error(f"unknown {bad}; choose from {allowed}")
     print_run_header()
+    if sys.dont_write_bytecode:
+        print("note: PYTHONDONTWRITEBYTECODE is set: each child compiles every module it imports late, on its loop "
+              "(a deployment has them compiled); set PYTHONPYCACHEPREFIX and unset it for deployment-like figures")
     print(f"triggers per run: {args.triggers}; idle window {args.idle_seconds:.0f}s; default poll_interval (5 s); "
           f"targets: threads <= {TARGET_THREADS}, fds <= {TARGET_FDS}, broker+admin conns <= {TARGET_CONNS}, "
           f"start <= {TARGET_START:.0f}s, stall <= {TARGET_STALL}s", flush=True)

@@ -73,6 +73,7 @@ from airflow_provider_pulsarstate.engine.topic_stream import (
     TopicStream,
 )
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+from airflow_provider_pulsarstate.triggers.shared_config import shared_config
 from airflow_provider_pulsarstate.triggers.start_gate import start_turn
 
 log = logging.getLogger(__name__)
@@ -265,7 +266,7 @@ class PulsarMessageTrigger(BaseEventTrigger):
         backoff = Backoff(initial=0.5, maximum=10.0)
         while True:
             await start_turn()  # a thousand watchers subscribing together take turns
-            config = await hook.aget_config()
+            config = await shared_config(hook)
             stream = hook.get_async_topic_stream(
                 self.topics, self.subscription, config=config,
                 dead_letter_topic=self.dead_letter_topic, max_redeliveries=self.max_redeliveries,

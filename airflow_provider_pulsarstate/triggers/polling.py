@@ -32,6 +32,7 @@ from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, OperationTimeoutError
 from airflow_provider_pulsarstate.engine.retry import Backoff
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+from airflow_provider_pulsarstate.triggers.shared_config import shared_config
 from airflow_provider_pulsarstate.triggers.start_gate import start_turn
 
 TRANSIENT = (BackendUnavailableError, OperationTimeoutError, asyncio.TimeoutError)
@@ -119,7 +120,7 @@ class PollingTrigger(BaseTrigger):
             try:
                 await start_turn()  # a thousand triggers starting together take turns
                 hook = PulsarStateHook(self.pulsarstate_conn_id)
-                config = await hook.aget_config()
+                config = await shared_config(hook)
                 probe, where, goal = await self._open(hook, config)
                 call_timeout = config.operation_timeout
             except Exception as exc:

@@ -78,6 +78,7 @@ from airflow_provider_pulsarstate.engine.errors import ConfigurationError, Pulsa
 from airflow_provider_pulsarstate.engine.retry import Backoff
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.triggers.polling import TRANSIENT, check_timing
+from airflow_provider_pulsarstate.triggers.shared_config import shared_config
 from airflow_provider_pulsarstate.triggers.start_gate import start_turn
 
 ON_CHOICES = ("keys", "view_apply")
@@ -345,7 +346,7 @@ class StateChangeProducer(SharedStreamProducer):
         poll_interval = float(kw["poll_interval"])
         hook = PulsarStateHook(kw["pulsarstate_conn_id"])
         await start_turn()  # a thousand triggers starting together take turns
-        config = await hook.aget_config()
+        config = await shared_config(hook)
         topic = self._topic = config.topic_name(kw["table"])
         start = await self._watermark.read(topic)
         backoff = Backoff(initial=min(1.0, poll_interval), maximum=max(poll_interval, 30.0))

@@ -434,12 +434,12 @@ def test_triggers_starting_together_take_turns(monkeypatch: pytest.MonkeyPatch) 
     """A triggerer (re)starting many triggers: at most STARTS_PER_TURN start steps (connection
     read, ...) per turn of the loop, the others in the next turns; nothing held across I/O, so
     a start waiting on the broker keeps no other from starting."""
-    from airflow_provider_pulsarstate.triggers import start_gate
+    from airflow_provider_pulsarstate.triggers import start_gate, state_change
     from airflow_provider_pulsarstate.triggers.state_change import StateChangeProducer
 
     turn, per_turn, inside, most = 0, Counter(), 0, 0
 
-    async def slow_config(self: Any) -> Any:
+    async def slow_config(hook: Any) -> Any:
         nonlocal inside, most
         per_turn[turn] += 1
         inside += 1
@@ -448,7 +448,7 @@ def test_triggers_starting_together_take_turns(monkeypatch: pytest.MonkeyPatch) 
         inside -= 1
         raise ConfigurationError("stop here")
 
-    monkeypatch.setattr(PulsarStateHook, "aget_config", slow_config)
+    monkeypatch.setattr(state_change, "shared_config", slow_config)
 
     async def scenario() -> list[Any]:
         loop = asyncio.get_running_loop()
