@@ -153,17 +153,19 @@ class Ticker:
     still counts); ``worst_raw`` is the wall-clock lateness."""
 
     def __init__(self, tick: float = 0.01) -> None:
-        self.tick, self.worst, self.worst_raw = tick, 0.0, 0.0
+        self.tick, self.worst, self.worst_raw, self.worst_cpu = tick, 0.0, 0.0, 0.0
         self._task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            before, queued = loop.time(), _runnable_wait()
+            before, queued, cpu = loop.time(), _runnable_wait(), time.thread_time()
             await asyncio.sleep(self.tick)
             late = loop.time() - before - self.tick
             self.worst_raw = max(self.worst_raw, late)
             self.worst = max(self.worst, late - (_runnable_wait() - queued))
+            # the loop's own CPU over the tick: its work, not other threads holding the GIL or CPU
+            self.worst_cpu = max(self.worst_cpu, min(late, time.thread_time() - cpu))
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -174,6 +176,10 @@ class Ticker:
 
     def reset_raw(self) -> float:
         worst, self.worst_raw = self.worst_raw, 0.0
+        return worst
+
+    def reset_cpu(self) -> float:
+        worst, self.worst_cpu = self.worst_cpu, 0.0
         return worst
 
     async def stop(self) -> None:
@@ -258,10 +264,12 @@ def _watch_turns(limit: float) -> None:
     threading.Thread(target=watchdog, daemon=True).start()
 
     def run(self: Any) -> None:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         current[0], current[1] = self, t0
         original_run(self)
         current[0] = None
+        if os.environ.get("BENCH_SLOW_TURNS_CPU"):
+            t0 = time.perf_counter() - (time.thread_time() - c0)  # count the callback's CPU only
         cb = getattr(self._callback, "__self__", None)
         coro = getattr(cb, "get_coro", lambda: None)()
         name = getattr(coro, "__qualname__", None) or repr(self._callback)[:80]
@@ -377,6 +385,7 @@ async def _child(kind: str, n: int, idle_seconds: float, detect_timeout: float, 
     await asyncio.sleep(3.0)
     out["stall_control_s"] = ticker.reset()
     out["stall_control_s_raw"] = ticker.reset_raw()
+    out["stall_control_s_cpu"] = ticker.reset_cpu()
     fired: list[float] = []
     errors: list[str] = []
     shared = kind in ("state_change", "messages")
@@ -450,6 +459,7 @@ async def _child(kind: str, n: int, idle_seconds: float, detect_timeout: float, 
     out["after_start"] = _minus(_snapshot(ports), idle)
     out["stall_start_s"] = ticker.reset()
     out["stall_start_s_raw"] = ticker.reset_raw()
+    out["stall_start_s_cpu"] = ticker.reset_cpu()
     print(f"    all running: {start_s if start_s is None else round(start_s, 2)}s ({len(RUNNING)}/{n}); "
           f"idling {idle_seconds:.0f}s", file=sys.stderr, flush=True)
 
@@ -466,6 +476,7 @@ async def _child(kind: str, n: int, idle_seconds: float, detect_timeout: float, 
         out["peak"] = peak
         out["stall_idle_s"] = ticker.reset()
         out["stall_idle_s_raw"] = ticker.reset_raw()
+        out["stall_idle_s_cpu"] = ticker.reset_cpu()
         out["fired_before_change"] = len(fired)
         # detection: one change, then the first trigger firing after it
         before = len(fired)
@@ -480,6 +491,7 @@ async def _child(kind: str, n: int, idle_seconds: float, detect_timeout: float, 
             out["detect_error"] = f"{type(exc).__name__}: {exc}"
         out["stall_detect_s"] = ticker.reset()
         out["stall_detect_s_raw"] = ticker.reset_raw()
+        out["stall_detect_s_cpu"] = ticker.reset_cpu()
     out["errors"] = errors[:3]
     out["errors_total"] = len(errors)
     # stop every trigger as the triggerer does, then what is left
@@ -707,8 +719,10 @@ def main() -> None:
     _print_table(rows)
     print("\nfigures are minus the idle process; threads/fds/conns: the largest over the idle window; "
           "(was X@200): issue 19's figure for 200 triggers before the sharing")
-    print("verdict: the targets are judged on these figures; 'stall' is also shown for the same loop with no "
-          "trigger (control_stall below): on a loaded machine the control alone may exceed 0.1 s")
+    print("verdict: the targets are judged on these figures; 'worst stall' is the ticker's worst lateness minus the "
+          "time the loop's thread waited for a CPU (as the tests' LoopLag); below also raw (wall clock) and loop CPU "
+          "(the loop thread's own CPU over the worst tick: its work, not waits for the GIL or a CPU), and the same "
+          "loop with no trigger (control_stall): on a loaded machine the control alone may exceed 0.1 s")
     print("\ndetails (per run): after_start / steady / after_close (minus idle), stalls start/idle/detect, errors")
     for name, r in results.items():
         if "failed" in r:
@@ -716,6 +730,8 @@ def main() -> None:
             continue
         print(f"  {name}: after_start={r.get('after_start')} steady={r.get('steady')} after_close={r.get('after_close')} "
               f"stalls={r.get('stall_start_s', 0):.3f}/{r.get('stall_idle_s', 0):.3f}/{r.get('stall_detect_s', 0):.3f} "
+              f"(raw {r.get('stall_start_s_raw', 0):.3f}/{r.get('stall_idle_s_raw', 0):.3f}/{r.get('stall_detect_s_raw', 0):.3f}, "
+              f"loop CPU {r.get('stall_start_s_cpu', 0):.3f}/{r.get('stall_idle_s_cpu', 0):.3f}/{r.get('stall_detect_s_cpu', 0):.3f}) "
               f"control_stall={r.get('stall_control_s', 0):.3f} start_cpu={r.get('start_cpu_s', 0):.1f}s stop={r.get('stop_s', 0):.2f}s "
               f"running={r.get('running')} errors={r.get('errors_total')} {r.get('errors') or ''} "
               f"{r.get('task_failures') or ''} {r.get('detect_error') or ''}")

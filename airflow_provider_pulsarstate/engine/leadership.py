@@ -185,12 +185,14 @@ class AsyncLeadershipProbe(ABC):
 
 
 class PulsarAsyncLeadershipProbe(AsyncLeadershipProbe):
-    """Topic stats over the running loop's shared admin HTTP client (no I/O before first use)."""
+    """Topic stats over the running loop's shared admin HTTP client (no I/O before first use);
+    ``freshness``: seconds an answer shared with the loop's other probes may have been sent before
+    a request (see :class:`~airflow_provider_pulsarstate.engine.backends.admin_async.AsyncPulsarAdmin`)."""
 
-    def __init__(self, config: ConnectionConfig) -> None:
+    def __init__(self, config: ConnectionConfig, *, freshness: float = 0.0) -> None:
         from airflow_provider_pulsarstate.engine.backends.admin_async import AsyncPulsarAdmin
 
-        self._admin = AsyncPulsarAdmin(config, what="leadership probe")
+        self._admin = AsyncPulsarAdmin(config, what="leadership probe", freshness=freshness)
 
     async def _stats(self, topic: str) -> dict[str, Any] | None:
         from airflow_provider_pulsarstate.engine.backends.admin import PulsarAdmin
@@ -277,10 +279,10 @@ def _open_leases(config: ConnectionConfig, topic: str) -> Any:
     )
 
 
-def open_async_leadership_probe(config: ConnectionConfig) -> AsyncLeadershipProbe:
+def open_async_leadership_probe(config: ConnectionConfig, *, freshness: float = 0.0) -> AsyncLeadershipProbe:
     """An :class:`AsyncLeadershipProbe` for the back end ``config`` selects (no I/O until first use)."""
     if config.kind == "pulsar":
-        return PulsarAsyncLeadershipProbe(config)
+        return PulsarAsyncLeadershipProbe(config, freshness=freshness)
     return EmbeddedAsyncLeadershipProbe(config)
 
 

@@ -454,17 +454,20 @@ class PulsarStateHook(BaseHook):
         _create_topic(backend, name, partitions=partitions)
         return name
 
-    def get_async_offset_probe(self, *, config: ConnectionConfig | None = None) -> AsyncOffsetProbe:
+    def get_async_offset_probe(self, *, config: ConnectionConfig | None = None, freshness: float = 0.0) -> AsyncOffsetProbe:
         """An :class:`~airflow_provider_pulsarstate.engine.offsets.base.AsyncOffsetProbe` for this
         connection: end and committed offsets read without blocking an event loop (no I/O here).
 
         :param config: the connection as read by ``await hook.aget_config()`` (inside a running
             event loop, e.g. a trigger); default: :meth:`get_config`, which reads it synchronously.
 
+        :param freshness: seconds an answer may have been sent before a request it serves: the
+            probes of one loop share equal admin requests (Pulsar; 0: each answer sent after the request).
+
         The caller owns the probe and closes it with ``await probe.aclose()``; topics passed to it
         are full names (``config.topic_name(short)``).
         """
-        return open_async_probe(config if config is not None else self.get_config())
+        return open_async_probe(config if config is not None else self.get_config(), freshness=freshness)
 
     # issue 12: topic messages (PulsarMessageTrigger) ------------------------------------------
     def get_async_topic_stream(
@@ -541,12 +544,15 @@ class PulsarStateHook(BaseHook):
         config, backend = self._open()
         return read_leadership(backend, config.topic_name(topic))
 
-    def get_async_leadership_probe(self, *, config: ConnectionConfig | None = None) -> AsyncLeadershipProbe:
+    def get_async_leadership_probe(
+        self, *, config: ConnectionConfig | None = None, freshness: float = 0.0
+    ) -> AsyncLeadershipProbe:
         """An :class:`~airflow_provider_pulsarstate.engine.leadership.AsyncLeadershipProbe`:
         :meth:`get_leadership` without blocking an event loop (no I/O here). As
         :meth:`get_async_offset_probe`: pass the config read by ``await hook.aget_config()``
-        inside a loop; the caller closes the probe (``await probe.aclose()``); topics are full names."""
-        return open_async_leadership_probe(config if config is not None else self.get_config())
+        inside a loop; the caller closes the probe (``await probe.aclose()``); topics are full names;
+        ``freshness`` as there."""
+        return open_async_leadership_probe(config if config is not None else self.get_config(), freshness=freshness)
 
     def get_async_lease_observer(
         self, topic: str | None = None, *, config: ConnectionConfig | None = None

@@ -126,7 +126,7 @@ class LeadershipTrigger(PollingTrigger):
             return probe, f"lease {self._lease!r} in {probe.topic}", self.mode
         self._topic = config.topic_name(str(self.topic).strip())
         self._since = parse_since_epoch(self.since_epoch) if self.mode == "changed" else None
-        return hook.get_async_leadership_probe(config=config), f"topic {self._topic}", self.mode
+        return hook.get_async_leadership_probe(config=config, freshness=self._freshness()), f"topic {self._topic}", self.mode
 
     async def _observe(self, probe: Any, bound: float) -> Observation:
         if self.mode == "acquire":

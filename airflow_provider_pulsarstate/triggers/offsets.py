@@ -118,7 +118,8 @@ class OffsetProgressTrigger(PollingTrigger):
         self._subscription = (self.subscription or "").strip() or None
         if self.condition in ("committed", "lag") and self._subscription is None:
             raise ProgressError(f"condition {self.condition!r} needs a subscription")
-        return hook.get_async_offset_probe(config=config), f"topic {self._topic}", f"{self.condition} condition"
+        probe = hook.get_async_offset_probe(config=config, freshness=self._freshness())
+        return probe, f"topic {self._topic}", f"{self.condition} condition"
 
     async def _observe(self, probe: Any, bound: float) -> Observation:
         end = await within(probe.end_offsets(self._topic), bound)

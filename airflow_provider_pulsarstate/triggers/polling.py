@@ -35,6 +35,9 @@ from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.triggers.shared_config import shared_config
 from airflow_provider_pulsarstate.triggers.start_gate import start_turn
 
+MAX_FRESHNESS = 1.0
+"""Seconds at most an observation may be answered from a request another trigger made before it."""
+
 TRANSIENT = (BackendUnavailableError, OperationTimeoutError, asyncio.TimeoutError)
 """Errors a poll retries with back-off until the deadline."""
 
@@ -89,6 +92,11 @@ class PollingTrigger(BaseTrigger):
     deadline: float | None
     pulsarstate_conn_id: str
     end_from_trigger: bool
+
+    def _freshness(self) -> float:
+        """Seconds an observation may be answered from one another trigger of the loop asked for
+        before this poll (probes share equal requests): half the poll interval, at most 1 s."""
+        return min(self.poll_interval / 2, MAX_FRESHNESS)
 
     def _deadline(self) -> float | None:
         if self.deadline is not None:

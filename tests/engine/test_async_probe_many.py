@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import time
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from airflow_provider_pulsarstate import ConnectionConfig, open_backend
@@ -58,43 +62,103 @@ def test_starting_a_hundred_probes_at_once_never_stalls_the_loop(backend_config:
     assert worst_cpu < 1.0, f"the event loop did {worst_cpu:.2f}s of blocking work at once while 100 probes started"
 
 
+def _admin_connections(admin_url: str) -> int:
+    """Established TCP connections of this process to the admin port."""
+    port = int(admin_url.rsplit(":", 1)[1].split("/")[0])
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    count = 0
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            cols = line.split()
+            if cols[3] == "01" and cols[9] in inodes and int(cols[2].rsplit(":", 1)[1], 16) == port:
+                count += 1
+    return count
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """Every admin HTTP request sent by this process (method, path)."""
+    requests: list[tuple[str, str]] = []
+    original = httpx.AsyncClient.request
+
+    async def counting(self: httpx.AsyncClient, method: str, url: Any, **kwargs: Any) -> httpx.Response:
+        requests.append((method, str(url)))
+        return await original(self, method, url, **kwargs)
+
+    monkeypatch.setattr(httpx.AsyncClient, "request", counting)
+    return requests
+
+
 @pytest.mark.pulsar
-def test_probes_on_one_loop_share_http_clients_and_the_last_one_out_closes_each(pulsar_broker: object, topic: str) -> None:
+def test_a_thousand_probes_share_one_client_two_connections_and_their_requests(
+    pulsar_broker: Any, topic: str, sent: list[tuple[str, str]]
+) -> None:
     config = pulsar_config(pulsar_broker)
-    per_client = admin_async.PROBES_PER_CLIENT
     with open_backend(config) as backend:
         create_topic(backend, topic)
 
-    async def scenario() -> None:
-        loop = asyncio.get_running_loop()
+    async def scenario() -> tuple[list[dict[int, int]], int]:
+        probes = [open_async_probe(config, freshness=1.0) for _ in range(1000)]
+        try:
+            ends = await within(asyncio.gather(*(p.end_offsets(topic) for p in probes)), 120)
+            return ends, _admin_connections(config.resolved_admin_url)
+        finally:
+            await asyncio.gather(*(p.aclose() for p in probes))
+            assert admin_async._CLIENTS.get(asyncio.get_running_loop()) == {}  # closed with the last probe
 
-        def clients() -> list[tuple[Any, int]]:
-            return [(c, n) for entries in admin_async._CLIENTS.get(loop, {}).values() for c, n in entries]
+    ends, connections = asyncio.run(scenario())
+    assert ends == [{0: 0}] * 1000
+    # one partitions lookup and one end-of-topic read, whoever asked (each probe: 2 requests before)
+    assert len(sent) <= 4, sent[:6]
+    assert connections <= admin_async.CONNECTIONS_PER_CLIENT == 2
 
-        probes = [open_async_probe(config) for _ in range(per_client + 1)]
-        assert clients() == []  # no I/O, no client before first use
-        for p in probes:
-            assert await p.end_offsets(topic) == {0: 0}
-        (first, n1), (second, n2) = clients()
-        assert (n1, n2) == (per_client, 1)
-        await probes[0].aclose()
-        await probes[0].aclose()  # idempotent: does not release another probe's share
-        assert clients() == [(first, per_client - 1), (second, 1)]
-        assert not first.is_closed and await probes[1].end_offsets(topic) == {0: 0}
-        late = open_async_probe(config)  # joins the client with room
-        assert await late.end_offsets(topic) == {0: 0} and clients() == [(first, per_client), (second, 1)]
-        await probes[-1].aclose()
-        assert second.is_closed and clients() == [(first, per_client)]
-        for p in [*probes[1:-1], late]:
-            await p.aclose()
-        assert first.is_closed and clients() == []
-        other = open_async_probe(pulsar_config(pulsar_broker, auth_token="t0ken"))  # other credentials: own client
-        d = open_async_probe(config)
-        assert await d.end_offsets(topic) == {0: 0}
-        assert await other.end_offsets(topic) == {0: 0}  # the test broker ignores tokens
-        assert len(clients()) == 2
-        await other.aclose()
-        await d.aclose()
-        assert clients() == []
 
-    asyncio.run(scenario())
+@pytest.mark.pulsar
+def test_without_freshness_every_answer_is_sent_after_the_request(
+    pulsar_broker: Any, topic: str, sent: list[tuple[str, str]]
+) -> None:
+    config = pulsar_config(pulsar_broker)
+    with open_backend(config) as backend:
+        create_topic(backend, topic)
+
+    async def scenario() -> list[dict[int, int]]:
+        probes = [open_async_probe(config) for _ in range(3)]
+        try:
+            seen = [await probes[0].end_offsets(topic)]
+            sent.clear()
+            with open_backend(config) as backend, open_publisher(backend, topic) as pub:
+                pub.send(b"one")
+                pub.flush(timeout=30)
+            seen += await asyncio.gather(*(p.end_offsets(topic) for p in probes))  # asked together: shared
+            return seen
+        finally:
+            await asyncio.gather(*(p.aclose() for p in probes))
+
+    assert asyncio.run(scenario()) == [{0: 0}, {0: 1}, {0: 1}, {0: 1}]
+    assert len(sent) == 2, sent  # the partitions and the end, asked after the publish, shared by the three
+
+
+@pytest.mark.pulsar
+def test_a_cancelled_probe_never_cancels_a_shared_request(pulsar_broker: Any, topic: str) -> None:
+    config = pulsar_config(pulsar_broker)
+    with open_backend(config) as backend:
+        create_topic(backend, topic)
+
+    async def scenario() -> dict[int, int]:
+        first, second = open_async_probe(config, freshness=1.0), open_async_probe(config, freshness=1.0)
+        try:
+            asked = asyncio.ensure_future(first.end_offsets(topic))
+            other = asyncio.ensure_future(second.end_offsets(topic))
+            await asyncio.sleep(0)
+            asked.cancel()
+            return await within(other, 60)
+        finally:
+            await first.aclose()
+            await second.aclose()
+
+    assert asyncio.run(scenario()) == {0: 0}

@@ -563,7 +563,7 @@ def test_async_probe_sends_the_token_and_hides_credentials() -> None:
 
     async def probe() -> None:
         p = open_async_probe(config)
-        assert p._admin._http().headers["Authorization"] == "Bearer tok"  # type: ignore[attr-defined]
+        assert (await p._admin._http()).client.headers["Authorization"] == "Bearer tok"  # type: ignore[attr-defined]
         with pytest.raises(BackendUnavailableError) as info:
             await p.end_offsets("persistent://public/default/x")
         assert "s3cret" not in str(info.value) and "127.0.0.1:9" in str(info.value)

@@ -31,86 +31,125 @@ def _ssl_context(cafile: str | None) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=cafile) if cafile else ssl.create_default_context()
 
 
-PROBES_PER_CLIENT = 32
-"""Probes on one loop share HTTP clients, up to this many each, and a client keeps at most
-:data:`CONNECTIONS_PER_CLIENT` connections: a thousand probes hold at most ~128 admin connections.
-One client per probe made 100 triggers starting together stall the loop ~0.5 s and a thousand
-probes hold a thousand sockets; one client for all made every poll cost ~40% more CPU (a
-connection pool's bookkeeping grows with its connections and waiting requests)."""
+CONNECTIONS_PER_CLIENT = 2
+"""Connections the one HTTP client of a loop and admin endpoint keeps at most: requests of many
+probes are shared (:data:`SHARED_METHODS`), so a thousand probes need no more."""
 
-CONNECTIONS_PER_CLIENT = 4
+SHARED_METHODS = ("GET", "HEAD")
+"""Requests that read only: equal ones of a loop's probes share one round trip (see AsyncPulsarAdmin)."""
+
+MAX_KEPT_ANSWERS = 256
+"""Answered requests a shared client keeps for later probes at most (the finished ones go first)."""
 
 _ClientKey = tuple[str, "str | None", "str | None", float]
-# event loop -> admin endpoint and credentials -> [[client, probes using it], ...]
-_CLIENTS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[_ClientKey, list[list[Any]]]]" = (
-    weakref.WeakKeyDictionary()
-)
+_RequestKey = tuple[str, str, tuple[tuple[str, str], ...]]
 
 
-def _acquire_client(config: ConnectionConfig) -> tuple[list[list[Any]], httpx.AsyncClient]:
-    """An HTTP client of the running loop for ``config``'s admin endpoint, shared with at most
-    :data:`PROBES_PER_CLIENT` - 1 other probes. Synchronous: probes starting at once cannot race."""
-    key: _ClientKey = (config.resolved_admin_url, config.auth_token, config.tls_trust_certs_file_path,
-                       float(config.operation_timeout))
-    entries = _CLIENTS.setdefault(asyncio.get_running_loop(), {}).setdefault(key, [])
-    entry = next((e for e in entries if e[1] < PROBES_PER_CLIENT), None)
-    if entry is None:
-        headers = {"Authorization": f"Bearer {config.auth_token}"} if config.auth_token else {}
-        client = httpx.AsyncClient(
-            base_url=f"{config.resolved_admin_url}/admin/v2/", headers=headers,
-            limits=httpx.Limits(max_connections=CONNECTIONS_PER_CLIENT, max_keepalive_connections=CONNECTIONS_PER_CLIENT),
-            verify=_ssl_context(config.tls_trust_certs_file_path), timeout=config.operation_timeout,
-        )
-        entry = [client, 0]
-        entries.append(entry)
-    entry[1] += 1
-    return entries, entry[0]
+class _Shared:
+    """The HTTP client of one loop and admin endpoint, its users and its requests under way."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client = client
+        self.users = 0
+        # request -> (loop time it was sent, None while not yet sent; the request's task)
+        self.answers: dict[_RequestKey, tuple[float | None, asyncio.Task[httpx.Response]]] = {}
 
 
-async def _release_client(entries: list[list[Any]], client: httpx.AsyncClient) -> None:
+# event loop -> admin endpoint and credentials -> the shared client
+_CLIENTS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[_ClientKey, _Shared]]" = weakref.WeakKeyDictionary()
+
+
+def _client_key(config: ConnectionConfig) -> _ClientKey:
+    return (config.resolved_admin_url, config.auth_token, config.tls_trust_certs_file_path, float(config.operation_timeout))
+
+
+async def _acquire_client(config: ConnectionConfig) -> _Shared:
+    """The running loop's HTTP client for ``config``'s admin endpoint, one more user."""
+    key = _client_key(config)
+    clients = _CLIENTS.setdefault(asyncio.get_running_loop(), {})
+    if key not in clients:
+        # loading the CA store takes 40-200 ms of CPU: off the loop, once per process
+        verify = await asyncio.to_thread(_ssl_context, config.tls_trust_certs_file_path)
+        if key not in clients:  # another probe made it meanwhile
+            headers = {"Authorization": f"Bearer {config.auth_token}"} if config.auth_token else {}
+            clients[key] = _Shared(httpx.AsyncClient(
+                base_url=f"{config.resolved_admin_url}/admin/v2/", headers=headers,
+                limits=httpx.Limits(max_connections=CONNECTIONS_PER_CLIENT, max_keepalive_connections=CONNECTIONS_PER_CLIENT),
+                verify=verify, timeout=config.operation_timeout,
+            ))
+    shared = clients[key]
+    shared.users += 1
+    return shared
+
+
+def _retrieve(task: "asyncio.Task[Any]") -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: its callers raise it (or were all cancelled)
+
+
+async def _release_client(config: ConnectionConfig, shared: _Shared) -> None:
     """Drop one probe's use of a shared client; the last one out closes it."""
-    for i, entry in enumerate(entries):
-        if entry[0] is client:
-            entry[1] -= 1
-            if entry[1] > 0:
-                return
-            del entries[i]
-            break
-    await client.aclose()
+    shared.users -= 1
+    if shared.users > 0:
+        return
+    clients = _CLIENTS.get(asyncio.get_running_loop(), {})
+    if clients.get(_client_key(config)) is shared:
+        del clients[_client_key(config)]
+    await shared.client.aclose()
 
 
 class AsyncPulsarAdmin:
-    """Admin requests of one probe, over the running loop's shared client for its endpoint.
+    """Admin requests of one probe, over the running loop's one client for its endpoint.
+
+    Read-only requests (:data:`SHARED_METHODS`) equal in method, path and parameters are shared by
+    the probes of the loop: a request is answered by one that was sent at most ``freshness``
+    seconds before it was made, or by one not yet sent (those made in the same turn of the loop go
+    out as one); a thousand probes polling one topic cost a few requests per ``freshness``
+    seconds, not a thousand. ``freshness=0`` (the default): every answer was sent after the
+    request was made. A shared request runs as a task of its own: a cancelled caller never cancels
+    it for the others.
 
     Constructing it does no I/O; the first request joins the shared client, :meth:`aclose` leaves
     it (the last user closes it).
 
     :param config: a ``pulsar://`` connection (its admin URL, token, CA bundle and operation time-out).
     :param what: how errors name the owner (e.g. ``"offset probe"``).
+    :param freshness: seconds an answer may have been sent before a request it serves.
     """
 
-    def __init__(self, config: ConnectionConfig, *, what: str = "admin client") -> None:
+    def __init__(self, config: ConnectionConfig, *, what: str = "admin client", freshness: float = 0.0) -> None:
         self._config = config
         self.url = config.resolved_admin_url
         self.shown_url = redact_url(self.url)
         self._what = what
-        self._client: httpx.AsyncClient | None = None
-        self._shared: list[list[Any]] | None = None
+        self._freshness = max(0.0, float(freshness))
+        self._shared: _Shared | None = None
         self._closed = False
 
-    def _http(self) -> httpx.AsyncClient:
+    async def _http(self) -> _Shared:
         if self._closed:
             raise ClosedError(f"{self._what} of {self.shown_url} is closed")
-        if self._client is None:
-            self._shared, self._client = _acquire_client(self._config)
-        return self._client
+        if self._shared is None:
+            shared = await _acquire_client(self._config)
+            if self._closed or self._shared is not None:  # closed, or another request joined, meanwhile
+                await _release_client(self._config, shared)
+            else:
+                self._shared = shared
+            if self._closed:
+                raise ClosedError(f"{self._what} of {self.shown_url} is closed")
+        assert self._shared is not None
+        return self._shared
 
     async def request(
         self, method: str, path: str, *, ok: tuple[int, ...] = (200,), params: Mapping[str, Any] | None = None
     ) -> httpx.Response:
         """One request (``path`` under ``/admin/v2/``); BackendUnavailableError naming URL and status otherwise."""
         try:
-            resp = await self._http().request(method, path, params=params)
+            shared = await self._http()
+            if method in SHARED_METHODS:
+                resp = await self._shared_request(shared, method, path, params)
+            else:
+                resp = await shared.client.request(method, path, params=params)
         except httpx.HTTPError as exc:
             raise admin_unreachable(
                 exc, method, path, url=self.url, shown_url=self.shown_url, origin=self._config.field_origin("admin_url")
@@ -118,9 +157,41 @@ class AsyncPulsarAdmin:
         check_admin_status(method, path, resp.status_code, resp.text, ok=ok, shown_url=self.shown_url)
         return resp
 
+    async def _shared_request(
+        self, shared: _Shared, method: str, path: str, params: Mapping[str, Any] | None
+    ) -> httpx.Response:
+        loop = asyncio.get_running_loop()
+        key: _RequestKey = (method, path, tuple(sorted((str(k), str(v)) for k, v in (params or {}).items())))
+        held = shared.answers.get(key)
+        # joinable: not sent yet, or sent at most ``freshness`` seconds ago (under way or answered)
+        if held is None or (held[0] is not None and loop.time() - held[0] >= self._freshness):
+            if len(shared.answers) > MAX_KEPT_ANSWERS:
+                for k in [k for k, (_, t) in shared.answers.items() if t.done()]:
+                    del shared.answers[k]
+            task = loop.create_task(self._send(shared, key, method, path, params))
+            task.add_done_callback(_retrieve)
+            held = shared.answers[key] = (None, task)
+        return await asyncio.shield(held[1])
+
+    @staticmethod
+    async def _send(
+        shared: _Shared, key: _RequestKey, method: str, path: str, params: Mapping[str, Any] | None
+    ) -> httpx.Response:
+        task = asyncio.current_task()
+        held = shared.answers.get(key)
+        if held is not None and held[1] is task:
+            shared.answers[key] = (asyncio.get_running_loop().time(), task)  # sent now: later requests may not join
+        try:
+            return await shared.client.request(method, path, params=params)
+        except BaseException:
+            held = shared.answers.get(key)
+            if held is not None and held[1] is task:
+                del shared.answers[key]  # a failure serves no later request
+            raise
+
     async def aclose(self) -> None:
         """Leave the shared client (idempotent)."""
         self._closed = True
-        client, self._client = self._client, None
-        if client is not None and self._shared is not None:
-            await _release_client(self._shared, client)
+        shared, self._shared = self._shared, None
+        if shared is not None:
+            await _release_client(self._config, shared)

@@ -101,12 +101,13 @@ def delete_topic_if_unchanged(backend: Backend, topic: str, *, last: bytes | Non
     return delete_embedded_topic_if_last(backend.underlying(), topic, last)  # type: ignore[arg-type]
 
 
-def open_async_probe(config: ConnectionConfig) -> AsyncOffsetProbe:
-    """An :class:`AsyncOffsetProbe` for the back end ``config`` selects (no I/O until first use)."""
+def open_async_probe(config: ConnectionConfig, *, freshness: float = 0.0) -> AsyncOffsetProbe:
+    """An :class:`AsyncOffsetProbe` for the back end ``config`` selects (no I/O until first use);
+    ``freshness``: see :class:`~airflow_provider_pulsarstate.engine.offsets.pulsar_async.PulsarAsyncOffsetProbe`."""
     if config.kind == "pulsar":
         from airflow_provider_pulsarstate.engine.offsets.pulsar_async import PulsarAsyncOffsetProbe
 
-        return PulsarAsyncOffsetProbe(config)
+        return PulsarAsyncOffsetProbe(config, freshness=freshness)
     from airflow_provider_pulsarstate.engine.offsets.embedded import EmbeddedAsyncOffsetProbe
 
     return EmbeddedAsyncOffsetProbe(config)

@@ -36,10 +36,12 @@ class PulsarAsyncOffsetProbe(AsyncOffsetProbe):
     close closes the client.
 
     :param config: a ``pulsar://`` connection (its admin URL, token, CA bundle and operation time-out).
+    :param freshness: seconds an answer shared with the loop's other probes may have been sent
+        before a request (see :class:`~airflow_provider_pulsarstate.engine.backends.admin_async.AsyncPulsarAdmin`).
     """
 
-    def __init__(self, config: ConnectionConfig) -> None:
-        self._admin = AsyncPulsarAdmin(config, what="offset probe")
+    def __init__(self, config: ConnectionConfig, *, freshness: float = 0.0) -> None:
+        self._admin = AsyncPulsarAdmin(config, what="offset probe", freshness=freshness)
         self._shown = self._admin.shown_url
 
     def __repr__(self) -> str:
