@@ -52,7 +52,7 @@ import time
 import weakref
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
+from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig, redact_url
 from airflow_provider_pulsarstate.engine.errors import (
@@ -420,13 +420,13 @@ class TopicStream:
             raise ClosedError(f"{self!r} is closed")
         if self._consumer is not None:
             return self
-        import pulsar
-        import pulsar.asyncio as pa
-
-        from airflow_provider_pulsarstate.engine.backends.pulsar import client_options
-
         opts = self.options
-        self._client = _acquire_client(self.config, lambda: pa.Client(self.config.url, **client_options(self.config)))
+        self._client = await _acquire_client(self.config)
+        if self._closed:  # closed while the client was being made
+            await self._close_client()
+            raise ClosedError(f"{self!r} is closed")
+        import pulsar  # imported by _make_client, off the loop
+
         try:
             for topic in opts.topics:
                 await self._require_topic(topic)
@@ -836,15 +836,47 @@ _CLIENTS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[ConnectionC
 )
 
 
-def _acquire_client(config: ConnectionConfig, make: Callable[[], Any]) -> Any:
-    """The running loop's ``pulsar.asyncio`` client of ``config``, made by ``make`` for the first
-    stream; one more user. Synchronous: streams opening at once cannot race."""
-    clients = _CLIENTS.setdefault(asyncio.get_running_loop(), {})
-    entry = clients.get(config)
-    if entry is None:
-        entry = clients[config] = [make(), 0]
+# event loop -> connection -> the client being made (the first stream's, awaited by the others)
+_MAKING: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[ConnectionConfig, asyncio.Future[Any]]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _make_client(config: ConnectionConfig) -> Any:
+    """A ``pulsar.asyncio`` client of ``config``. Blocking (importing the client library takes ~0.5 s
+    of CPU, making a client tens of ms): run off the loop."""
+    import pulsar.asyncio as pa
+
+    from airflow_provider_pulsarstate.engine.backends.pulsar import client_options
+
+    return pa.Client(config.url, **client_options(config))
+
+
+async def _acquire_client(config: ConnectionConfig) -> Any:
+    """The running loop's ``pulsar.asyncio`` client of ``config`` (made off the loop by the first
+    stream, the others waiting for it); one more user."""
+    loop = asyncio.get_running_loop()
+    clients = _CLIENTS.setdefault(loop, {})
+    while config not in clients:
+        making = _MAKING.setdefault(loop, {})
+        future = making.get(config)
+        if future is None:
+            future = making[config] = asyncio.ensure_future(asyncio.to_thread(_make_client, config))
+            future.add_done_callback(lambda done: _made(loop, config, done))
+        await asyncio.shield(future)
+    entry = clients[config]
     entry[1] += 1
     return entry[0]
+
+
+def _made(loop: asyncio.AbstractEventLoop, config: ConnectionConfig, done: "asyncio.Future[Any]") -> None:
+    """The client is made: it joins the loop's clients (with no user yet), or its error goes to its waiters."""
+    making = _MAKING.get(loop, {})
+    if making.get(config) is done:
+        del making[config]
+    if done.cancelled() or done.exception() is not None:
+        return
+    _CLIENTS.setdefault(loop, {})[config] = [done.result(), 0]
 
 
 def _release_client(config: ConnectionConfig, client: Any) -> bool:

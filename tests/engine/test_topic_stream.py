@@ -489,3 +489,34 @@ def test_streams_subscribing_together_check_their_topic_once(config: ConnectionC
     outcomes = run(go())
     assert len([p for p in asked if topic.rsplit("/", 1)[1] in p]) <= 2, asked
     assert all(isinstance(o, ConfigurationError) and "does not exist" in str(o) for o in outcomes), outcomes
+
+
+@pytest.mark.pulsar
+def test_the_shared_client_is_made_off_the_loop_once_for_streams_opening_together(
+    config: ConnectionConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Importing the client library and making a client block for ~0.5 s: never on the loop."""
+    import threading
+
+    from airflow_provider_pulsarstate.engine import topic_stream
+
+    topic = _fresh()
+    _make_topic(config, topic)
+    made_on: list[int] = []
+    original = topic_stream._make_client
+
+    def recording(cfg: ConnectionConfig) -> Any:
+        made_on.append(threading.get_ident())
+        return original(cfg)
+
+    monkeypatch.setattr(topic_stream, "_make_client", recording)
+
+    async def go() -> int:
+        streams = [open_topic_stream(config, topics=[topic], subscription=f"s{i}") for i in range(20)]
+        await asyncio.gather(*(s.open() for s in streams))
+        users = topic_stream._CLIENTS[asyncio.get_running_loop()][config][1]
+        await asyncio.gather(*(s.aclose() for s in streams))
+        return users
+
+    assert run(go()) == 20
+    assert len(made_on) == 1 and made_on[0] != threading.get_ident()  # once, on another thread
