@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import weakref
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -245,30 +246,73 @@ class AsyncLeaseObserver:
     :mod:`~airflow_provider_pulsarstate.engine.worker_thread` (never asgiref's shared thread),
     through one Leases replica of the lease log shared by every observer of the process.
 
+    The observers of one lease log on one loop also share their reads of the log: a
+    :meth:`describe` is answered after a read up to the tail that started at most ``freshness``
+    seconds before it (0, the default: one that started after it); describes made together share
+    one read, so N deferred sensors on one lease log cost one read per poll, not N.
+
     Expiry is measured from when THIS observer first saw the last acquire or renew (the lease
     recipe's challenger rule): a lease found held is reported expired only after a full ttl of
     silence observed here. No I/O before the first :meth:`describe`.
 
     :param config: the connection.
     :param topic: the lease log (a full topic name).
+    :param freshness: seconds a shared read of the log may have started before a describe.
     """
 
-    def __init__(self, config: ConnectionConfig, topic: str) -> None:
+    def __init__(self, config: ConnectionConfig, topic: str, *, freshness: float = 0.0) -> None:
         self.topic = topic
+        self._key = ("lease-observer", config, topic)
+        self._freshness = max(0.0, float(freshness))
         self._worker: WorkerThread[Any] = WorkerThread(
             lambda: _open_leases(config, topic), close_on_shared_backend,
             name="pulsarstate-lease-observer", what="this lease observer",
-            share_key=("lease-observer", config, topic),  # one replica of the lease log per process
+            share_key=self._key,  # one replica of the lease log per process
         )
 
     async def describe(self, name: str) -> Any:
         """The lease's :class:`~airflow_provider_pulsarstate.engine.recipes.lease.LeaseInfo` as the
         lease log says now (None: never acquired there)."""
-        return await self._worker.run(lambda opened: opened[0].describe(name))
+        loop = asyncio.get_running_loop()
+        reads = _LEASE_READS.setdefault(loop, {})
+        held = reads.get(self._key)
+        if held is None or (held[0] is not None and loop.time() - held[0] >= self._freshness):
+            read = loop.create_task(self._read_to_tail(reads))
+            read.add_done_callback(_retrieve)
+            held = reads[self._key] = (None, read)
+        try:
+            await asyncio.shield(held[1])
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the shared read failed (or its observer closed): this observer reads itself
+            return await self._worker.run(lambda opened: opened[0].describe(name, latest=True))
+        return await self._worker.run(lambda opened: opened[0].describe(name, latest=False))
+
+    async def _read_to_tail(self, reads: dict[Any, Any]) -> None:
+        task = asyncio.current_task()
+        if (held := reads.get(self._key)) is not None and held[1] is task:
+            reads[self._key] = (asyncio.get_running_loop().time(), task)  # started: later describes may not join
+        try:
+            await self._worker.run(lambda opened: opened[0].manager.read(lambda state: None, latest=True))
+        except BaseException:
+            if (held := reads.get(self._key)) is not None and held[1] is task:
+                del reads[self._key]  # a failure serves no later describe
+            raise
 
     async def aclose(self) -> None:
         """Close the lease log reader (idempotent; never waits on a read still running)."""
         await self._worker.aclose()
+
+
+# event loop -> observer share key -> (loop time the read started, None before; the read)
+_LEASE_READS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Any, tuple[float | None, asyncio.Task[None]]]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _retrieve(task: "asyncio.Task[Any]") -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: its waiters raise it (or were all cancelled)
 
 
 def _open_leases(config: ConnectionConfig, topic: str) -> Any:

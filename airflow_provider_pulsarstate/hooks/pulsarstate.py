@@ -555,14 +555,15 @@ class PulsarStateHook(BaseHook):
         return open_async_leadership_probe(config if config is not None else self.get_config(), freshness=freshness)
 
     def get_async_lease_observer(
-        self, topic: str | None = None, *, config: ConnectionConfig | None = None
+        self, topic: str | None = None, *, config: ConnectionConfig | None = None, freshness: float = 0.0
     ) -> AsyncLeaseObserver:
         """An :class:`~airflow_provider_pulsarstate.engine.leadership.AsyncLeaseObserver` on the
         lease log ``topic`` (default: :meth:`get_leases`'s): ``await observer.describe(name)``
         without acquiring and without blocking an event loop. No I/O here; the caller closes it
-        (``await observer.aclose()``)."""
+        (``await observer.aclose()``). ``freshness``: seconds a read of the log shared with the
+        loop's other observers may have started before a describe."""
         config = config if config is not None else self.get_config()
-        return AsyncLeaseObserver(config, config.topic_name(topic or DEFAULT_LEASE_TOPIC))
+        return AsyncLeaseObserver(config, config.topic_name(topic or DEFAULT_LEASE_TOPIC), freshness=freshness)
 
     # ------------------------------------------------------------------ table feeds (issue 12: StateChangeTrigger)
     def get_table_feed(self, topic: str, *, after: int | None = None, key_prefix: str | None = None) -> TableFeed:

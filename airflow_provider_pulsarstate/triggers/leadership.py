@@ -122,7 +122,9 @@ class LeadershipTrigger(PollingTrigger):
         self._leader_name = (str(self.leader_name).strip() or None) if self.leader_name is not None else None
         if self.mode == "acquire":
             self._lease = str(self.lease_name).strip()
-            probe = hook.get_async_lease_observer((self.lease_topic or "").strip() or None, config=config)
+            probe = hook.get_async_lease_observer(
+                (self.lease_topic or "").strip() or None, config=config, freshness=self._freshness()
+            )
             return probe, f"lease {self._lease!r} in {probe.topic}", self.mode
         self._topic = config.topic_name(str(self.topic).strip())
         self._since = parse_since_epoch(self.since_epoch) if self.mode == "changed" else None

@@ -341,3 +341,47 @@ def test_control_a_raw_wait_for_exclusive_producer_beside_a_shared_one(pulsar_br
     finally:
         client.close()
         backend.close()
+
+
+def test_lease_observers_of_one_log_share_one_read_per_poll(
+    backend_config: ConnectionConfig, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """N deferred sensors on one lease log cost one read of the log per poll, not N; without
+    freshness every answer comes from a read started after the describe (a release is seen)."""
+    from airflow_provider_pulsarstate.engine.leadership import AsyncLeaseObserver
+    from airflow_provider_pulsarstate.engine.manager import SharedStateManager
+    from airflow_provider_pulsarstate.engine.recipes.lease import Leases
+
+    with open_backend(backend_config) as backend:
+        leases = Leases(backend, topic)
+        held = [leases.acquire(f"l{i}", holder="h", ttl=3600.0, timeout=30) for i in range(5)]
+        leases.close()
+    tail_reads = [0]
+    original = SharedStateManager.read
+
+    def counting(self: Any, reader: Any, *, latest: bool = False, **kwargs: Any) -> Any:
+        if latest and self.topic == topic:
+            tail_reads[0] += 1
+        return original(self, reader, latest=latest, **kwargs)
+
+    monkeypatch.setattr(SharedStateManager, "read", counting)
+
+    async def scenario() -> tuple[list[Any], int, Any]:
+        observers = [AsyncLeaseObserver(backend_config, topic, freshness=1.0) for _ in range(100)]
+        plain = AsyncLeaseObserver(backend_config, topic)
+        try:
+            infos = await asyncio.gather(*(o.describe(f"l{i % 5}") for i, o in enumerate(observers)))
+            reads = tail_reads[0]
+            with open_backend(backend_config) as backend:
+                releaser = Leases(backend, topic)
+                releaser.release(held[0])
+                releaser.close()
+            after = await plain.describe("l0")  # freshness 0: a read started after this call
+            return infos, reads, after
+        finally:
+            await asyncio.gather(*(o.aclose() for o in [*observers, plain]))
+
+    infos, reads, after = asyncio.run(scenario())
+    assert [i.holder for i in infos] == ["h"] * 100 and all(i.held for i in infos)
+    assert reads == 1, f"{reads} reads of the lease log for 100 observers polling together"
+    assert after is not None and not after.held
