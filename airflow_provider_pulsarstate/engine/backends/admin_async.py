@@ -63,23 +63,53 @@ def _client_key(config: ConnectionConfig) -> _ClientKey:
     return (config.resolved_admin_url, config.auth_token, config.tls_trust_certs_file_path, float(config.operation_timeout))
 
 
+# event loop -> admin endpoint and credentials -> the client being made (awaited by every probe)
+_MAKING: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[_ClientKey, asyncio.Future[httpx.AsyncClient]]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _make_client(config: ConnectionConfig) -> httpx.AsyncClient:
+    """The HTTP client of ``config``'s admin endpoint. Blocking (loading the CA store takes 40-200 ms
+    of CPU, the first request's transport modules as long to import): run off the loop."""
+    import anyio._backends._asyncio  # noqa: F401  (what the first request would import on the loop)
+    import anyio.streams.tls  # noqa: F401
+    import anyio.to_thread  # noqa: F401
+
+    headers = {"Authorization": f"Bearer {config.auth_token}"} if config.auth_token else {}
+    return httpx.AsyncClient(
+        base_url=f"{config.resolved_admin_url}/admin/v2/", headers=headers,
+        limits=httpx.Limits(max_connections=CONNECTIONS_PER_CLIENT, max_keepalive_connections=CONNECTIONS_PER_CLIENT),
+        verify=_ssl_context(config.tls_trust_certs_file_path), timeout=config.operation_timeout,
+    )
+
+
 async def _acquire_client(config: ConnectionConfig) -> _Shared:
-    """The running loop's HTTP client for ``config``'s admin endpoint, one more user."""
+    """The running loop's HTTP client for ``config``'s admin endpoint (made off the loop once, the
+    probes asking meanwhile waiting for it), one more user."""
+    loop = asyncio.get_running_loop()
     key = _client_key(config)
-    clients = _CLIENTS.setdefault(asyncio.get_running_loop(), {})
-    if key not in clients:
-        # loading the CA store takes 40-200 ms of CPU: off the loop, once per process
-        verify = await asyncio.to_thread(_ssl_context, config.tls_trust_certs_file_path)
-        if key not in clients:  # another probe made it meanwhile
-            headers = {"Authorization": f"Bearer {config.auth_token}"} if config.auth_token else {}
-            clients[key] = _Shared(httpx.AsyncClient(
-                base_url=f"{config.resolved_admin_url}/admin/v2/", headers=headers,
-                limits=httpx.Limits(max_connections=CONNECTIONS_PER_CLIENT, max_keepalive_connections=CONNECTIONS_PER_CLIENT),
-                verify=verify, timeout=config.operation_timeout,
-            ))
+    clients = _CLIENTS.setdefault(loop, {})
+    while key not in clients:
+        making = _MAKING.setdefault(loop, {})
+        future = making.get(key)
+        if future is None:
+            future = making[key] = asyncio.ensure_future(asyncio.to_thread(_make_client, config))
+            future.add_done_callback(lambda done: _made(loop, key, done))
+        await asyncio.shield(future)
     shared = clients[key]
     shared.users += 1
     return shared
+
+
+def _made(loop: asyncio.AbstractEventLoop, key: _ClientKey, done: "asyncio.Future[httpx.AsyncClient]") -> None:
+    """The client is made: it joins the loop's clients (no user yet), or its error goes to its waiters."""
+    making = _MAKING.get(loop, {})
+    if making.get(key) is done:
+        del making[key]
+    if done.cancelled() or done.exception() is not None:
+        return
+    _CLIENTS.setdefault(loop, {})[key] = _Shared(done.result())
 
 
 def _retrieve(task: "asyncio.Task[Any]") -> None:
