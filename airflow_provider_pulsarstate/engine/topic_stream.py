@@ -857,26 +857,21 @@ async def _acquire_client(config: ConnectionConfig) -> Any:
     stream, the others waiting for it); one more user."""
     loop = asyncio.get_running_loop()
     clients = _CLIENTS.setdefault(loop, {})
+    making = _MAKING.setdefault(loop, {})
     while config not in clients:
-        making = _MAKING.setdefault(loop, {})
         future = making.get(config)
         if future is None:
             future = making[config] = asyncio.ensure_future(asyncio.to_thread(_make_client, config))
-            future.add_done_callback(lambda done: _made(loop, config, done))
-        await asyncio.shield(future)
+        try:
+            await asyncio.shield(future)
+        finally:
+            if making.get(config) is future and future.done():
+                del making[config]  # the first waiter back registers it (or lets the next caller retry)
+                if not future.cancelled() and future.exception() is None and config not in clients:
+                    clients[config] = [future.result(), 0]
     entry = clients[config]
     entry[1] += 1
     return entry[0]
-
-
-def _made(loop: asyncio.AbstractEventLoop, config: ConnectionConfig, done: "asyncio.Future[Any]") -> None:
-    """The client is made: it joins the loop's clients (with no user yet), or its error goes to its waiters."""
-    making = _MAKING.get(loop, {})
-    if making.get(config) is done:
-        del making[config]
-    if done.cancelled() or done.exception() is not None:
-        return
-    _CLIENTS.setdefault(loop, {})[config] = [done.result(), 0]
 
 
 def _release_client(config: ConnectionConfig, client: Any) -> bool:

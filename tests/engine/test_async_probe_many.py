@@ -162,3 +162,29 @@ def test_a_cancelled_probe_never_cancels_a_shared_request(pulsar_broker: Any, to
             await second.aclose()
 
     assert asyncio.run(scenario()) == {0: 0}
+
+
+@pytest.mark.pulsar
+def test_a_probe_arriving_as_the_shared_client_is_made_joins_it(pulsar_broker: Any, topic: str) -> None:
+    """A probe asking in the very turn the client's making completes (before any callback of it
+    ran) gets the client: it once spun the loop forever waiting for a callback that never ran."""
+    config = pulsar_config(pulsar_broker)
+    with open_backend(config) as backend:
+        create_topic(backend, topic)
+
+    async def scenario() -> list[dict[int, int]]:
+        first, second = open_async_probe(config), open_async_probe(config)
+        try:
+            asked = asyncio.ensure_future(first.end_offsets(topic))
+            making = admin_async._MAKING.setdefault(asyncio.get_running_loop(), {})
+            while not making:
+                await asyncio.sleep(0)
+            future = next(iter(making.values()))
+            while not future.done():
+                await asyncio.sleep(0)
+            return [await within(second.end_offsets(topic), 60), await within(asked, 60)]
+        finally:
+            await first.aclose()
+            await second.aclose()
+
+    assert asyncio.run(scenario()) == [{0: 0}, {0: 0}]

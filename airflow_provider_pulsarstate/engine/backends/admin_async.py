@@ -90,26 +90,21 @@ async def _acquire_client(config: ConnectionConfig) -> _Shared:
     loop = asyncio.get_running_loop()
     key = _client_key(config)
     clients = _CLIENTS.setdefault(loop, {})
+    making = _MAKING.setdefault(loop, {})
     while key not in clients:
-        making = _MAKING.setdefault(loop, {})
         future = making.get(key)
         if future is None:
             future = making[key] = asyncio.ensure_future(asyncio.to_thread(_make_client, config))
-            future.add_done_callback(lambda done: _made(loop, key, done))
-        await asyncio.shield(future)
+        try:
+            await asyncio.shield(future)
+        finally:
+            if making.get(key) is future and future.done():
+                del making[key]  # the first waiter back registers it (or lets the next caller retry)
+                if not future.cancelled() and future.exception() is None and key not in clients:
+                    clients[key] = _Shared(future.result())
     shared = clients[key]
     shared.users += 1
     return shared
-
-
-def _made(loop: asyncio.AbstractEventLoop, key: _ClientKey, done: "asyncio.Future[httpx.AsyncClient]") -> None:
-    """The client is made: it joins the loop's clients (no user yet), or its error goes to its waiters."""
-    making = _MAKING.get(loop, {})
-    if making.get(key) is done:
-        del making[key]
-    if done.cancelled() or done.exception() is not None:
-        return
-    _CLIENTS.setdefault(loop, {})[key] = _Shared(done.result())
 
 
 def _retrieve(task: "asyncio.Task[Any]") -> None:
