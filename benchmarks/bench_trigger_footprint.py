@@ -232,6 +232,24 @@ def _instrument(kind: str) -> None:
 
 
 # ================================================================================ the child
+def _watch_gc() -> dict[int, float]:
+    """The longest garbage collection pause per generation, in the loop thread's CPU seconds."""
+    import gc
+
+    worst: dict[int, float] = {}
+    started = [0.0]
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.thread_time()
+        else:
+            gen = info["generation"]
+            worst[gen] = max(worst.get(gen, 0.0), time.thread_time() - started[0])
+
+    gc.callbacks.append(callback)
+    return worst
+
+
 def _watch_turns(limit: float) -> None:
     """Print every loop turn longer than ``limit`` seconds with its slowest callbacks (diagnosis)."""
     import asyncio.base_events
@@ -420,11 +438,12 @@ async def _child(kind: str, n: int, idle_seconds: float, detect_timeout: float, 
 
     if os.environ.get("BENCH_SLOW_TURNS"):
         _watch_turns(float(os.environ["BENCH_SLOW_TURNS"]))
+    gc_pauses = _watch_gc()
     profile = None
     if os.environ.get("BENCH_PROFILE_START"):  # where the loop's time goes while the triggers start
         import cProfile
 
-        profile = cProfile.Profile()
+        profile = cProfile.Profile(time.thread_time)  # the loop thread's own CPU, not waits
         profile.enable()
     started = time.monotonic()
     cpu0 = _cpu()
@@ -454,6 +473,7 @@ async def _child(kind: str, n: int, idle_seconds: float, detect_timeout: float, 
         profile.disable()
         profile.dump_stats(os.environ["BENCH_PROFILE_START"])
     out["start_s"] = start_s
+    out["worst_gc_pause_start_s"] = dict(gc_pauses)
     out["running"] = len(RUNNING)
     out["start_cpu_s"] = _cpu() - cpu0
     out["after_start"] = _minus(_snapshot(ports), idle)
@@ -732,6 +752,7 @@ def main() -> None:
               f"stalls={r.get('stall_start_s', 0):.3f}/{r.get('stall_idle_s', 0):.3f}/{r.get('stall_detect_s', 0):.3f} "
               f"(raw {r.get('stall_start_s_raw', 0):.3f}/{r.get('stall_idle_s_raw', 0):.3f}/{r.get('stall_detect_s_raw', 0):.3f}, "
               f"loop CPU {r.get('stall_start_s_cpu', 0):.3f}/{r.get('stall_idle_s_cpu', 0):.3f}/{r.get('stall_detect_s_cpu', 0):.3f}) "
+              f"gc_pauses_at_start={ {g: round(v, 3) for g, v in (r.get('worst_gc_pause_start_s') or {}).items()} } "
               f"control_stall={r.get('stall_control_s', 0):.3f} start_cpu={r.get('start_cpu_s', 0):.1f}s stop={r.get('stop_s', 0):.2f}s "
               f"running={r.get('running')} errors={r.get('errors_total')} {r.get('errors') or ''} "
               f"{r.get('task_failures') or ''} {r.get('detect_error') or ''}")
