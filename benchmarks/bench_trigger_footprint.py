@@ -42,6 +42,14 @@ them (a failure of one kind never hides the others). The child
 A ticker task on the loop (10 ms, as ``tests/airflow/trigger_driver.py``'s ``LoopLag``) gives the
 loop's worst stall over 2.-4.
 
+The stall is the ticker's lateness minus the time the loop's thread waited for a CPU (the
+machine's load); shown beside it: the raw lateness and the loop thread's own CPU over the worst
+tick (its work, not waits for the GIL or a CPU), and the longest garbage collection per generation
+while the triggers start. Run with bytecode cached (``PYTHONPYCACHEPREFIX`` set,
+``PYTHONDONTWRITEBYTECODE`` unset), as a deployment has it. Diagnostics: ``BENCH_SLOW_TURNS=0.05``
+prints each loop turn whose callbacks took longer (and the stack of a callback running over it);
+``BENCH_PROFILE_START=<file>`` writes a cProfile of the start on the loop thread's CPU.
+
 Targets (issue 19): within 2 broker connections per connection id (binary + admin counted
 together; both are shown), <= 50 OS threads and <= 200 fds beyond the idle process, all running
 within 10 s, the loop never stalled over 0.1 s. Where the issue measured a figure before (200
