@@ -401,6 +401,10 @@ async def _child(kind: str, n: int, idle_seconds: float, detect_timeout: float, 
     import airflow_provider_pulsarstate.triggers.state_change  # noqa: F401
 
     _instrument(kind)
+    if os.environ.get("BENCH_GC_FREEZE"):  # what-if: the triggerer froze its start-up objects (gc.freeze)
+        import gc
+
+        gc.freeze()
     triggers = _make_triggers(kind, n, setup)
     await asyncio.sleep(0.2)
     idle = _snapshot(ports)
