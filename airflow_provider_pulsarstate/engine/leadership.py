@@ -27,6 +27,7 @@ from typing import Any, Mapping
 from airflow_provider_pulsarstate.engine.backends.base import Backend, partition_topic_name, writer_base_name
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, LeadershipError
+from airflow_provider_pulsarstate.engine.turns import take_turn
 from airflow_provider_pulsarstate.engine.worker_thread import WorkerThread, close_on_shared_backend, open_on_shared_backend
 
 EXCLUSIVE_MODES = ("Exclusive", "ExclusiveWithFencing", "WaitForExclusive")
@@ -286,6 +287,7 @@ class AsyncLeaseObserver:
             raise
         except Exception:  # the shared read failed (or its observer closed): this observer reads itself
             return await self._worker.run(lambda opened: opened[0].describe(name, latest=True))
+        await take_turn()  # the observers one read answered go on a few per turn of the loop
         return await self._worker.run(lambda opened: opened[0].describe(name, latest=False))
 
     async def _read_to_tail(self, reads: dict[Any, Any]) -> None:

@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 import pulsar
@@ -366,11 +367,32 @@ def test_lease_observers_of_one_log_share_one_read_per_poll(
 
     monkeypatch.setattr(SharedStateManager, "read", counting)
 
+    from airflow_provider_pulsarstate.engine import turns
+    from airflow_provider_pulsarstate.engine.worker_thread import WorkerThread
+
+    turn, per_turn = [0], Counter()
+    original_run = WorkerThread.run
+
+    async def noting_turn(self: Any, fn: Any) -> Any:
+        per_turn[turn[0]] += 1
+        return await original_run(self, fn)
+
+    monkeypatch.setattr(WorkerThread, "run", noting_turn)
+
     async def scenario() -> tuple[list[Any], int, Any]:
+        loop = asyncio.get_running_loop()
+
+        def count_turns() -> None:
+            turn[0] += 1
+            loop.call_soon(count_turns)
+
+        loop.call_soon(count_turns)
         observers = [AsyncLeaseObserver(backend_config, topic, freshness=1.0) for _ in range(100)]
         plain = AsyncLeaseObserver(backend_config, topic)
         try:
             infos = await asyncio.gather(*(o.describe(f"l{i % 5}") for i, o in enumerate(observers)))
+            # the hundred answered by one read go on a few per turn (1 more: the shared read)
+            assert max(per_turn.values()) <= turns.STARTS_PER_TURN + 1, per_turn
             reads = tail_reads[0]
             with open_backend(backend_config) as backend:
                 releaser = Leases(backend, topic)
