@@ -5,8 +5,9 @@ of plain Python each time (and, in a triggerer, a round trip to its supervisor).
 triggers starting together, each reading the same connection, cost the loop seconds of that.
 Here the triggers of one loop share the lookup: callers arriving while a lookup runs wait for it,
 and its answer serves every caller for :data:`SHARED_CONFIG_SECONDS` after it started; a failed
-lookup is not kept (the next caller looks again). A changed connection therefore reaches triggers
-that start at most :data:`SHARED_CONFIG_SECONDS` after the change.
+lookup is not kept (the next caller looks again). A changed connection therefore reaches every
+trigger starting :data:`SHARED_CONFIG_SECONDS` or more after the change (earlier ones may still
+get the previous settings).
 """
 
 from __future__ import annotations
