@@ -19,7 +19,7 @@ def page_url(**params: str | None) -> str:
     """The page's address with ``params`` (connection, tab, topic, item) in its fragment, absolute
     when ``[api] base_url`` is set."""
     try:
-        from airflow.configuration import conf
+        from airflow.sdk.configuration import conf
 
         base = (conf.get("api", "base_url", fallback="") or "").rstrip("/")
     except Exception:  # a link must never fail a task
