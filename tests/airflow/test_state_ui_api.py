@@ -18,10 +18,11 @@ from airflow_provider_pulsarstate.testing.airflow_processes import AirflowProces
 
 ROOT = Path(__file__).resolve().parents[2]
 CONN_ID = "ps_ui"
-TABLE = "ui-prices"
-SOURCE = "ui-source"
+_RUN = os.urandom(4).hex()  # the shared test broker keeps topics between runs
+TABLE = f"ui-prices-{_RUN}"
+SOURCE = f"ui-source-{_RUN}"
 SUBSCRIPTION = "ui-ingest"
-LEASE = "ui-nightly"
+LEASE = f"ui-nightly-{_RUN}"
 HOLDER = "worker-ui-7"
 SCRIPT_VALUE = "<script>window.__pwned = 1</script>"
 N_ROWS = 130
@@ -66,14 +67,21 @@ def write_state(conn_id: str) -> dict[str, Any]:
     return {"rows": rows, "result": result, "plan": plan, "token": lease.token, "lag": lag}
 
 
-@pytest.fixture(scope="module")
-def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AirflowProcesses, dict[str, Any]]]:
-    """The engine's state in an embedded file, and a real API server (simple auth manager:
-    ``admin`` with the Admin role, ``viewer`` with the Viewer role, which may not read connections)
-    whose deployment defines the connection."""
+@pytest.fixture(scope="module", params=["embedded", pytest.param("pulsar", marks=pytest.mark.pulsar)])
+def deployment(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[AirflowProcesses, dict[str, Any]]]:
+    """The engine's state (in an embedded file, or on the test broker), and a real API server
+    (simple auth manager: ``admin`` with the Admin role, ``viewer`` with the Viewer role, which may
+    not read connections) whose deployment defines the connection."""
     home = tmp_path_factory.mktemp("state-ui")
     (home / "dags").mkdir()
-    conn = json.dumps({"conn_type": "pulsarstate", "extra": {"service_url": f"file://{home / 'state.db'}"}})
+    if request.param == "pulsar":
+        broker = request.getfixturevalue("pulsar_broker")
+        extra = {"service_url": broker.service_url, "admin_url": broker.admin_url, "operation_timeout": 30}
+    else:
+        extra = {"service_url": f"file://{home / 'state.db'}"}
+    conn = json.dumps({"conn_type": "pulsarstate", "extra": extra})
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", conn)
         facts = write_state(CONN_ID)
@@ -187,9 +195,9 @@ def test_leases_and_subscription(deployment: tuple[AirflowProcesses, dict[str, A
     sub = admin.get(api(deployment, "/subscription"), params={"topic": SOURCE, "subscription": SUBSCRIPTION}, timeout=60)
     assert sub.status_code == 200, sub.text
     body = sub.json()
-    assert body["total_lag"] == facts["lag"] == 7
+    assert body["total_lag"] == facts["lag"] > 0
     (partition,) = body["partitions"]
-    assert (partition["committed"], partition["end"], partition["lag"]) == (5, 12, 7)
+    assert partition["committed"] == 5 and partition["end"] - 5 == partition["lag"] == facts["lag"]
 
 
 def test_a_role_without_connection_access_is_refused(deployment: tuple[AirflowProcesses, dict[str, Any]]) -> None:
