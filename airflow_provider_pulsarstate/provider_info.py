@@ -84,6 +84,18 @@ def provider_info() -> dict[str, Any]:
                 ],
             }
         ],
+        "plugins": [
+            {
+                "name": "pulsarstate",
+                "plugin-class": "airflow_provider_pulsarstate.plugins.pulsar_state.PulsarStatePlugin",
+            }
+        ],
+        "extra-links": [
+            "airflow_provider_pulsarstate.plugins.links.PulsarStateViewLink",
+            "airflow_provider_pulsarstate.plugins.links.PulsarStateTableLink",
+            "airflow_provider_pulsarstate.plugins.links.PulsarStateLeaseLink",
+            "airflow_provider_pulsarstate.plugins.links.PulsarStateSubscriptionLink",
+        ],
         # topic messages (PulsarMessageTrigger, common-messaging scheme "pulsar")
         "queues": ["airflow_provider_pulsarstate.queues.pulsar.PulsarMessageQueueProvider"],
         "cli": ["airflow_provider_pulsarstate.cli.commands.get_cli_commands"],

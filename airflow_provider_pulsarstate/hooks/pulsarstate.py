@@ -293,6 +293,45 @@ class PulsarStateHook(BaseHook):
         config, backend = self._open()
         return self._own(StateTable(backend, config.topic_name(topic), **options))
 
+    @contextlib.contextmanager
+    def shared_table(self, topic: str) -> Iterator[StateTable]:
+        """The process-wide :class:`~airflow_provider_pulsarstate.engine.recipes.table.StateTable`
+        of ``topic`` for readers (the UI's API): opened and replayed on first use, then kept open
+        for the next caller until idle or evicted, as :meth:`xcom_run_store`. Callers only read:
+        an instance that never writes never takes the writer.
+
+        :param topic: a short name or a full ``persistent://...`` (confined as :meth:`topic_name`).
+        :raises ConfigurationError: invalid connection or topic name.
+        """
+        config = self.get_config()
+        full_topic = config.topic_name(topic)
+        key = ("table-reader", full_topic)
+        with shared_objects.borrow(config, key, lambda backend: StateTable(backend, full_topic)) as table:
+            yield table
+
+    @contextlib.contextmanager
+    def shared_leases(self, topic: str | None = None) -> Iterator[Leases]:
+        """The process-wide :class:`~airflow_provider_pulsarstate.engine.recipes.lease.Leases` of the
+        lease log ``topic`` for readers, kept open as :meth:`shared_table`."""
+        config = self.get_config()
+        full_topic = config.topic_name(topic or DEFAULT_LEASE_TOPIC)
+        factory = lambda backend: Leases(backend, full_topic, operation_timeout=config.operation_timeout)  # noqa: E731
+        with shared_objects.borrow(config, ("leases-reader", full_topic), factory) as leases:
+            yield leases
+
+    def list_topics(self, *, prefix: str = "") -> list[str]:
+        """The topics of the connection's tenant/namespace whose short name starts with ``prefix``
+        (full names, sorted; with their checkpoint and staging topics)."""
+        config, backend = self._open()
+        base = f"persistent://{config.tenant}/{config.namespace}/"
+        return sorted(backend.list_topics(base + prefix))
+
+    def read_last_entry_time(self, topic: str) -> float | None:
+        """Publish time (Unix seconds) of ``topic``'s last entry (None: empty topic)."""
+        config, backend = self._open()
+        entry = backend.read_last(config.topic_name(topic), timeout=config.operation_timeout)
+        return None if entry is None else entry.publish_time
+
     def get_xcom_store(self, topic: str, *, namespace: str, shared: bool = False, **options: Any) -> XComStore:
         """An :class:`~airflow_provider_pulsarstate.engine.recipes.xcom_store.XComStore` (XCom values
         keyed ``<namespace>/xcom/<dag>/<run>/<task>/<map_index>/<key>``) on ``topic``. Closed by :meth:`close`.

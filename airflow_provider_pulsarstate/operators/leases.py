@@ -35,6 +35,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError, LeaseLostError, LeaseTimeoutError
 from airflow_provider_pulsarstate.hooks.pulsarstate import LeaseKeeper, PulsarStateHook
+from airflow_provider_pulsarstate.plugins.links import PulsarStateLeaseLink
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -85,6 +86,7 @@ class AcquireLeaseOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = ("lease_name", "holder", "lease_topic", "timeout")
+    operator_extra_links = (PulsarStateLeaseLink(),)
     ui_color = "#f3e6c4"
 
     def __init__(
@@ -150,6 +152,7 @@ class ReleaseLeaseOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = ("lease_task_id",)
+    operator_extra_links = (PulsarStateLeaseLink(),)
     ui_color = "#f3e6c4"
 
     def __init__(

@@ -18,6 +18,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow_provider_pulsarstate.engine.errors import OffsetError
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.operators.leases import LeaseGuardMixin
+from airflow_provider_pulsarstate.plugins.links import PulsarStateSubscriptionLink, PulsarStateTableLink
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -40,6 +41,7 @@ class CommitSourceOffsetsOperator(LeaseGuardMixin, BaseOperator):
     """
 
     template_fields: Sequence[str] = ("table_topic", "source_topic", "subscription")
+    operator_extra_links = (PulsarStateSubscriptionLink(), PulsarStateTableLink())
     ui_color = "#e0ecd4"
 
     def __init__(

@@ -40,6 +40,7 @@ from airflow_provider_pulsarstate.engine.errors import (
 )
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.operators.leases import LeaseGuardMixin
+from airflow_provider_pulsarstate.plugins.links import PulsarStateTableLink, PulsarStateViewLink
 from airflow_provider_pulsarstate.spark.views import dump_config
 
 if TYPE_CHECKING:
@@ -91,6 +92,7 @@ class CreateTempViewOperator(LeaseGuardMixin, BaseOperator):
     """
 
     template_fields: Sequence[str] = ("table_topic", "scope_prefix", "view_id")
+    operator_extra_links = (PulsarStateViewLink(), PulsarStateTableLink())
     ui_color = "#d9e7f5"
 
     def __init__(
@@ -173,6 +175,7 @@ class ApplyTempViewOperator(LeaseGuardMixin, BaseOperator):
     """
 
     template_fields: Sequence[str] = ("table_topic", "view_id")
+    operator_extra_links = (PulsarStateViewLink(), PulsarStateTableLink())
     ui_color = "#c9e4c5"
 
     def __init__(
@@ -252,6 +255,7 @@ class DropTempViewOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = ("table_topic", "view_id")
+    operator_extra_links = (PulsarStateViewLink(), PulsarStateTableLink())
     ui_color = "#f5d9d9"
 
     def __init__(

@@ -59,6 +59,7 @@ from airflow.triggers.base import StartTriggerArgs
 
 from airflow_provider_pulsarstate.engine.errors import LeaseTimeoutError, PulsarStateError
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+from airflow_provider_pulsarstate.plugins.links import PulsarStateLeaseLink
 from airflow_provider_pulsarstate.triggers.leadership import LeadershipTrigger
 from airflow_provider_pulsarstate.triggers.leadership_conditions import (
     LeadershipConditionError,
@@ -116,6 +117,7 @@ class LeadershipSensor(BaseSensorOperator):
     """
 
     template_fields: Sequence[str] = ("topic", "leader_name", "since_epoch", "lease_name", "holder", "lease_topic")
+    operator_extra_links = (PulsarStateLeaseLink(),)
     ui_color = "#e8e4f0"
     start_trigger_args = StartTriggerArgs(
         trigger_cls=_TRIGGER_PATH,

@@ -70,6 +70,7 @@ from airflow.triggers.base import StartTriggerArgs
 
 from airflow_provider_pulsarstate.engine.errors import PulsarStateError
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+from airflow_provider_pulsarstate.plugins.links import PulsarStateSubscriptionLink
 from airflow_provider_pulsarstate.triggers.offsets import OffsetProgressTrigger
 from airflow_provider_pulsarstate.triggers.progress import (
     Progress,
@@ -139,6 +140,7 @@ class OffsetProgressSensor(BaseSensorOperator):
     """
 
     template_fields: Sequence[str] = ("topic", "target", "subscription", "watermark_map", "watermark_key")
+    operator_extra_links = (PulsarStateSubscriptionLink(),)
     ui_color = "#e4f0e8"
     start_trigger_args = StartTriggerArgs(
         trigger_cls=_TRIGGER_PATH,

@@ -437,6 +437,10 @@ class Leases(Recipe):
             log.info("%s: lease %r released by %r (token %d)", self.topic, lease.name, lease.holder, lease.token)
         return done[0]
 
+    def names(self, *, latest: bool = True) -> list[str]:
+        """The name of every lease the log has recorded (held or released), sorted."""
+        return self.manager.read(lambda state: sorted(state), latest=latest)
+
     def describe(self, name: str, *, latest: bool = True) -> LeaseInfo | None:
         """The lease as the log says now, without acquiring (None: never acquired in this log).
 

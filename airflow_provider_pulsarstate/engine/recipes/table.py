@@ -54,6 +54,7 @@ is sonic-swss-common's create_temp_view / apply_temp_view, minus its weaknesses:
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import json
 import logging
@@ -344,6 +345,7 @@ class StateTable(Recipe):
         self.backend = backend
         self.topic = topic
         self._cleaners: list[threading.Thread] = []
+        self._key_index: tuple[int, _TableState, list[str]] | None = None
         manager_options.setdefault("operation_timeout", 120.0)
         self.manager: SharedStateManager[_TableState, dict[str, Any]] = SharedStateManager(
             backend, topic, initializer=_TableState, applier=self._apply,
@@ -410,6 +412,46 @@ class StateTable(Recipe):
 
     def size(self, *, latest: bool = False, timeout: float | None = None) -> int:
         return self.manager.read(lambda s: len(s.rows), latest=latest, timeout=timeout)
+
+    def rows_page(
+        self, *, prefix: str = "", after: str | None = None, limit: int = 100, latest: bool = False,
+        timeout: float | None = None,
+    ) -> tuple[list[tuple[str, Record]], str | None]:
+        """One page of rows, in key order: at most ``limit`` rows whose key starts with ``prefix``
+        and sorts after ``after``, never the whole table.
+
+        The sorted key index is built once per committed offset and reused by the following
+        pages (a sort of the keys, then a binary search per page), so paging a large table
+        that does not change costs a few microseconds per page after the first.
+
+        :returns: the rows and the cursor of the next page (the last key; None: no more rows).
+        """
+        if limit < 1:
+            raise ConfigurationError(f"rows_page of {self.topic}: limit must be >= 1, got {limit}")
+
+        def run(s: _TableState) -> tuple[list[tuple[str, bytes]], bool]:
+            keys = self._sorted_keys(s)
+            start = bisect.bisect_right(keys, after) if after is not None and after >= prefix else bisect.bisect_left(keys, prefix)
+            page: list[tuple[str, bytes]] = []
+            for key in keys[start : start + limit + 1]:
+                if not key.startswith(prefix):
+                    break
+                page.append((key, s.rows[key]))
+            return page, len(page) > limit
+
+        page, more = self.manager.read(run, latest=latest, timeout=timeout)
+        page = page[:limit]
+        rows = [(key, json.loads(value)) for key, value in page]
+        return rows, (page[-1][0] if more and page else None)
+
+    def _sorted_keys(self, state: _TableState) -> list[str]:
+        # called under the manager's lock; rebuilt whenever a record was applied since
+        offset = self.manager.applied_offset
+        cached = self._key_index
+        if cached is None or cached[0] != offset or cached[1] is not state:
+            cached = (offset, state, sorted(state.rows))
+            self._key_index = cached
+        return cached[2]
 
     def source_offsets(self, topic: str, *, latest: bool = True, timeout: float | None = None) -> dict[int, int]:
         """The next offset to consume per partition of source ``topic``, as the last applied views

@@ -1,0 +1,172 @@
+"""The read-only REST API behind the "Pulsar State" page, mounted on the API server at :data:`URL_PREFIX`.
+
+Every route is a GET, answers JSON (the page itself excepted) and sits behind Airflow's
+authentication and authorization: reading a connection's state needs the right to read that
+connection (``requires_access_connection("GET")``, e.g. the Op role of the simple auth manager),
+which Airflow checks from the bearer token or the UI's ``_token`` cookie (so the page works inside
+the UI's iframe). Connections are resolved as Airflow's server processes resolve them (metadata
+DB, secrets backends, environment); a connection that is not defined is a 404 naming it, never
+the embedded log. Bad input is a 400 whose ``detail`` starts with the field at fault
+(``topic: ...``, ``prefix: ...``, ``cursor: ...``, ``limit: ...``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from importlib import resources
+from typing import Any, Iterator
+
+from fastapi import Depends, FastAPI, HTTPException, Query
+from fastapi.responses import HTMLResponse, Response
+
+from airflow_provider_pulsarstate.engine.errors import (
+    BackendUnavailableError,
+    ConfigurationError,
+    OperationTimeoutError,
+    PulsarStateError,
+)
+from airflow_provider_pulsarstate.hooks.airflow_internals import server_context
+from airflow_provider_pulsarstate.plugins import state_reader
+from airflow_provider_pulsarstate.plugins.state_reader import MAX_PAGE_ROWS, TopicMissingError
+
+URL_PREFIX = "/pulsarstate"
+"""Where the API server mounts this app (``/pulsarstate/api/...``, the page at ``/pulsarstate/``)."""
+
+MAX_PREFIX_CHARS = 512
+MAX_CURSOR_CHARS = 1024
+MAX_TOPIC_CHARS = 512
+
+
+def _connection_access() -> Any:
+    from airflow.api_fastapi.core_api.security import requires_access_connection
+
+    return Depends(requires_access_connection("GET"))
+
+
+def _authenticated() -> Any:
+    from airflow.api_fastapi.core_api.security import requires_authenticated
+
+    return Depends(requires_authenticated())
+
+
+def _bad(field: str, problem: str) -> HTTPException:
+    return HTTPException(status_code=400, detail=f"{field}: {problem}")
+
+
+def _check_text(field: str, value: str | None, limit: int) -> None:
+    if value is None:
+        return
+    if len(value) > limit:
+        raise _bad(field, f"longer than {limit} characters")
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        raise _bad(field, "contains control characters")
+
+
+@contextlib.contextmanager
+def _hook(connection_id: str, *, field: str = "topic") -> Iterator[Any]:
+    """The connection's hook, with engine errors turned into HTTP answers (``field``: what a
+    ConfigurationError is about)."""
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+
+    with server_context():
+        try:
+            PulsarStateHook.get_connection(connection_id)
+        except AirflowNotFoundException:
+            raise HTTPException(status_code=404, detail=f"connection: {connection_id!r} is not defined") from None
+        hook = PulsarStateHook(connection_id)
+        try:
+            yield hook
+        except TopicMissingError as exc:
+            raise HTTPException(status_code=404, detail=f"topic: {exc}") from exc
+        except ConfigurationError as exc:
+            raise _bad(field, str(exc)) from exc
+        except (BackendUnavailableError, OperationTimeoutError) as exc:
+            raise HTTPException(status_code=503, detail=f"back end: {exc}") from exc
+        except PulsarStateError as exc:
+            raise HTTPException(status_code=500, detail=f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            hook.close()
+
+
+def _topic(topic: str) -> str:
+    _check_text("topic", topic, MAX_TOPIC_CHARS)
+    if not topic.strip():
+        raise _bad("topic", "must not be empty")
+    return topic
+
+
+def create_app() -> FastAPI:
+    """The FastAPI app (no I/O here; the routes open connections per request)."""
+    app = FastAPI(
+        title="Pulsar State", description="Read-only view of the provider's shared state.",
+        docs_url=None, redoc_url=None, openapi_url=None,
+    )
+    access = [_connection_access()]
+    base = "/api/connections/{connection_id}"
+
+    @app.get("/", response_class=HTMLResponse, dependencies=[_authenticated()], include_in_schema=False)
+    def page() -> HTMLResponse:
+        html = resources.files("airflow_provider_pulsarstate.plugins").joinpath("pulsar_state.html").read_text("utf-8")
+        return HTMLResponse(html, headers={"Cache-Control": "no-store"})
+
+    @app.get("/icon.svg", include_in_schema=False)
+    def icon() -> Response:
+        svg = resources.files("airflow_provider_pulsarstate.plugins").joinpath("icon.svg").read_bytes()
+        return Response(svg, media_type="image/svg+xml")
+
+    @app.get(base + "/topics", dependencies=access)
+    def topics(connection_id: str, prefix: str = Query("", max_length=MAX_PREFIX_CHARS)) -> dict[str, Any]:
+        """The topics of the connection's namespace whose short name starts with ``prefix``."""
+        _check_text("prefix", prefix, MAX_PREFIX_CHARS)
+        if "/" in prefix:
+            raise _bad("prefix", "a short-name prefix has no '/'")
+        with _hook(connection_id, field="prefix") as hook:
+            return state_reader.list_topics(hook, prefix=prefix)
+
+    @app.get(base + "/table", dependencies=access)
+    def table(connection_id: str, topic: str) -> dict[str, Any]:
+        """A table's summary: rows, log length, last commit, checkpoint, writer."""
+        with _hook(connection_id) as hook:
+            return state_reader.table_summary(hook, _topic(topic))
+
+    @app.get(base + "/table/rows", dependencies=access)
+    def rows(
+        connection_id: str, topic: str, prefix: str = "", cursor: str | None = None, limit: int = 50,
+    ) -> dict[str, Any]:
+        """One page of rows whose key starts with ``prefix``, after ``cursor`` (at most ``limit``)."""
+        _check_text("prefix", prefix, MAX_PREFIX_CHARS)
+        _check_text("cursor", cursor, MAX_CURSOR_CHARS)
+        if cursor is not None and not cursor.startswith(prefix):
+            raise _bad("cursor", "is not a key under the prefix (use next_cursor of the previous page)")
+        if not 1 <= limit <= MAX_PAGE_ROWS:
+            raise _bad("limit", f"must be between 1 and {MAX_PAGE_ROWS}, got {limit}")
+        with _hook(connection_id) as hook:
+            return state_reader.table_rows(hook, _topic(topic), prefix=prefix, cursor=cursor, limit=limit)
+
+    @app.get(base + "/table/views", dependencies=access)
+    def views(connection_id: str, topic: str) -> dict[str, Any]:
+        """The table's views; open sealed ones with their plan (nothing is published)."""
+        with _hook(connection_id) as hook:
+            return state_reader.table_views(hook, _topic(topic))
+
+    @app.get(base + "/leases", dependencies=access)
+    def leases(connection_id: str, topic: str | None = None) -> dict[str, Any]:
+        """Every lease of the lease log ``topic`` (default: the provider's lease log)."""
+        with _hook(connection_id) as hook:
+            return state_reader.leases(hook, _topic(topic) if topic is not None else None)
+
+    @app.get(base + "/subscription", dependencies=access)
+    def subscription(connection_id: str, topic: str, subscription: str) -> dict[str, Any]:
+        """Committed offset, end offset and lag per partition of ``subscription`` on ``topic``."""
+        _check_text("subscription", subscription, MAX_TOPIC_CHARS)
+        if not subscription.strip():
+            raise _bad("subscription", "must not be empty")
+        with _hook(connection_id) as hook:
+            return state_reader.subscription(hook, _topic(topic), subscription)
+
+    return app
+
+
+app = create_app()

@@ -1,0 +1,130 @@
+"""The "Pulsar State" page in a real browser: headless Chromium (the system's ``chromium``, driven
+by Playwright) loads it from a running ``airflow api-server`` with logins on, after the engine
+wrote a table, views, a lease and a subscription, and the test checks what each tab shows,
+including a row holding ``<script>`` shown as text. A screenshot of each tab is saved in
+``$PULSARSTATE_UI_SCREENSHOTS`` (default: a temp dir); the README shows the committed ones."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import requests
+
+from tests.airflow.test_state_ui_api import (  # noqa: F401  (module-scoped fixtures of the same deployment)
+    CONN_ID,
+    HOLDER,
+    LEASE,
+    N_ROWS,
+    SCRIPT_VALUE,
+    SOURCE,
+    SUBSCRIPTION,
+    TABLE,
+    _PASSWORDS,
+    deployment,
+)
+
+CHROMIUM = os.environ.get("PULSARSTATE_CHROMIUM", "/usr/bin/chromium")
+
+pytestmark = pytest.mark.skipif(
+    shutil.which(CHROMIUM) is None, reason=f"no Chromium at {CHROMIUM} (apt-get install chromium)"
+)
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    target = Path(os.environ.get("PULSARSTATE_UI_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots"))
+    target.mkdir(parents=True, exist_ok=True)
+    return target
+
+
+@pytest.fixture(scope="module")
+def page(deployment: Any) -> Iterator[Any]:  # noqa: F811
+    """A logged-in browser page (the UI's ``_token`` cookie, as after a login)."""
+    from playwright.sync_api import sync_playwright
+
+    af = deployment[0]
+    token = requests.post(
+        af.api_url + "/auth/token", json={"username": "admin", "password": _PASSWORDS["admin"]}, timeout=30
+    ).json()["access_token"]
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        context.add_cookies([{"name": "_token", "value": token, "url": af.api_url}])
+        tab = context.new_page()
+        errors: list[str] = []
+        tab.on("pageerror", lambda exc: errors.append(str(exc)))
+        tab.errors = errors
+        try:
+            yield tab
+        finally:
+            browser.close()
+
+
+def _open(page: Any, deployment: Any, fragment: str) -> None:  # noqa: F811
+    page.goto(f"{deployment[0].api_url}/pulsarstate/#conn={CONN_ID}&{fragment}")
+
+
+def test_tables_tab_shows_the_summary_rows_and_the_apply_chart(page: Any, deployment: Any, shots: Path) -> None:  # noqa: F811
+    _open(page, deployment, f"tab=tables&topic={TABLE}")
+    page.wait_for_selector("#summary")
+    assert page.inner_text("#summary [data-field='rows']") == str(N_ROWS + 1)
+    assert page.inner_text("#summary [data-field='writer']") == "not held"
+    page.wait_for_selector("#rows tr:nth-child(2)")
+    assert page.locator("#rows tr").count() == 51  # a header and one page of 50
+    assert page.locator("#apply-chart rect").count() >= 3
+    page.screenshot(path=str(shots / "tables.png"), full_page=True)
+    page.click("#next")
+    # the next page replaces the rows table once it arrived
+    page.wait_for_function("document.querySelector('#rows tr:nth-child(2) td')?.textContent === 'sku-0050'")
+    assert page.errors == []
+
+
+def test_a_script_in_a_row_is_shown_as_text(page: Any, deployment: Any) -> None:  # noqa: F811
+    _open(page, deployment, f"tab=tables&topic={TABLE}")
+    page.wait_for_selector("#prefix")
+    page.fill("#prefix", "zz")
+    page.click("text=Filter")
+    page.wait_for_function("document.querySelector('#rows') && document.querySelector('#rows').innerText.includes('zz-script')")
+    assert SCRIPT_VALUE in page.inner_text("#rows")
+    assert page.locator("#rows script").count() == 0
+    assert page.evaluate("window.__pwned") is None
+
+
+def test_views_tab_shows_the_plan_and_the_published_counts(page: Any, deployment: Any, shots: Path) -> None:  # noqa: F811
+    _open(page, deployment, f"tab=views&topic={TABLE}&view=ui-pending")
+    page.wait_for_selector("tr[data-view='ui-pending']")
+    pending = page.inner_text("tr[data-view='ui-pending']")
+    plan = deployment[1]["plan"]
+    assert plan.delete == N_ROWS - 20
+    assert f"plan: set {plan.set}, delete {plan.delete}, unchanged {plan.unchanged}" in pending
+    assert "hl" in (page.get_attribute("tr[data-view='ui-pending']", "class") or "")
+    assert "published: set 4, delete 0, unchanged 6" in page.inner_text("tr[data-view='ui-applied']")
+    page.screenshot(path=str(shots / "views.png"), full_page=True)
+
+
+def test_leases_tab_shows_the_holder(page: Any, deployment: Any, shots: Path) -> None:  # noqa: F811
+    _open(page, deployment, f"tab=leases&lease={LEASE}")
+    page.wait_for_selector(f"tr[data-lease='{LEASE}']")
+    assert HOLDER in page.inner_text(f"tr[data-lease='{LEASE}']")
+    page.screenshot(path=str(shots / "leases.png"), full_page=True)
+
+
+def test_subscriptions_tab_shows_the_lag(page: Any, deployment: Any, shots: Path) -> None:  # noqa: F811
+    _open(page, deployment, f"tab=subscriptions&topic={SOURCE}&subscription={SUBSCRIPTION}")
+    page.wait_for_selector("#total-lag")
+    assert page.inner_text("#total-lag") == str(deployment[1]["lag"])
+    assert page.locator("#lag-chart polyline").count() == 1
+    page.screenshot(path=str(shots / "subscriptions.png"), full_page=True)
+
+
+def test_the_page_is_in_the_ui_navigation(page: Any, deployment: Any, shots: Path) -> None:  # noqa: F811
+    page.goto(f"{deployment[0].api_url}/plugin/pulsar-state")
+    frame = page.wait_for_selector("iframe[src*='/pulsarstate/']", timeout=60_000)
+    inner = frame.content_frame()
+    inner.wait_for_selector("#tabs")
+    assert page.get_by_text("Pulsar State").count() >= 1
+    page.screenshot(path=str(shots / "in-airflow-ui.png"))
