@@ -24,7 +24,6 @@ from __future__ import annotations
 import base64
 import http.client
 import json
-import ssl
 import threading
 from datetime import datetime
 from typing import Mapping
@@ -283,6 +282,8 @@ class PulsarHttpMessages:
 
     def _new_connection(self, base: ParseResult) -> http.client.HTTPConnection:
         if base.scheme == "https":
+            import ssl  # only for https admin URLs
+
             context = ssl.create_default_context(cafile=self._config.tls_trust_certs_file_path)
             if not self._config.tls_hostname_verification:
                 context.check_hostname = False
