@@ -32,6 +32,7 @@ from urllib.parse import ParseResult, quote, urlparse
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig, redact_url
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError, MessageNotFoundError
 from airflow_provider_pulsarstate.engine.offsets.base import StoredMessage, format_address, parse_address
+from airflow_provider_pulsarstate.engine.offsets.pulsar_index import read_varint
 
 HTTP_MESSAGE_MAX_BYTES = (1 << 20) + (64 << 10)
 """The largest payload sent over HTTP (a 1 MiB value, the XCom backend's default limit, with its
@@ -62,11 +63,11 @@ def decode_message_id(data: bytes) -> tuple[int, int, int, int] | None:
     pos = 0
     try:
         while pos < len(data):
-            tag, pos = _read_varint(data, pos)
+            tag, pos = read_varint(data, pos)
             number, wire = tag >> 3, tag & 7
             if wire != 0 or number not in (1, 2, 3, 4, 6) or number in fields:
                 return None
-            fields[number], pos = _read_varint(data, pos)
+            fields[number], pos = read_varint(data, pos)
     except IndexError:
         return None
     if 1 not in fields or 2 not in fields:
@@ -86,19 +87,6 @@ def _varint(value: int) -> bytes:
         else:
             out.append(byte)
             return bytes(out)
-
-
-def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-        if shift > 63:
-            raise IndexError("varint too long")
 
 
 def _int32(value: int) -> int:
