@@ -269,14 +269,15 @@ class PulsarHttpMessages:
         return self._conn
 
     def _new_connection(self, base: ParseResult) -> http.client.HTTPConnection:
+        host = base.hostname or ""  # both URLs were checked to have one
         if base.scheme == "https":
             import ssl  # only for https admin URLs
 
             context = ssl.create_default_context(cafile=self._config.tls_trust_certs_file_path)
             if not self._config.tls_hostname_verification:
                 context.check_hostname = False
-            return http.client.HTTPSConnection(base.hostname, base.port, timeout=self._timeout, context=context)
-        return http.client.HTTPConnection(base.hostname, base.port, timeout=self._timeout)
+            return http.client.HTTPSConnection(host, base.port, timeout=self._timeout, context=context)
+        return http.client.HTTPConnection(host, base.port, timeout=self._timeout)
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
