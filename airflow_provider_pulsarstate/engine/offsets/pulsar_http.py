@@ -22,6 +22,7 @@ this path is only ever a faster way to the same result. Addresses are the client
 from __future__ import annotations
 
 import base64
+import encodings.idna  # noqa: F401  (getaddrinfo encodes host names with it: loaded with this module, not by a first push)
 import http.client
 import json
 import threading
