@@ -215,6 +215,8 @@ def _own_peak_kb() -> int:
 
 
 def _ours_work(spec: dict[str, Any]) -> Callable[[int], tuple[float, float]]:
+    import airflow.sdk.definitions.connection  # noqa: F401  (Airflow's own: loaded by any connection lookup)
+    import airflow.sdk.execution_time.cache  # noqa: F401  (Airflow's own: loaded by any connection lookup)
     import airflow.sdk.execution_time.supervisor  # noqa: F401  (Airflow's own: loaded by any connection lookup)
     import airflow.sdk.serde  # noqa: F401  (Airflow's own: loaded by any XCom push)
 

@@ -50,6 +50,7 @@ from airflow_provider_pulsarstate.engine.offsets import (
     open_publisher,
 )
 from airflow_provider_pulsarstate.engine.offsets import create_topic as _create_topic
+from airflow_provider_pulsarstate.engine.offsets.pulsar_http import PulsarHttpMessages
 from airflow_provider_pulsarstate.engine.recipes.fence_admin import reset_fence
 from airflow_provider_pulsarstate.engine.recipes.lease import DEFAULT_LEASE_TOPIC, Lease, LeaseKeeper, Leases
 from airflow_provider_pulsarstate.engine.recipes.map import PulsarMap
@@ -412,10 +413,22 @@ class PulsarStateHook(BaseHook):
         full_topic = message_topic(config.topic_name(topic), namespace, dag_id, run_id)
         options.setdefault("operation_timeout", config.operation_timeout)
         key = ("xcom-messages", full_topic, namespace, tuple(sorted(options.items())))
+        http = self._http_messages(config)
         with shared_objects.borrow(
-            config, key, lambda backend: XComMessageLog(backend, full_topic, namespace=namespace, **options)
+            config, key,
+            lambda backend: XComMessageLog(backend, full_topic, namespace=namespace, http=http, **options),
+            lazy_backend=http is not None,
         ) as messages:
             yield messages
+
+    @staticmethod
+    def _http_messages(config: ConnectionConfig) -> PulsarHttpMessages | None:
+        """This process's HTTP path to small messages of a Pulsar connection (None: embedded)."""
+        if config.kind != "pulsar":
+            return None
+        return shared_objects.shared(
+            config, ("pulsar-http",), lambda _opener: PulsarHttpMessages(config), lazy_backend=True
+        )
 
     def get_leases(self, topic: str | None = None, **options: Any) -> Leases:
         """:class:`~airflow_provider_pulsarstate.engine.recipes.lease.Leases` (durable leases with

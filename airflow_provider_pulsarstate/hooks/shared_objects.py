@@ -81,29 +81,39 @@ def _backend_locked(config: ConnectionConfig, pid: int) -> Backend:
     return held[1]
 
 
-def shared(config: ConnectionConfig, key: tuple[Any, ...], factory: Callable[[Backend], Any]) -> Any:
+def _backend_arg(config: ConnectionConfig, pid: int, lazy: bool) -> Any:
+    """What a factory gets: the back end, or (``lazy``) a callable opening it at first call."""
+    return (lambda: backend_for(config)) if lazy else _backend_locked(config, pid)
+
+
+def shared(
+    config: ConnectionConfig, key: tuple[Any, ...], factory: Callable[[Any], Any], *, lazy_backend: bool = False
+) -> Any:
     """The pinned object ``factory(backend)`` made for (connection, ``key``): made once per
-    process, kept until exit."""
+    process, kept until exit. ``lazy_backend``: the factory gets a callable that opens the back
+    end when first called (outside this module's lock), for objects that may never need it."""
     pid = os.getpid()
     with _lock:
         held = _objects.get((config, key))
         if held is not None and held.pid == pid:
             return held.obj
-        made = factory(_backend_locked(config, pid))
+        made = factory(_backend_arg(config, pid, lazy_backend))
         _objects[(config, key)] = _Held(made, pid, pinned=True)
         return made
 
 
 @contextlib.contextmanager
-def borrow(config: ConnectionConfig, key: tuple[Any, ...], factory: Callable[[Backend], Any]) -> Iterator[Any]:
+def borrow(
+    config: ConnectionConfig, key: tuple[Any, ...], factory: Callable[[Any], Any], *, lazy_backend: bool = False
+) -> Iterator[Any]:
     """Use the borrowed object of (connection, ``key``), opening it with ``factory(backend)`` when
     it is not open. It is never closed while borrowed; afterwards it stays open for the next
-    caller until idle or evicted."""
+    caller until idle or evicted. ``lazy_backend`` as for :func:`shared`."""
     pid = os.getpid()
     with _lock:
         held = _objects.get((config, key))
         if held is None or held.pid != pid:
-            held = _Held(factory(_backend_locked(config, pid)), pid, pinned=False)
+            held = _Held(factory(_backend_arg(config, pid, lazy_backend)), pid, pinned=False)
             _objects[(config, key)] = held
         _objects.move_to_end((config, key))
         held.users += 1

@@ -89,6 +89,7 @@ from airflow_provider_pulsarstate.engine.errors import (
     XComStoreUnavailableError,
     XComValueTooLargeError,
 )
+from airflow_provider_pulsarstate.hooks.teams import refuse_shared_team_settings
 from airflow_provider_pulsarstate.hooks.pulsarstate import (
     PulsarStateHook,
     XComIdentity,
@@ -203,8 +204,6 @@ def _settings() -> ProviderSettings:
     with _lock:
         checked = bool(_teams_checked)
     if not checked:
-        from airflow_provider_pulsarstate.hooks.teams import refuse_shared_team_settings
-
         refuse_shared_team_settings()
         with _lock:
             _teams_checked.append(True)

@@ -399,7 +399,7 @@ class PulsarBackend(Backend):
         try:
             reader = self.client.create_reader(
                 topic, start_id, receiver_queue_size=2000, start_message_id_inclusive=False,
-                **_unique_subscription(),
+                **unique_subscription(),
             )
         except _UNREACHABLE as exc:
             raise self._unreachable("creating a reader of", topic, exc) from exc
@@ -426,7 +426,7 @@ class PulsarBackend(Backend):
         if not self.admin.topic_exists(topic):
             return None  # a client lookup would create it (and a ledger) only to find it empty
         try:
-            reader = self.client.create_reader(topic, start, start_message_id_inclusive=True, **_unique_subscription())
+            reader = self.client.create_reader(topic, start, start_message_id_inclusive=True, **unique_subscription())
         except pulsar.TopicNotFound:
             return None  # auto topic creation is off and nobody created it: nothing written yet
         except pulsar.PulsarException as exc:
@@ -668,7 +668,7 @@ def _close_quietly(resource: pulsar.Client | pulsar.Producer | pulsar.Reader | N
             pass
 
 
-def _unique_subscription() -> dict[str, str]:
+def unique_subscription() -> dict[str, str]:
     """A reader's subscription prefix unique to this call. The client generates the rest of the
     name from a random generator that a forked child inherits: children of one parent (task
     processes forked by a worker that had imported pulsar) would all ask for the same name, and all

@@ -385,6 +385,13 @@ class EmbeddedTopicPublisher(TopicPublisher):
             raise ConfigurationError(f"message properties must map str to str (topic {self.topic})")
 
     def send(self, value: bytes, *, key: str | None = None, properties: Mapping[str, str] | None = None) -> None:
+        with self._enqueued(value, key, properties):
+            if len(self._queue) >= _QUEUE_MESSAGES or self._queued_bytes >= _QUEUE_BYTES:
+                self._write(timeout=self.backend.busy_timeout)
+
+    @contextlib.contextmanager
+    def _enqueued(self, value: bytes, key: str | None, properties: Mapping[str, str] | None) -> Iterator[None]:
+        """Check and queue one message, then run the body under the publisher's lock."""
         self._check(value, key, properties)
         encoded = json.dumps(dict(properties), sort_keys=True) if properties else None
         with self._lock:
@@ -392,8 +399,7 @@ class EmbeddedTopicPublisher(TopicPublisher):
                 raise ClosedError(f"publisher of {self.topic} is closed")
             self._queue.append((bytes(value), key, encoded))
             self._queued_bytes += len(value)
-            if len(self._queue) >= _QUEUE_MESSAGES or self._queued_bytes >= _QUEUE_BYTES:
-                self._write(timeout=self.backend.busy_timeout)
+            yield
 
     def flush(self, *, timeout: float) -> None:
         with self._lock:
@@ -484,16 +490,7 @@ class EmbeddedTopicPublisher(TopicPublisher):
     def publish(
         self, value: bytes, *, key: str | None = None, properties: Mapping[str, str] | None = None, timeout: float
     ) -> str:
-        with self._lock:
-            if self._closed:
-                raise ClosedError(f"publisher of {self.topic} is closed")
-        self._check(value, key, properties)
-        encoded = json.dumps(dict(properties), sort_keys=True) if properties else None
-        with self._lock:
-            if self._closed:
-                raise ClosedError(f"publisher of {self.topic} is closed")
-            self._queue.append((bytes(value), key, encoded))
-            self._queued_bytes += len(value)
+        with self._enqueued(value, key, properties):
             try:
                 placed = self._write(timeout=timeout)
             except BaseException:

@@ -43,7 +43,7 @@ from typing import Any, Mapping
 import pulsar
 
 from airflow_provider_pulsarstate.engine.backends.base import partition_topic_name
-from airflow_provider_pulsarstate.engine.backends.pulsar import PulsarBackend, _unique_subscription
+from airflow_provider_pulsarstate.engine.backends.pulsar import PulsarBackend, unique_subscription
 from airflow_provider_pulsarstate.engine.errors import (
     BackendUnavailableError,
     ClosedError,
@@ -718,7 +718,7 @@ class PulsarOffsetLog(OffsetLog):
         self._check_open()
         try:
             reader = self._backend.client.create_reader(
-                pt, wanted, start_message_id_inclusive=True, receiver_queue_size=1, **_unique_subscription()
+                pt, wanted, start_message_id_inclusive=True, receiver_queue_size=1, **unique_subscription()
             )
         except pulsar.PulsarException as exc:
             raise self._backend._unreachable("creating a reader of", pt, exc) from exc

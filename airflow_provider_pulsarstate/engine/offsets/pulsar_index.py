@@ -145,14 +145,14 @@ def batch_size_of(serialized_id: bytes) -> int:
     data = serialized_id
     i, n = 0, len(data)
     while i < n:
-        key, i = _varint(data, i)
+        key, i = read_varint(data, i)
         field, wire = key >> 3, key & 7
         if wire == 0:
-            value, i = _varint(data, i)
+            value, i = read_varint(data, i)
             if field == 6:
                 return value
         elif wire == 2:
-            length, i = _varint(data, i)
+            length, i = read_varint(data, i)
             i += length
         elif wire == 1:
             i += 8
@@ -163,7 +163,11 @@ def batch_size_of(serialized_id: bytes) -> int:
     return 0
 
 
-def _varint(data: bytes, i: int) -> tuple[int, int]:
+def read_varint(data: bytes, i: int) -> tuple[int, int]:
+    """The protobuf varint at ``data[i:]`` and the index after it.
+
+    :raises IndexError: truncated, or longer than 64 bits.
+    """
     shift = result = 0
     while True:
         b = data[i]
@@ -172,3 +176,5 @@ def _varint(data: bytes, i: int) -> tuple[int, int]:
         if not b & 0x80:
             return result, i
         shift += 7
+        if shift > 63:
+            raise IndexError("varint longer than 64 bits")

@@ -38,7 +38,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from airflow_provider_pulsarstate.engine.backends.base import Backend
 from airflow_provider_pulsarstate.engine.errors import (
@@ -54,6 +54,10 @@ from airflow_provider_pulsarstate.engine.offsets import last_position, open_offs
 from airflow_provider_pulsarstate.engine.offsets.base import OffsetLog, TopicPublisher
 from airflow_provider_pulsarstate.engine.recipes.scope_topics import is_scope_topic, scope_topic, scope_topic_prefix
 from airflow_provider_pulsarstate.engine.recipes.xcom_store import DEFAULT_MAX_RECORD_BYTES, XComRecord, _KeyLayout
+
+if TYPE_CHECKING:
+    from airflow_provider_pulsarstate.engine.offsets.base import StoredMessage
+    from airflow_provider_pulsarstate.engine.offsets.pulsar_http import PulsarHttpMessages
 
 MESSAGE_KIND = "m"
 MESSAGE_FORMAT = 1
@@ -165,7 +169,15 @@ class XComMessageLog:
     Thread-safe; several processes may append at once. No I/O in the constructor: the publisher is
     opened (and the topic created) at the first :meth:`append`, the reader at the first read.
 
-    :param backend: where the topic lives (not closed by :meth:`close`).
+    With ``http`` (Pulsar), values up to its size limit are appended and read over the broker's
+    HTTP API, so a process that pushes and pulls a few small values never starts a Pulsar client;
+    anything else (a large value, a chunked message, an answer the HTTP path cannot give exactly)
+    goes through ``backend``, which is opened only then. Both paths give the same addresses.
+
+    :param backend: where the topic lives (not closed by :meth:`close`), or a callable giving it
+        when first needed.
+    :param http: the process's :class:`~airflow_provider_pulsarstate.engine.offsets.pulsar_http.PulsarHttpMessages`
+        of the same connection (not closed by :meth:`close`), or None.
     :param topic: the run's topic (:func:`message_topic`).
     :param namespace: the key namespace every message must carry.
     :param max_value_bytes: the largest value text :meth:`append` accepts.
@@ -173,13 +185,15 @@ class XComMessageLog:
     """
 
     def __init__(
-        self, backend: Backend, topic: str, *, namespace: str, max_value_bytes: int = DEFAULT_MAX_RECORD_BYTES,
-        operation_timeout: float = 30.0,
+        self, backend: Backend | Callable[[], Backend], topic: str, *, namespace: str,
+        max_value_bytes: int = DEFAULT_MAX_RECORD_BYTES, operation_timeout: float = 30.0,
+        http: PulsarHttpMessages | None = None,
     ) -> None:
         _KeyLayout(namespace)  # validates it
         if max_value_bytes < 1 or not operation_timeout > 0:
             raise ConfigurationError("max_value_bytes must be >= 1 and operation_timeout positive")
-        self.backend = backend
+        self._backend_or_opener = backend
+        self._http = http
         self.topic = topic
         self.namespace = namespace
         self.max_value_bytes = max_value_bytes
@@ -187,6 +201,14 @@ class XComMessageLog:
         self._publisher: TopicPublisher | None = None
         self._log: OffsetLog | None = None
         self._lock = threading.Lock()
+
+    @property
+    def backend(self) -> Backend:
+        """The back end of the topic (opened now when it was given as a callable)."""
+        with self._lock:
+            if not isinstance(self._backend_or_opener, Backend):
+                self._backend_or_opener = self._backend_or_opener()
+            return self._backend_or_opener
 
     def __enter__(self) -> "XComMessageLog":
         return self
@@ -215,13 +237,17 @@ class XComMessageLog:
                 f"{self.topic}: XCom {where!r} is {size:,} bytes, over the {self.max_value_bytes:,}-byte limit"
             )
         message = XComMessage(identity, uuid.uuid4().hex, XComRecord(value_json, time.time(), size, type_name, try_number))
-        address = self._publisher_now().publish(encode_message(message), timeout=self.operation_timeout)
+        payload = encode_message(message)
+        address = self._http.publish(self.topic, payload) if self._http is not None else None
+        if address is None:
+            address = self._publisher_now().publish(payload, timeout=self.operation_timeout)
         return address, message
 
     def _publisher_now(self) -> TopicPublisher:
+        backend = self.backend
         with self._lock:
             if self._publisher is None:
-                self._publisher = open_publisher(self.backend, self.topic, batching=False, chunking=True, create=True)
+                self._publisher = open_publisher(backend, self.topic, batching=False, chunking=True, create=True)
             return self._publisher
 
     # ------------------------------------------------------------------ pull
@@ -234,7 +260,7 @@ class XComMessageLog:
         """
         where = self._own(identity)
         try:
-            stored = self._reader().read_at(address, timeout=self.operation_timeout)
+            stored = self._read_at(address)
         except MessageNotFoundError as exc:
             raise XComEntryNotFoundError(
                 f"XCom {where!r} is not at {address} of {self.topic}: its run's values were cleaned up "
@@ -254,10 +280,15 @@ class XComMessageLog:
             )
         return message
 
+    def _read_at(self, address: str) -> StoredMessage:
+        stored = self._http.read(self.topic, address) if self._http is not None else None
+        return stored if stored is not None else self._reader().read_at(address, timeout=self.operation_timeout)
+
     def _reader(self) -> OffsetLog:
+        backend = self.backend
         with self._lock:
             if self._log is None:
-                self._log = open_offset_log(self.backend, self.topic)
+                self._log = open_offset_log(backend, self.topic)
             return self._log
 
     # ------------------------------------------------------------------ clean-up
