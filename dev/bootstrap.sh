@@ -14,6 +14,17 @@ if ! command -v java >/dev/null 2>&1 || ! command -v mvn >/dev/null 2>&1; then
     fi
 fi
 
+# The browser tests drive Debian's chromium (Playwright's own browser download is not used).
+if ! command -v "${PULSARSTATE_CHROMIUM:-chromium}" >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1; then
+        echo "bootstrap: installing chromium from Debian (for the browser tests)" >&2
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    else
+        echo "bootstrap: chromium is required (for the browser tests); please install it" >&2
+        exit 1
+    fi
+fi
+
 PY=${PYTHON:-python3}
 if ! "$PY" -m uv --version >/dev/null 2>&1 && ! command -v uv >/dev/null 2>&1; then
     "$PY" -m pip install -q --disable-pip-version-check uv
