@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 from airflow.sdk import BaseOperator, TaskGroup, TriggerRule
 from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_provider_pulsarstate.assets.tables import emit_apply_event, table_alias
 from airflow_provider_pulsarstate.engine.config import DEFAULT_MAX_DELETE_FRACTION
 from airflow_provider_pulsarstate.engine.errors import (
     LeaseFencedError,
@@ -163,6 +164,10 @@ class ApplyTempViewOperator(LeaseGuardMixin, BaseOperator):
         no limit.
     :param sample: sample keys to log and return per kind (from the diff apply computes anyway).
     :param pulsarstate_conn_id: the ``pulsarstate`` connection.
+    :param table_outlet: declare the table as an outlet (default): an apply that published
+        something emits an event for the asset ``pulsar://<tenant>/<namespace>/<topic>`` whose
+        extra holds ``table, view_id, commit_offset, set, delete, unchanged``; a re-apply or a dry
+        run emits none (:mod:`airflow_provider_pulsarstate.assets.tables`).
     Guarded by a lease (:meth:`~airflow_provider_pulsarstate.operators.leases.LeaseTaskGroup.guard`),
     it renews the lease first and publishes under its fencing token (``lease=``): once a newer
     holder of the lease wrote to the table, the table refuses the apply and nothing is published.
@@ -187,9 +192,13 @@ class ApplyTempViewOperator(LeaseGuardMixin, BaseOperator):
         max_delete_fraction: float | None = DEFAULT_MAX_DELETE_FRACTION,
         sample: int = 10,
         pulsarstate_conn_id: str = DEFAULT_CONN_ID,
+        table_outlet: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.table_alias = table_alias(self.dag.dag_id if self.has_dag() else None, self.task_id) if table_outlet else None
+        if self.table_alias is not None:
+            self.outlets = [*self.outlets, self.table_alias]
         self.table_topic = table_topic
         self.view_id = view_id
         self.dry_run = dry_run
@@ -237,6 +246,8 @@ class ApplyTempViewOperator(LeaseGuardMixin, BaseOperator):
         if result["already_applied"]:
             title = f"{title} earlier: nothing new published"
         self.log.info("%s", format_counts(result, title=title))
+        if self.table_alias is not None:
+            emit_apply_event(context, self.table_alias, table=table.topic, result=result)
         return result
 
 
