@@ -40,6 +40,7 @@ from airflow_provider_pulsarstate.engine.errors import (
     ViewNotFoundError,
 )
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+from airflow_provider_pulsarstate.lineage.operators import TaskLineageMixin, record_apply
 from airflow_provider_pulsarstate.operators.leases import LeaseGuardMixin
 from airflow_provider_pulsarstate.spark.views import dump_config
 
@@ -68,7 +69,7 @@ def default_view_id(dag_id: str, task_id: str, run_id: str, try_number: int = 1)
 
 
 # ---------------------------------------------------------------------------------- operators
-class CreateTempViewOperator(LeaseGuardMixin, BaseOperator):
+class CreateTempViewOperator(TaskLineageMixin, LeaseGuardMixin, BaseOperator):
     """Open a temp view on a state table; returns ``{"view_id", "baseline", "staging_topic", "table"}``.
 
     The baseline is the table's commit offset when the view opened: apply refuses to overwrite
@@ -119,6 +120,8 @@ class CreateTempViewOperator(LeaseGuardMixin, BaseOperator):
         with self.lease_guard(context) as lease, PulsarStateHook(self.pulsarstate_conn_id) as hook:
             config = hook.get_config()
             table = hook.get_table(self.table_topic)
+            if lineage := self.start_lineage(config):
+                lineage.reads.append(table.topic)
             info = table.create_view(
                 view_id=view_id, scope_prefix=self.scope_prefix or None,
                 scope_predicate=self.scope_predicate or None, ttl=self.ttl,
@@ -141,7 +144,7 @@ class CreateTempViewOperator(LeaseGuardMixin, BaseOperator):
         }
 
 
-class ApplyTempViewOperator(LeaseGuardMixin, BaseOperator):
+class ApplyTempViewOperator(TaskLineageMixin, LeaseGuardMixin, BaseOperator):
     """Publish a view's diff to its table (or, with ``dry_run``, only count it).
 
     Returns the :class:`~airflow_provider_pulsarstate.engine.recipes.table.ViewResult` as a dict
@@ -214,6 +217,11 @@ class ApplyTempViewOperator(LeaseGuardMixin, BaseOperator):
             raise AirflowFailException("no view id to apply (did the create task push one?)")
         with self.lease_guard(context) as lease, PulsarStateHook(self.pulsarstate_conn_id) as hook:
             table = hook.get_table(self.table_topic)
+            lineage = self.start_lineage(hook.get_config())
+            if lineage is not None:
+                lineage.reads.append(table.topic)
+                if not self.dry_run:
+                    lineage.writes.append(table.topic)
             fence = {"lease": lease} if lease is not None else {}
             try:
                 if self.dry_run:
@@ -242,6 +250,8 @@ class ApplyTempViewOperator(LeaseGuardMixin, BaseOperator):
                 ) from exc
             except (ViewError, UnknownScopePredicateError) as exc:  # not found, closed, scope, guard, unsealed, bad rows
                 raise AirflowFailException(str(exc)) from exc
+            if lineage is not None:
+                record_apply(lineage, table, result)
         title = f"view {self.view_id} applied to {table.topic} at offset {result['commit_offset']}"
         if result["already_applied"]:
             title = f"{title} earlier: nothing new published"
