@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset
 
-from airflow_provider_pulsarstate.assets.uri import asset_topic, dataset_identity, sanitize_uri, topic_asset_uri
+from airflow_provider_pulsarstate.assets.uri import (
+    LINEAGE_NAMESPACE_EXTRA,
+    asset_topic,
+    dataset_identity,
+    sanitize_uri,
+    topic_asset_uri,
+)
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 
 if TYPE_CHECKING:
@@ -38,12 +44,15 @@ def convert_asset_to_openlineage(asset: Asset, lineage_context: Any = None) -> "
     Namespace ``pulsar://{host}:{port}`` and name ``persistent://{tenant}/{namespace}/{topic}``
     (the OpenLineage naming spec for Pulsar), so the asset and the operators' own lineage name
     one dataset. Without that connection: the embedded log (see
-    :func:`~airflow_provider_pulsarstate.assets.uri.lineage_namespace`).
+    :func:`~airflow_provider_pulsarstate.assets.uri.lineage_namespace`). An asset reported by a
+    hook carries its connection's namespace in its extra, and no connection is looked up.
     """
     from openlineage.client.event_v2 import Dataset
 
-    from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+    topic = asset_topic(asset.uri)
+    namespace = (asset.extra or {}).get(LINEAGE_NAMESPACE_EXTRA)
+    if not namespace:
+        from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 
-    config = PulsarStateHook().get_config()
-    namespace, name = dataset_identity(config, asset_topic(asset.uri))
-    return Dataset(namespace=namespace, name=name)
+        namespace, _ = dataset_identity(PulsarStateHook().get_config(), topic)
+    return Dataset(namespace=namespace, name=topic)

@@ -20,6 +20,8 @@ SCHEME = "pulsar"
 _NAME = re.compile(r"[A-Za-z0-9_.=:-]+")
 _PARTITION = re.compile(r"-partition-\d+$")
 _PERSISTENT = "persistent://"
+LINEAGE_NAMESPACE_EXTRA = "pulsarstate_lineage_namespace"
+"""An asset extra naming the OpenLineage namespace of the asset's broker (set by hook lineage)."""
 
 
 def sanitize_uri(uri: SplitResult) -> SplitResult:

@@ -8,7 +8,7 @@ no extra read is made); the OpenLineage listener, in the same task process, then
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.lineage.facets import RunLineage, openlineage_available
@@ -44,3 +44,14 @@ def record_apply(lineage: RunLineage, table: Any, result: dict[str, Any]) -> Non
     lineage.consume(result.get("sources") or [])
     lineage.commit[table.topic] = result
     lineage.rows[table.topic] = table.size(latest=True)
+
+
+def record_ranges(
+    lineage: RunLineage, topic: str, *, start: Mapping[int, int | None] | None, end: Mapping[int, int]
+) -> None:
+    """Record ``[start, end)`` of each partition of ``topic`` as consumed; a partition with no start
+    (no watermark or cursor yet) counts from offset 0, the topic's whole history."""
+    start = start or {}
+    lineage.consumed[topic] = [
+        {"partition": int(p), "start": int(start.get(p) or 0), "next": int(end[p])} for p in sorted(end)
+    ]

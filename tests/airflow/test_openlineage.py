@@ -143,3 +143,47 @@ def test_without_the_openlineage_provider_nothing_is_recorded(tmp_path: Path) ->
 
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=os.environ.copy())
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+def test_the_offset_sensor_and_the_commit_report_the_ranges_they_saw(openlineage_file: Path, state_backend: str) -> None:
+    dag = load_dag(TEST_DAGS / "lineage_test_dags.py", "lineage_offsets")
+    table, source = f"lin-otable-{uuid.uuid4().hex[:8]}", f"lin-oevents-{uuid.uuid4().hex[:8]}"
+    run = run_dag(dag, {"table_topic": table, "source_topic": source, "events": 30})
+    assert run.state == "success", run.states
+    end = run.xcoms["publish"]
+    assert sum(end.values()) >= 30
+    ns = _namespace(state_backend)
+    table_name, source_name = f"persistent://public/default/{table}", f"persistent://public/default/{source}"
+    whole = [{"partition": int(p), "start": 0, "next": o} for p, o in sorted(end.items())]
+
+    def complete(task_id: str) -> dict[str, Any]:
+        # this run's: the last one of the task (runs are sequential, topics unique per run)
+        return [e for e in _events(openlineage_file, f"lineage_offsets.{task_id}") if e["eventType"] == "COMPLETE"][-1]
+
+    sensor = complete("wait_for_events")
+    assert set(_datasets(sensor, "inputs")) == {(ns, source_name)} and not sensor.get("outputs")
+    assert _datasets(sensor, "inputs")[(ns, source_name)]["inputFacets"]["pulsarOffsetRanges"]["ranges"] == whole
+
+    commit = complete("commit_offsets")
+    inputs = _datasets(commit, "inputs")
+    assert set(inputs) == {(ns, source_name), (ns, table_name)} and not commit.get("outputs")
+    assert inputs[(ns, source_name)]["inputFacets"]["pulsarOffsetRanges"]["ranges"] == whole
+
+    apply = complete("apply_view")
+    assert _datasets(apply, "inputs")[(ns, source_name)]["inputFacets"]["pulsarOffsetRanges"]["ranges"] == whole
+    assert _datasets(apply, "outputs")[(ns, table_name)]["outputFacets"]["outputStatistics"]["rowCount"] == len(end)
+
+
+def test_a_task_using_the_hook_directly_reports_the_topics_it_read_and_wrote(openlineage_file: Path, state_backend: str) -> None:
+    from airflow.sdk.lineage import get_hook_lineage_collector
+
+    get_hook_lineage_collector.cache_clear()  # built before the OpenLineage reader was enabled
+    dag = load_dag(TEST_DAGS / "lineage_test_dags.py", "lineage_hook_task")
+    source, target = f"lin-hin-{uuid.uuid4().hex[:8]}", f"lin-hout-{uuid.uuid4().hex[:8]}"
+    run = run_dag(dag, {"source_topic": source, "target_topic": target})
+    assert run.state == "success" and run.xcoms["copy_messages"] == 5, run.states
+    event = [e for e in _events(openlineage_file, "lineage_hook_task.copy_messages") if e["eventType"] == "COMPLETE"][-1]
+    ns = _namespace(state_backend)
+    source_name, target_name = f"persistent://public/default/{source}", f"persistent://public/default/{target}"
+    assert set(_datasets(event, "inputs")) == {(ns, source_name)}
+    assert set(_datasets(event, "outputs")) == {(ns, source_name), (ns, target_name)}
