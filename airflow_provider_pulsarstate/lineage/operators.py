@@ -55,3 +55,13 @@ def record_ranges(
     lineage.consumed[topic] = [
         {"partition": int(p), "start": int(start.get(p) or 0), "next": int(end[p])} for p in sorted(end)
     ]
+
+
+def record_job_arguments(lineage: RunLineage, config: ConnectionConfig, arguments: list[Any]) -> None:
+    """Record what a view job reads, from its rendered arguments: the table (``--table-topic``)
+    and the source topic (``--source-topic``). The range it consumes is the apply's to report:
+    the job only stages it, and an unapplied view consumed nothing."""
+    values = [str(a) for a in arguments]
+    for flag in ("--source-topic", "--table-topic"):
+        if flag in values[:-1]:
+            lineage.reads.append(config.topic_name(values[values.index(flag) + 1]))

@@ -10,27 +10,24 @@ import json
 import sys
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Iterator
 
 import pytest
 
-from tests.airflow.dagruns import TEST_DAGS, load_dag, run_dag
+from tests.airflow.dagruns import TEST_DAGS
 
 pytest.importorskip("airflow.providers.openlineage", reason="needs apache-airflow-providers-openlineage (test extra)")
 
 
-def _clear_openlineage_caches() -> None:
-    from airflow.providers.openlineage import conf as ol_conf
-    from airflow.providers.openlineage.plugins import listener as ol_listener
-
-    for value in vars(ol_conf).values():
-        if hasattr(value, "cache_clear"):
-            value.cache_clear()
-    ol_listener._openlineage_listener = None  # type: ignore[attr-defined]
+AIRFLOW_BIN = str(Path(sys.executable).with_name("airflow"))
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def openlineage_file(airflow_db: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The file the runs' OpenLineage events go to; set only in the ``airflow`` processes the
+    tests start, so the listener is loaded enabled there and nowhere else in the session."""
     path = tmp_path_factory.mktemp("openlineage") / "events.jsonl"
     bundles = [{
         "name": "pulsarstate-test-dags",
@@ -39,14 +36,38 @@ def openlineage_file(airflow_db: Any, tmp_path_factory: pytest.TempPathFactory) 
     }]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps(bundles))
-        patch.setenv("AIRFLOW__OPENLINEAGE__TRANSPORT", json.dumps({"type": "file", "log_file_path": str(path), "append": True}))
-        patch.setenv("AIRFLOW__OPENLINEAGE__NAMESPACE", "pulsarstate-tests")
-        _clear_openlineage_caches()
-        try:
-            yield path
-        finally:
-            patch.undo()
-            _clear_openlineage_caches()
+        yield path
+
+
+def run_real(openlineage_file: Path, dag_id: str, conf: dict[str, Any]) -> SimpleNamespace:
+    """``airflow dags test <dag_id>`` in its own process, with the file transport configured;
+    returns the run's state, each task's state and XCom return values (read from the metadata DB)."""
+    import os
+    import subprocess
+
+    from airflow.models.dagrun import DagRun
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    env = os.environ.copy()
+    env["AIRFLOW__OPENLINEAGE__TRANSPORT"] = json.dumps({"type": "file", "log_file_path": str(openlineage_file), "append": True})
+    env["AIRFLOW__OPENLINEAGE__NAMESPACE"] = "pulsarstate-tests"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    done = subprocess.run(
+        [AIRFLOW_BIN, "dags", "test", dag_id, "--conf", json.dumps(conf)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    with create_session() as session:
+        run = session.scalars(select(DagRun).where(DagRun.dag_id == dag_id).order_by(DagRun.id.desc()).limit(1)).one()
+        states = {ti.task_id: str(ti.state) for ti in run.get_task_instances(session=session)}
+        xcoms = {
+            row.task_id: XComModel.deserialize_value(row)
+            for row in session.scalars(XComModel.get_many(run_id=run.run_id, dag_ids=dag_id, key="return_value"))
+        }
+        result = SimpleNamespace(state=str(run.state), states=states, xcoms=xcoms, output=done.stdout[-3000:] + done.stderr[-3000:])
+    print(f"airflow dags test {dag_id}: rc {done.returncode}, {result.state} {states}")
+    return result
 
 
 def _events(path: Path, job: str) -> list[dict[str, Any]]:
@@ -73,15 +94,14 @@ def _namespace(state_backend: str) -> str:
 
 
 def test_apply_reports_the_consumed_offsets_and_the_published_counts(openlineage_file: Path, state_backend: str) -> None:
-    dag = load_dag(TEST_DAGS / "lineage_test_dags.py", "lineage_apply")
     table, source = f"lin-table-{uuid.uuid4().hex[:8]}", f"lin-events-{uuid.uuid4().hex[:8]}"
     before = len(_events(openlineage_file, "lineage_apply.apply_view"))
-    run = run_dag(dag, {
+    run = run_real(openlineage_file, "lineage_apply", {
         "table_topic": table, "source_topic": source,
         "rows": {"sku-1": {"p": 1}, "sku-2": {"p": 2}, "sku-3": {"p": 3}},
         "ranges": {"0": [0, 40], "1": [0, 25]},
     })
-    assert run.state == "success", run.states
+    assert run.state == "success", (run.states, run.output)
     events = _events(openlineage_file, "lineage_apply.apply_view")[before:]
     assert [e["eventType"] for e in events] == ["START", "COMPLETE"]
     complete = events[1]
@@ -106,10 +126,9 @@ def test_apply_reports_the_consumed_offsets_and_the_published_counts(openlineage
 
 
 def test_a_failed_apply_reports_the_table_without_counts(openlineage_file: Path, state_backend: str) -> None:
-    dag = load_dag(TEST_DAGS / "lineage_test_dags.py", "lineage_apply")
     table = f"lin-fail-{uuid.uuid4().hex[:8]}"
     before = len(_events(openlineage_file, "lineage_apply.apply_view"))
-    run = run_dag(dag, {"table_topic": table, "rows": {"sku-1": {"p": 1}}, "bad_view_id": "no-such-view"})
+    run = run_real(openlineage_file, "lineage_apply", {"table_topic": table, "rows": {"sku-1": {"p": 1}}, "bad_view_id": "no-such-view"})
     assert run.states["apply_view"] == "failed"
     events = _events(openlineage_file, "lineage_apply.apply_view")[before:]
     assert [e["eventType"] for e in events] == ["START", "FAIL"]
@@ -146,10 +165,9 @@ def test_without_the_openlineage_provider_nothing_is_recorded(tmp_path: Path) ->
 
 
 def test_the_offset_sensor_and_the_commit_report_the_ranges_they_saw(openlineage_file: Path, state_backend: str) -> None:
-    dag = load_dag(TEST_DAGS / "lineage_test_dags.py", "lineage_offsets")
     table, source = f"lin-otable-{uuid.uuid4().hex[:8]}", f"lin-oevents-{uuid.uuid4().hex[:8]}"
-    run = run_dag(dag, {"table_topic": table, "source_topic": source, "events": 30})
-    assert run.state == "success", run.states
+    run = run_real(openlineage_file, "lineage_offsets", {"table_topic": table, "source_topic": source, "events": 30})
+    assert run.state == "success", (run.states, run.output)
     end = run.xcoms["publish"]
     assert sum(end.values()) >= 30
     ns = _namespace(state_backend)
@@ -175,15 +193,32 @@ def test_the_offset_sensor_and_the_commit_report_the_ranges_they_saw(openlineage
 
 
 def test_a_task_using_the_hook_directly_reports_the_topics_it_read_and_wrote(openlineage_file: Path, state_backend: str) -> None:
-    from airflow.sdk.lineage import get_hook_lineage_collector
-
-    get_hook_lineage_collector.cache_clear()  # built before the OpenLineage reader was enabled
-    dag = load_dag(TEST_DAGS / "lineage_test_dags.py", "lineage_hook_task")
     source, target = f"lin-hin-{uuid.uuid4().hex[:8]}", f"lin-hout-{uuid.uuid4().hex[:8]}"
-    run = run_dag(dag, {"source_topic": source, "target_topic": target})
+    run = run_real(openlineage_file, "lineage_hook_task", {"source_topic": source, "target_topic": target})
     assert run.state == "success" and run.xcoms["copy_messages"] == 5, run.states
     event = [e for e in _events(openlineage_file, "lineage_hook_task.copy_messages") if e["eventType"] == "COMPLETE"][-1]
     ns = _namespace(state_backend)
     source_name, target_name = f"persistent://public/default/{source}", f"persistent://public/default/{target}"
     assert set(_datasets(event, "inputs")) == {(ns, source_name)}
     assert set(_datasets(event, "outputs")) == {(ns, source_name), (ns, target_name)}
+
+
+def test_the_spark_view_job_reports_the_table_and_source_it_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recorded lineage of the Spark task, from its rendered arguments (no Spark run here:
+    the example pipeline's runs cover the job itself)."""
+    from airflow_provider_pulsarstate.engine.config import ConnectionConfig
+    from airflow_provider_pulsarstate.lineage.facets import RunLineage
+    from airflow_provider_pulsarstate.lineage.operators import record_job_arguments
+
+    config = ConnectionConfig(url="pulsar://127.0.0.1:36847")
+    lineage = RunLineage(config=config)
+    record_job_arguments(lineage, config, [
+        "--view-id", "v1", "--table-topic", "persistent://public/default/prices", "--config-json", "{}",
+        "--source-topic", "events", "--version", "2",
+    ])
+    facets = lineage.to_openlineage()
+    assert {(d.namespace, d.name) for d in facets.inputs} == {
+        ("pulsar://127.0.0.1:36847", "persistent://public/default/events"),
+        ("pulsar://127.0.0.1:36847", "persistent://public/default/prices"),
+    }
+    assert facets.outputs == []
