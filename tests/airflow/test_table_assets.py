@@ -28,8 +28,6 @@ def test_dag_bundle(airflow_db: Any) -> Iterator[None]:
     }]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps(bundles))
-        # paused DAGs get no queued runs from asset events
-        patch.setenv("AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION", "False")
         yield
 
 
@@ -55,6 +53,17 @@ def _queued_for(dag_id: str) -> int:
         return session.scalar(select(func.count()).select_from(AssetDagRunQueue).where(AssetDagRunQueue.target_dag_id == dag_id))
 
 
+def _unpause_and_clear_queue(dag_id: str) -> None:
+    from airflow.models.asset import AssetDagRunQueue
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import delete
+
+    with create_session() as session:
+        session.get(DagModel, dag_id).is_paused = False
+        session.execute(delete(AssetDagRunQueue).where(AssetDagRunQueue.target_dag_id == dag_id))
+
+
 def test_an_apply_emits_the_tables_asset_event_only_when_it_published(test_dag_bundle: None, state_backend: str) -> None:
     dag = load_dag(TEST_DAGS / "asset_test_dags.py", "table_assets_apply")
     nonce = uuid.uuid4().hex
@@ -74,17 +83,19 @@ def test_an_apply_emits_the_tables_asset_event_only_when_it_published(test_dag_b
         "unchanged": 0,
         "_source_dag": "table_assets_apply",
     }
-    assert _queued_for("table_assets_downstream") >= 1  # the scheduler would run the downstream DAG
+    _unpause_and_clear_queue("table_assets_downstream")  # synced by the run (paused DAGs get no runs queued)
 
     same = run_dag(dag, {"rows": {"sku-1": {"price": nonce}, "sku-2": {"price": nonce}}})
     assert same.state == "success" and same.xcoms["apply_view"]["unchanged"] == 2
     assert len(_events()) == before + 1, "an apply that published nothing emitted an event"
+    assert _queued_for("table_assets_downstream") == 0
 
     smaller = run_dag(dag, {"rows": {"sku-1": {"price": nonce}}})
     assert smaller.state == "success"
     (last,) = _events()[before + 1:]
     assert (last["set"], last["delete"], last["unchanged"]) == (0, 1, 1)
     assert last["commit_offset"] == smaller.xcoms["apply_view"]["commit_offset"] > events[0]["commit_offset"]
+    assert _queued_for("table_assets_downstream") == 1  # the scheduler would run the downstream DAG once
 
 
 def test_the_outlet_is_an_alias_per_task_and_can_be_turned_off() -> None:
