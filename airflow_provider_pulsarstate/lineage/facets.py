@@ -23,10 +23,15 @@ if TYPE_CHECKING:
 
 
 def openlineage_available() -> bool:
-    """Whether ``apache-airflow-providers-openlineage`` is installed (nothing else imports it)."""
+    """Whether ``apache-airflow-providers-openlineage`` is installed and enabled (a transport is
+    configured): otherwise the tasks record nothing and make no extra read for lineage."""
     try:
-        return importlib.util.find_spec("airflow.providers.openlineage") is not None
-    except ModuleNotFoundError:
+        if importlib.util.find_spec("airflow.providers.openlineage") is None:
+            return False
+        from airflow.providers.openlineage import conf as openlineage_conf
+
+        return not openlineage_conf.is_disabled()
+    except ImportError:
         return False
 
 

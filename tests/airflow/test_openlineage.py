@@ -138,6 +138,15 @@ def test_a_failed_apply_reports_the_table_without_counts(openlineage_file: Path,
     assert not outputs[(ns, f"persistent://public/default/{table}")].get("outputFacets")
 
 
+def test_installed_but_disabled_openlineage_records_nothing() -> None:
+    from airflow.providers.openlineage import conf as openlineage_conf
+
+    from airflow_provider_pulsarstate.lineage.facets import openlineage_available
+
+    assert openlineage_conf.is_disabled()  # the session configures no transport
+    assert not openlineage_available()
+
+
 def test_without_the_openlineage_provider_nothing_is_recorded(tmp_path: Path) -> None:
     """In a fresh interpreter where the provider cannot be imported: the operator records nothing."""
     import subprocess
@@ -160,7 +169,9 @@ def test_without_the_openlineage_provider_nothing_is_recorded(tmp_path: Path) ->
     )
     import os
 
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=os.environ.copy())
+    env = os.environ.copy()
+    env["AIRFLOW__OPENLINEAGE__TRANSPORT"] = json.dumps({"type": "console"})
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
 
 
