@@ -96,6 +96,15 @@ def provider_info() -> dict[str, Any]:
             "airflow_provider_pulsarstate.plugins.links.PulsarStateLeaseLink",
             "airflow_provider_pulsarstate.plugins.links.PulsarStateSubscriptionLink",
         ],
+        # pulsar://<tenant>/<namespace>/<topic>: topics and state tables as assets
+        "asset-uris": [
+            {
+                "schemes": ["pulsar"],
+                "handler": "airflow_provider_pulsarstate.assets.uri.sanitize_uri",
+                "factory": "airflow_provider_pulsarstate.assets.scheme.create_asset",
+                "to_openlineage_converter": "airflow_provider_pulsarstate.assets.scheme.convert_asset_to_openlineage",
+            }
+        ],
         # topic messages (PulsarMessageTrigger, common-messaging scheme "pulsar")
         "queues": ["airflow_provider_pulsarstate.queues.pulsar.PulsarMessageQueueProvider"],
         "cli": ["airflow_provider_pulsarstate.cli.commands.get_cli_commands"],

@@ -32,6 +32,18 @@ class MissingExtraError(PulsarStateError, ImportError):
         self.extra = extra
 
 
+class AssetURIError(ConfigurationError):
+    """A ``pulsar://`` asset URI is not ``pulsar://<tenant>/<namespace>/<topic>``; the message
+    names the URI and what is wrong with it.
+
+    :ivar uri: the URI as given.
+    """
+
+    def __init__(self, message: str, *, uri: str) -> None:
+        super().__init__(message)
+        self.uri = uri
+
+
 class RetentionPolicyError(ConfigurationError):
     """The store would delete a state log (finite retention, or inactive topics deleted) and the
     policy could not be fixed from here. The message names the topic, the setting and the

@@ -24,6 +24,7 @@ from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow_provider_pulsarstate.engine.backends import Backend, open_backend
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig, redact_url, url_secrets
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError
+from airflow_provider_pulsarstate.lineage.hook import report_topic
 from airflow_provider_pulsarstate.hooks import shared_objects
 from airflow_provider_pulsarstate.hooks.airflow_internals import in_server_context
 from airflow_provider_pulsarstate.hooks.embedded_check import check_embedded_file
@@ -292,7 +293,9 @@ class PulsarStateHook(BaseHook):
         :raises ConfigurationError: invalid connection or topic name.
         """
         config, backend = self._open()
-        return self._own(StateTable(backend, config.topic_name(topic), **options))
+        table = self._own(StateTable(backend, config.topic_name(topic), **options))
+        report_topic(self, config, table.topic, direction="input")
+        return table
 
     @contextlib.contextmanager
     def shared_table(self, topic: str) -> Iterator[StateTable]:
@@ -484,7 +487,9 @@ class PulsarStateHook(BaseHook):
         :raises ConfigurationError: invalid connection, topic name or option.
         """
         config, backend = self._open()
-        return self._own(PullConsumer(backend, config.topic_name(topic), subscription, **options))
+        name = config.topic_name(topic)
+        report_topic(self, config, name, direction="input")
+        return self._own(PullConsumer(backend, name, subscription, **options))
 
     def get_publisher(self, topic: str, *, batching: bool = True) -> TopicPublisher:
         """A :class:`~airflow_provider_pulsarstate.engine.offsets.base.TopicPublisher` of plain
@@ -493,7 +498,9 @@ class PulsarStateHook(BaseHook):
         :param batching: Pulsar batches messages into entries (the embedded log ignores it).
         """
         config, backend = self._open()
-        return self._own(open_publisher(backend, config.topic_name(topic), batching=batching))
+        name = config.topic_name(topic)
+        report_topic(self, config, name, direction="output")
+        return self._own(open_publisher(backend, name, batching=batching))
 
     def create_topic(self, topic: str, *, partitions: int = 0) -> str:
         """Create ``topic`` (``partitions`` > 0: partitioned); an identical existing topic is fine.

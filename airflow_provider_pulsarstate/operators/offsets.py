@@ -17,6 +17,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_pulsarstate.engine.errors import OffsetError
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+from airflow_provider_pulsarstate.lineage.operators import TaskLineageMixin, record_ranges
 from airflow_provider_pulsarstate.operators.leases import LeaseGuardMixin
 from airflow_provider_pulsarstate.plugins.links import PulsarStateSubscriptionLink, PulsarStateTableLink
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-class CommitSourceOffsetsOperator(LeaseGuardMixin, BaseOperator):
+class CommitSourceOffsetsOperator(TaskLineageMixin, LeaseGuardMixin, BaseOperator):
     """Commit ``subscription`` on ``source_topic`` to the next offsets ``table_topic`` recorded.
 
     Returns ``{"topic", "subscription", "committed": {partition: offset}, "previous": {...}}``
@@ -81,6 +82,9 @@ class CommitSourceOffsetsOperator(LeaseGuardMixin, BaseOperator):
                 raise AirflowFailException(
                     f"cannot commit {self.subscription} on {source} to the offsets {table.topic} recorded {recorded}: {exc}"
                 ) from exc
+            if lineage := self.start_lineage(hook.get_config()):
+                lineage.reads.append(table.topic)
+                record_ranges(lineage, source, start=previous, end=recorded)
         if not recorded:
             self.log.info("%s records no offsets of %s yet: nothing to commit", table.topic, source)
         else:

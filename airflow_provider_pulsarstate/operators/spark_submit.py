@@ -13,6 +13,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundExceptio
 
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+from airflow_provider_pulsarstate.lineage.operators import TaskLineageMixin, record_job_arguments
 from airflow_provider_pulsarstate.operators.leases import LeaseGuardMixin
 from airflow_provider_pulsarstate.spark.requirement import missing_spark
 from airflow_provider_pulsarstate.spark.views import AUTH_TOKEN_ENV
@@ -37,7 +38,7 @@ class GuardedSparkSubmitOperator(LeaseGuardMixin, SparkSubmitOperator):
     """
 
 
-class ViewSparkSubmitOperator(LeaseGuardMixin, SparkSubmitOperator):
+class ViewSparkSubmitOperator(TaskLineageMixin, LeaseGuardMixin, SparkSubmitOperator):
     """A SparkSubmitOperator that hands the job what it needs to reach the state back end.
 
     At run time, in the worker:
@@ -95,6 +96,8 @@ class ViewSparkSubmitOperator(LeaseGuardMixin, SparkSubmitOperator):
                 f"pulsarstate connection to a Pulsar cluster: create {self.pulsarstate_conn_id!r} (type 'pulsarstate') "
                 f"or set AIRFLOW_CONN_{self.pulsarstate_conn_id.upper()}"
             )
+        if lineage := self.start_lineage(config):
+            record_job_arguments(lineage, config, self.application_args or [])
         token = config.auth_token
         if token:
             mask_secret(token)

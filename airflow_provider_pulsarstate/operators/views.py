@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 from airflow.sdk import BaseOperator, TaskGroup, TriggerRule
 from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_provider_pulsarstate.assets.tables import emit_apply_event, table_alias
 from airflow_provider_pulsarstate.engine.config import DEFAULT_MAX_DELETE_FRACTION
 from airflow_provider_pulsarstate.engine.errors import (
     LeaseFencedError,
@@ -39,6 +40,7 @@ from airflow_provider_pulsarstate.engine.errors import (
     ViewNotFoundError,
 )
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+from airflow_provider_pulsarstate.lineage.operators import TaskLineageMixin, record_apply
 from airflow_provider_pulsarstate.operators.leases import LeaseGuardMixin
 from airflow_provider_pulsarstate.plugins.links import PulsarStateTableLink, PulsarStateViewLink
 from airflow_provider_pulsarstate.spark.views import dump_config
@@ -68,7 +70,7 @@ def default_view_id(dag_id: str, task_id: str, run_id: str, try_number: int = 1)
 
 
 # ---------------------------------------------------------------------------------- operators
-class CreateTempViewOperator(LeaseGuardMixin, BaseOperator):
+class CreateTempViewOperator(TaskLineageMixin, LeaseGuardMixin, BaseOperator):
     """Open a temp view on a state table; returns ``{"view_id", "baseline", "staging_topic", "table"}``.
 
     The baseline is the table's commit offset when the view opened: apply refuses to overwrite
@@ -120,6 +122,8 @@ class CreateTempViewOperator(LeaseGuardMixin, BaseOperator):
         with self.lease_guard(context) as lease, PulsarStateHook(self.pulsarstate_conn_id) as hook:
             config = hook.get_config()
             table = hook.get_table(self.table_topic)
+            if lineage := self.start_lineage(config):
+                lineage.reads.append(table.topic)
             info = table.create_view(
                 view_id=view_id, scope_prefix=self.scope_prefix or None,
                 scope_predicate=self.scope_predicate or None, ttl=self.ttl,
@@ -142,7 +146,7 @@ class CreateTempViewOperator(LeaseGuardMixin, BaseOperator):
         }
 
 
-class ApplyTempViewOperator(LeaseGuardMixin, BaseOperator):
+class ApplyTempViewOperator(TaskLineageMixin, LeaseGuardMixin, BaseOperator):
     """Publish a view's diff to its table (or, with ``dry_run``, only count it).
 
     Returns the :class:`~airflow_provider_pulsarstate.engine.recipes.table.ViewResult` as a dict
@@ -165,6 +169,10 @@ class ApplyTempViewOperator(LeaseGuardMixin, BaseOperator):
         no limit.
     :param sample: sample keys to log and return per kind (from the diff apply computes anyway).
     :param pulsarstate_conn_id: the ``pulsarstate`` connection.
+    :param table_outlet: declare the table as an outlet (default): an apply that published
+        something emits an event for the asset ``pulsar://<tenant>/<namespace>/<topic>`` whose
+        extra holds ``table, view_id, commit_offset, set, delete, unchanged``; a re-apply or a dry
+        run emits none (:mod:`airflow_provider_pulsarstate.assets.tables`).
     Guarded by a lease (:meth:`~airflow_provider_pulsarstate.operators.leases.LeaseTaskGroup.guard`),
     it renews the lease first and publishes under its fencing token (``lease=``): once a newer
     holder of the lease wrote to the table, the table refuses the apply and nothing is published.
@@ -190,9 +198,13 @@ class ApplyTempViewOperator(LeaseGuardMixin, BaseOperator):
         max_delete_fraction: float | None = DEFAULT_MAX_DELETE_FRACTION,
         sample: int = 10,
         pulsarstate_conn_id: str = DEFAULT_CONN_ID,
+        table_outlet: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.table_alias = table_alias(self.dag.dag_id if self.has_dag() else None, self.task_id) if table_outlet else None
+        if self.table_alias is not None:
+            self.outlets = [*self.outlets, self.table_alias]
         self.table_topic = table_topic
         self.view_id = view_id
         self.dry_run = dry_run
@@ -208,6 +220,11 @@ class ApplyTempViewOperator(LeaseGuardMixin, BaseOperator):
             raise AirflowFailException("no view id to apply (did the create task push one?)")
         with self.lease_guard(context) as lease, PulsarStateHook(self.pulsarstate_conn_id) as hook:
             table = hook.get_table(self.table_topic)
+            lineage = self.start_lineage(hook.get_config())
+            if lineage is not None:
+                lineage.reads.append(table.topic)
+                if not self.dry_run:
+                    lineage.writes.append(table.topic)
             fence = {"lease": lease} if lease is not None else {}
             try:
                 if self.dry_run:
@@ -236,10 +253,14 @@ class ApplyTempViewOperator(LeaseGuardMixin, BaseOperator):
                 ) from exc
             except (ViewError, UnknownScopePredicateError) as exc:  # not found, closed, scope, guard, unsealed, bad rows
                 raise AirflowFailException(str(exc)) from exc
+            if lineage is not None:
+                record_apply(lineage, table, result)
         title = f"view {self.view_id} applied to {table.topic} at offset {result['commit_offset']}"
         if result["already_applied"]:
             title = f"{title} earlier: nothing new published"
         self.log.info("%s", format_counts(result, title=title))
+        if self.table_alias is not None:
+            emit_apply_event(context, self.table_alias, table=table.topic, result=result)
         return result
 
 

@@ -71,6 +71,7 @@ from airflow.triggers.base import StartTriggerArgs
 from airflow_provider_pulsarstate.engine.errors import PulsarStateError
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.plugins.links import PulsarStateSubscriptionLink
+from airflow_provider_pulsarstate.lineage.operators import TaskLineageMixin, record_ranges
 from airflow_provider_pulsarstate.triggers.offsets import OffsetProgressTrigger
 from airflow_provider_pulsarstate.triggers.progress import (
     Progress,
@@ -104,7 +105,7 @@ def _is_xcom_arg(value: Any) -> bool:
     return isinstance(value, XComArg)
 
 
-class OffsetProgressSensor(BaseSensorOperator):
+class OffsetProgressSensor(TaskLineageMixin, BaseSensorOperator):
     """Wait until a topic's offsets meet a condition; returns the offsets it saw (see the module docstring).
 
     Usage::
@@ -309,6 +310,8 @@ class OffsetProgressSensor(BaseSensorOperator):
                 offsets=progress.end_offsets, advanced_by=_identity(context),
             )
             result["watermark_advanced_to"] = offsets_json(advanced)
+        if lineage := self.start_lineage(self._get_hook().get_config()):
+            record_ranges(lineage, progress.topic, start=progress.watermark or progress.committed, end=progress.end_offsets)
         self.log.info("%s", progress.table())
         return result
 

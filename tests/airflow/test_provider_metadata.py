@@ -45,3 +45,12 @@ def test_the_package_name_is_the_distribution_name() -> None:
     from importlib.metadata import metadata
 
     assert airflow_provider_pulsarstate.get_provider_info()["package-name"] == metadata("airflow-provider-pulsarstate")["Name"]
+
+
+def test_asset_uri_entries_name_importable_callables() -> None:
+    from airflow.sdk.module_loading import import_string
+
+    (entry,) = airflow_provider_pulsarstate.get_provider_info()["asset-uris"]
+    assert entry["schemes"] == ["pulsar"]
+    for field in ("handler", "factory", "to_openlineage_converter"):
+        assert callable(import_string(entry[field])), f"{field}: {entry[field]}"
