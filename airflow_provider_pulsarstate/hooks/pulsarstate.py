@@ -85,8 +85,11 @@ from airflow_provider_pulsarstate.engine.recipes.xcom_messages import (
 )
 from airflow_provider_pulsarstate.engine.offsets import delete_topic_if_unchanged
 
-# issue 12: topic messages (PulsarMessageTrigger)
 from airflow_provider_pulsarstate.engine.topic_stream import (
+    INITIAL_POSITIONS,
+    PAYLOAD_ENCODINGS,
+    REFERENCE_ENCODING,
+    PayloadTooLargeError,
     TopicMessage,
     TopicStream,
     open_topic_stream,
@@ -105,6 +108,7 @@ __all__ = [
     "state_scope", "XComRecord", "XComStore", "drop_run_map", "is_run_topic", "run_topic", "run_topic_prefix",
     "RunScan", "XComIdentity", "XComMessage", "XComMessageLog", "delete_topic_if_unchanged", "is_message_topic",
     "message_topic", "message_topic_prefix",
+    "INITIAL_POSITIONS", "PAYLOAD_ENCODINGS", "REFERENCE_ENCODING", "PayloadTooLargeError", "TopicMessage", "TopicStream",
 ]
 
 _STRING_FIELDS = ("service_url", "admin_url", "tenant", "namespace", "auth_token", "tls_trust_certs_file_path")

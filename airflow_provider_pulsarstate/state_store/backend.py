@@ -360,7 +360,7 @@ class PulsarStateStoreBackend(*_BASES):  # type: ignore[misc]
 
     def cleanup_report(self, *, dry_run: bool = False, log_to: Any = None) -> StateCleanupReport:
         """:meth:`cleanup`, returning the full report."""
-        from airflow_provider_pulsarstate.cli.xcom_cleanup import db_now, run_statuses_in_db
+        from airflow_provider_pulsarstate.xcom.metadata_db import db_now, run_statuses_in_db
         from airflow_provider_pulsarstate.state_store.cleanup import run_state_cleanup
 
         report = self._run("cleanup", lambda store: run_state_cleanup(

@@ -64,15 +64,15 @@ from airflow.triggers.shared_stream import AdvanceItem, SharedStreamProducer, re
 
 from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, ConfigurationError
 from airflow_provider_pulsarstate.engine.retry import Backoff
-from airflow_provider_pulsarstate.engine.topic_stream import (
+from airflow_provider_pulsarstate.hooks.pulsarstate import (
     INITIAL_POSITIONS,
     PAYLOAD_ENCODINGS,
     REFERENCE_ENCODING,
     PayloadTooLargeError,
+    PulsarStateHook,
     TopicMessage,
     TopicStream,
 )
-from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.triggers.start_gate import start_turn
 
 log = logging.getLogger(__name__)
