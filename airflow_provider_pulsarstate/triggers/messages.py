@@ -51,13 +51,12 @@ triggerer (e.g. a trigger queue), since a second triggerer's consumer on it only
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Hashable, Sequence
-from typing import Any, Callable
+from collections.abc import AsyncIterator, Callable, Hashable, Sequence
+from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 from airflow.triggers.shared_stream import AdvanceItem, SharedStreamProducer, reject_shared_stream_event
@@ -122,9 +121,10 @@ def import_function(path: str, field: str) -> Callable[..., Any]:
 
     :raises ConfigurationError: the module or attribute is missing, or it is not callable (names ``field``).
     """
-    module_name, _, name = path.rpartition(".")
+    from airflow.sdk.module_loading import import_string
+
     try:
-        fn = getattr(importlib.import_module(module_name), name)
+        fn = import_string(path)
     except (ImportError, AttributeError) as exc:
         raise _fail(field, f"cannot import {path!r}: {type(exc).__name__}: {exc}") from exc
     if not callable(fn):

@@ -37,11 +37,13 @@ import math
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import pulsar
 
+from airflow_provider_pulsarstate.engine.backends import pulsar_compat
 from airflow_provider_pulsarstate.engine.backends.base import partition_topic_name
 from airflow_provider_pulsarstate.engine.backends.pulsar import PulsarBackend, _unique_subscription
 from airflow_provider_pulsarstate.engine.errors import (
@@ -390,7 +392,7 @@ class PulsarOffsetLog(OffsetLog):
         deadline = time.monotonic() + timeout
         messages: list[PulledMessage] = []
         append = messages.append
-        raw_reader = getattr(cursor.reader, "_reader", cursor.reader)  # skips pulsar.Message wrapping
+        raw_reader = pulsar_compat.raw_reader(cursor.reader, cursor.reader)  # skips pulsar.Message wrapping
         partition = cursor.partition
         next_offset = cursor.next_offset
         ref = cursor.entry
@@ -506,7 +508,7 @@ class PulsarOffsetLog(OffsetLog):
         return None
 
     def _read(self, cursor: _Cursor, timeout_ms: int) -> Any:
-        raw_reader = getattr(cursor.reader, "_reader", cursor.reader)
+        raw_reader = pulsar_compat.raw_reader(cursor.reader, cursor.reader)
         try:
             return raw_reader.read_next(timeout_ms)
         except pulsar.Timeout:
@@ -563,7 +565,7 @@ class PulsarOffsetLog(OffsetLog):
             for cursor in cursors:
                 self._live.discard(cursor)
         for cursor in cursors:
-            raw = getattr(cursor.reader, "_reader", None)
+            raw = pulsar_compat.raw_reader(cursor.reader)
             if raw is not None and hasattr(raw, "close_async"):
                 try:
                     raw.close_async(_ignore)
