@@ -69,8 +69,8 @@ if _typing.TYPE_CHECKING:
     )
     from airflow_provider_pulsarstate.engine.manager import Change, SharedStateManager
     from airflow_provider_pulsarstate.engine.offsets import (
-        PulledMessage,
         PullConsumer,
+        PulledMessage,
         PullResult,
         TopicPublisher,
         create_topic,

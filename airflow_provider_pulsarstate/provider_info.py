@@ -6,7 +6,6 @@ import copy
 from typing import Any
 
 from airflow_provider_pulsarstate import __version__
-from airflow_provider_pulsarstate.hooks.provider_config import OPTIONS, SECTION
 from airflow_provider_pulsarstate.hooks.connection_form import (
     CONN_FIELDS,
     CONN_TYPE,
@@ -14,6 +13,7 @@ from airflow_provider_pulsarstate.hooks.connection_form import (
     HOOK_NAME,
     UI_FIELD_BEHAVIOUR,
 )
+from airflow_provider_pulsarstate.hooks.provider_config import OPTIONS, SECTION
 
 PACKAGE_NAME = "airflow-provider-pulsarstate"
 

@@ -20,13 +20,18 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from airflow_provider_pulsarstate.engine.backends.base import Backend, partition_topic_name, writer_base_name
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, LeadershipError
-from airflow_provider_pulsarstate.engine.worker_thread import WorkerThread, close_on_shared_backend, open_on_shared_backend
+from airflow_provider_pulsarstate.engine.worker_thread import (
+    WorkerThread,
+    close_on_shared_backend,
+    open_on_shared_backend,
+)
 
 EXCLUSIVE_MODES = ("Exclusive", "ExclusiveWithFencing", "WaitForExclusive")
 """Access modes of a producer that holds the topic alone (a promoted WaitForExclusive one included)."""
@@ -82,7 +87,7 @@ class Leadership:
         }
 
     @classmethod
-    def from_json(cls, topic: str, value: Mapping[str, Any]) -> "Leadership":
+    def from_json(cls, topic: str, value: Mapping[str, Any]) -> Leadership:
         """Inverse of :meth:`as_json` (types checked: a malformed value raises ValueError/TypeError/KeyError)."""
         partition, epoch = value["partition"], value["epoch"]
         leader, mode = value.get("leader"), value.get("access_mode")

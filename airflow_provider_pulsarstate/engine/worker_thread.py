@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from airflow_provider_pulsarstate.engine.errors import ClosedError
 

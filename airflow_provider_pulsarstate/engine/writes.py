@@ -13,9 +13,10 @@ import contextlib
 import enum
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from airflow_provider_pulsarstate.engine.errors import UnknownOutcomeError
 

@@ -60,8 +60,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.configuration import conf
@@ -213,7 +214,7 @@ class OffsetProgressSensor(BaseSensorOperator):
             )
 
     # ------------------------------------------------------------------ execution
-    def execute(self, context: "Context") -> Any:
+    def execute(self, context: Context) -> Any:
         try:
             if not self.deferrable:
                 return super().execute(context)  # poke / reschedule: poke() below
@@ -238,13 +239,13 @@ class OffsetProgressSensor(BaseSensorOperator):
         self.log.info("deferring for up to %.0fs until the condition holds", remaining)
         self.defer(trigger=trigger, method_name="execute_complete", timeout=timedelta(seconds=remaining))
 
-    def poke(self, context: "Context") -> PokeReturnValue:
+    def poke(self, context: Context) -> PokeReturnValue:
         progress = self._check(context)
         if not progress.met:
             return PokeReturnValue(False)
         return PokeReturnValue(True, self._succeed(context, progress))
 
-    def execute_complete(self, context: "Context", event: Any = None) -> dict[str, Any]:
+    def execute_complete(self, context: Context, event: Any = None) -> dict[str, Any]:
         """Resume after the trigger fired: return the offsets, or raise its timeout or error."""
         if not isinstance(event, Mapping) or event.get("status") not in ("success", "timeout", "error"):
             raise PulsarStateError(f"unexpected event from the offset trigger: {event!r}")
@@ -276,7 +277,7 @@ class OffsetProgressSensor(BaseSensorOperator):
         if hook is not None:
             hook.close()
 
-    def _check(self, context: "Context") -> Progress:
+    def _check(self, context: Context) -> Progress:
         hook = self._get_hook()
         target = parse_target(self.target)
         subscription = (self.subscription or "").strip() or None
@@ -299,7 +300,7 @@ class OffsetProgressSensor(BaseSensorOperator):
             self.log.info("%s", progress.table())
         return progress
 
-    def _succeed(self, context: "Context", progress: Progress) -> dict[str, Any]:
+    def _succeed(self, context: Context, progress: Progress) -> dict[str, Any]:
         result = progress.as_xcom()
         if self.condition == "new_messages" and self.advance_watermark:
             advanced = advance_watermark(
@@ -310,16 +311,16 @@ class OffsetProgressSensor(BaseSensorOperator):
         self.log.info("%s", progress.table())
         return result
 
-    def _watermark_map(self) -> "PulsarMap[Any, Any]":
+    def _watermark_map(self) -> PulsarMap[Any, Any]:
         return self._get_hook().get_map(str(self.watermark_map).strip())
 
-    def _watermark_key(self, context: "Context") -> str:
+    def _watermark_key(self, context: Context) -> str:
         if self.watermark_key:
             return str(self.watermark_key)
         ti = context["ti"]
         return f"{ti.dag_id}/{ti.task_id}"
 
-    def _read_baseline(self, context: "Context", topic: str) -> dict[int, int]:
+    def _read_baseline(self, context: Context, topic: str) -> dict[int, int]:
         key = self._watermark_key(context)
         value = self._watermark_map().get(key, latest=True)
         baseline = read_watermark(value, key=key, topic=topic, identity=_identity(context))
@@ -327,7 +328,7 @@ class OffsetProgressSensor(BaseSensorOperator):
         return baseline
 
 
-def _identity(context: "Context") -> str:
+def _identity(context: Context) -> str:
     ti = context["ti"]
     map_index = getattr(ti, "map_index", -1)
     return f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{-1 if map_index is None else map_index}"
@@ -373,7 +374,7 @@ def read_watermark(value: Any, *, key: str, topic: str, identity: str | None = N
 
 
 def advance_watermark(
-    watermarks: "PulsarMap[Any, Any]",
+    watermarks: PulsarMap[Any, Any],
     key: str,
     *,
     topic: str,

@@ -56,7 +56,7 @@ class _Turns:
             self._schedule_refill()
 
 
-_turns: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Turns]" = weakref.WeakKeyDictionary()
+_turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Turns] = weakref.WeakKeyDictionary()
 
 
 async def start_turn() -> None:

@@ -10,10 +10,9 @@ _BATCH = 500
 
 def run_statuses_in_db(dag_id: str, run_ids: list[str]) -> dict[str, Any]:
     """State and end date (epoch s) of the runs among ``run_ids`` of ``dag_id`` the ``dag_run`` table holds."""
-    from sqlalchemy import select
-
     from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
+    from sqlalchemy import select
 
     from airflow_provider_pulsarstate.xcom.cleanup import RunStatus
 
@@ -31,9 +30,8 @@ def run_statuses_in_db(dag_id: str, run_ids: list[str]) -> dict[str, Any]:
 
 def db_now() -> float:
     """The metadata DB's clock now (epoch s): end dates are judged against it, not this host's."""
-    from sqlalchemy import func, select
-
     from airflow.utils.session import create_session
+    from sqlalchemy import func, select
 
     with create_session() as session:
         return _epoch(session.scalar(select(func.current_timestamp())))

@@ -11,7 +11,8 @@ import asyncio
 import functools
 import ssl
 import weakref
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import httpx
 
@@ -42,7 +43,7 @@ CONNECTIONS_PER_CLIENT = 4
 
 _ClientKey = tuple[str, "str | None", "str | None", float]
 # event loop -> admin endpoint and credentials -> [[client, probes using it], ...]
-_CLIENTS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[_ClientKey, list[list[Any]]]]" = (
+_CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[_ClientKey, list[list[Any]]]] = (
     weakref.WeakKeyDictionary()
 )
 

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Hashable, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
 from airflow_provider_pulsarstate.engine.backends.base import Backend
+from airflow_provider_pulsarstate.engine.checkpoint import CheckpointInfo
 from airflow_provider_pulsarstate.engine.envelope import KEY_DELETE, KEY_SET, decode_key_op, encode_key_op
 from airflow_provider_pulsarstate.engine.errors import SerializationError, ValueTooLargeError, WriteId
-from airflow_provider_pulsarstate.engine.checkpoint import CheckpointInfo
 from airflow_provider_pulsarstate.engine.fencing import Fence
 from airflow_provider_pulsarstate.engine.manager import Change, ListenerErrorHandler, SharedStateManager
 from airflow_provider_pulsarstate.engine.recipes.base import Recipe
@@ -162,7 +163,7 @@ class PulsarMap(Recipe, Generic[K, V]):
     def _deserialize_op(self, data: bytes) -> tuple[int, Any, Any]:
         """(kind, key, serialized value): values stay bytes until read."""
         kind, key, value = decode_key_op(data)
-        if kind == _PUT or kind == _DELETE:
+        if kind in (_PUT, _DELETE):
             return (kind, self.key_serde.deserialize(key), value)
         if kind == _CLEAR:
             return (_CLEAR, None, None)

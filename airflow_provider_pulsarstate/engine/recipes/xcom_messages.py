@@ -188,7 +188,7 @@ class XComMessageLog:
         self._log: OffsetLog | None = None
         self._lock = threading.Lock()
 
-    def __enter__(self) -> "XComMessageLog":
+    def __enter__(self) -> XComMessageLog:
         return self
 
     def __exit__(self, *exc: object) -> None:
