@@ -291,7 +291,7 @@ class SharedStateManager(Generic[S, O]):
 
         self._seq = itertools.count(1)
         self._queue: deque[PendingWrite] = deque()
-        self._last_submitted: Future | None = None
+        self._last_submitted: Future[Any] | None = None
         self._cv = threading.Condition()
         self._committer: threading.Thread | None = None
         self._last_write = time.monotonic()
@@ -450,7 +450,7 @@ class SharedStateManager(Generic[S, O]):
         finally:
             self._lock.release()
 
-    def read_async(self, reader: Callable[[S], R], *, latest: bool = False, linearizable: bool = False) -> Future:
+    def read_async(self, reader: Callable[[S], R], *, latest: bool = False, linearizable: bool = False) -> Future[Any]:
         """:meth:`read` on a helper thread; returns a Future of the result."""
         if linearizable:
             return self._enqueue(None, reader, retry=True, barrier=True).future
@@ -502,7 +502,7 @@ class SharedStateManager(Generic[S, O]):
         *,
         retry: bool = True,
         lease: Fence | None = None,
-    ) -> Future:
+    ) -> Future[Any]:
         """:meth:`write` without waiting: returns a Future (its ``write_id`` attribute names the write).
 
         Writes queued together share one record.

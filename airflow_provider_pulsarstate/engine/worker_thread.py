@@ -61,7 +61,7 @@ class SharedResources:
             with entry[2]:  # one opener per key; the others wait for its resource
                 if entry[0] is None:
                     entry[0] = opener()
-                return entry[0]  # type: ignore[no-any-return]
+                return entry[0]
         except BaseException:
             self._drop(key, entry)
             raise

@@ -49,7 +49,7 @@ class PendingWrite:
     barrier: bool = False
     probe: bool = False
     """Takes the writer and appends nothing (its EPOCH record settles earlier unknown outcomes)."""
-    future: Future = field(default_factory=Future)
+    future: Future[Any] = field(default_factory=Future)
     result: Any = None
     prepared: tuple[int, list[Any], list[bytes]] | None = None
     """(applied offset, ops, payloads) generated before the writer was taken; reused if still current."""
@@ -136,7 +136,7 @@ class OutcomeBook:
         with self._lock:
             self._abandoned.add(w.seq)
 
-        def settle(future: Future) -> None:
+        def settle(future: Future[Any]) -> None:
             outcome: WriteOutcome | None
             if future.cancelled():
                 outcome = WriteOutcome.NOT_LANDED

@@ -314,11 +314,11 @@ class LeaseGuardMixin:
 
     def on_lease_lost(self, error: LeaseLostError) -> None:
         """Called from the renewal thread when the lease is lost while the task runs: stop the work."""
-        self.on_kill()  # type: ignore[attr-defined]
+        self.on_kill()
 
     def execute(self, context: Context) -> Any:
         with self.lease_guard(context):
-            return super().execute(context)  # type: ignore[misc]
+            return super().execute(context)
 
 
 # ---------------------------------------------------------------------------------- task group

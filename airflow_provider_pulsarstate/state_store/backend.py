@@ -350,7 +350,7 @@ class PulsarStateStoreBackend(*_BASES):  # type: ignore[misc]
             self._run, "clear", lambda store: store.clear(resolved, all_map_indices=all_map_indices)
         )
 
-    def cleanup(self, *, dry_run: bool = False) -> int:  # type: ignore[override]
+    def cleanup(self, *, dry_run: bool = False) -> int:
         """Remove this deployment's expired entries and the maps of finished runs whose state all
         expired, never touching a run the metadata DB holds in a non-terminal state; expiry is
         judged on the metadata DB's clock. Needs the metadata DB (API server, scheduler, CLI).

@@ -121,16 +121,17 @@ class _PulsarMessage(PulledMessage):
     message). Equal to, and pickled as, a plain :class:`PulledMessage`."""
 
     __slots__ = ("_raw",)
+    _raw: Any  # the client's message
 
-    @property  # type: ignore[override]
+    @property
     def key(self) -> str | None:
         return self._raw.partition_key() or None
 
-    @property  # type: ignore[override]
+    @property
     def properties(self) -> Mapping[str, str]:
         return self._raw.properties()
 
-    @property  # type: ignore[override]
+    @property
     def publish_time(self) -> float:
         return self._raw.publish_timestamp() / 1000.0
 
@@ -141,7 +142,7 @@ class _PulsarMessage(PulledMessage):
     def __eq__(self, other: object) -> bool:
         return _fields_of(self) == _fields_of(other) if isinstance(other, PulledMessage) else NotImplemented
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (PulledMessage, _fields_of(self))

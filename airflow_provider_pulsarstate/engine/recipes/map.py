@@ -213,7 +213,7 @@ class PulsarMap(Recipe, Generic[K, V]):
             n = 0
             for k, v in m.items():
                 if filter(k):
-                    processor(k, self._decode(k, v))  # type: ignore[arg-type]
+                    processor(k, self._decode(k, v))
                     n += 1
             return n
 
@@ -247,7 +247,7 @@ class PulsarMap(Recipe, Generic[K, V]):
 
     def update_async(
         self, key: K, operation: Callable[[K, V | None], V | None], *, retry: bool = True, lease: Fence | None = None
-    ) -> Future:
+    ) -> Future[Any]:
         """:meth:`update` returning a Future; concurrent updates share one commit."""
         return self.manager.write_async(*self._update(key, operation), retry=retry, lease=lease)
 
@@ -297,7 +297,7 @@ class PulsarMap(Recipe, Generic[K, V]):
             for k, stored in m.items():
                 if not filter(k):
                     continue
-                new = operation(k, self._decode(k, stored))  # type: ignore[arg-type]
+                new = operation(k, self._decode(k, stored))
                 if new is None:
                     out.append((_DELETE, k, None))
                 elif (data := self._encode(k, new)) != stored:
@@ -314,7 +314,7 @@ class PulsarMap(Recipe, Generic[K, V]):
         """Set ``key`` to ``value``; returns the value after the write (``value``)."""
         return self.manager.write(*self._set(key, value, _always), retry=retry, timeout=timeout, lease=lease)
 
-    def put_async(self, key: K, value: V, *, retry: bool = True, lease: Fence | None = None) -> Future:
+    def put_async(self, key: K, value: V, *, retry: bool = True, lease: Fence | None = None) -> Future[Any]:
         """:meth:`put` returning a Future."""
         return self.manager.write_async(*self._set(key, value, _always), retry=retry, lease=lease)
 
@@ -415,7 +415,7 @@ class PulsarMap(Recipe, Generic[K, V]):
         kind, key, data = change.op
         name = {_PUT: "set", _DELETE: "delete", _CLEAR: "clear"}[kind]
         value = self._decode(key, data) if kind == _PUT else None
-        return MapChange(name, key, value, change.offset, change.publish_time)  # type: ignore[arg-type]
+        return MapChange(name, key, value, change.offset, change.publish_time)
 
 
 
