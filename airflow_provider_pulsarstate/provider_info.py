@@ -77,7 +77,7 @@ def provider_info() -> dict[str, Any]:
                     "airflow_provider_pulsarstate.triggers.messages",
                     "airflow_provider_pulsarstate.triggers.offsets",
                     "airflow_provider_pulsarstate.triggers.polling",
-                    "airflow_provider_pulsarstate.triggers.progress",
+                    "airflow_provider_pulsarstate.triggers.offset_conditions",
                     "airflow_provider_pulsarstate.triggers.start_gate",
                     "airflow_provider_pulsarstate.triggers.state_change",
                 ],

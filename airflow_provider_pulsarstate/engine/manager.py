@@ -129,7 +129,7 @@ from airflow_provider_pulsarstate.engine.log import (
     LogWriter,
     open_writer,
 )
-from airflow_provider_pulsarstate.engine.progress import Progress
+from airflow_provider_pulsarstate.engine.progress_report import Progress
 from airflow_provider_pulsarstate.engine.writes import OutcomeBook, PendingWrite, WriteOutcome
 
 log = logging.getLogger(__name__)

@@ -71,8 +71,7 @@ from airflow.triggers.base import StartTriggerArgs
 
 from airflow_provider_pulsarstate.engine.errors import PulsarStateError
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
-from airflow_provider_pulsarstate.triggers.offsets import OffsetProgressTrigger
-from airflow_provider_pulsarstate.triggers.progress import (
+from airflow_provider_pulsarstate.triggers.offset_conditions import (
     Progress,
     ProgressError,
     check_condition,
@@ -82,6 +81,7 @@ from airflow_provider_pulsarstate.triggers.progress import (
     parse_target,
     target_json,
 )
+from airflow_provider_pulsarstate.triggers.offsets import OffsetProgressTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

@@ -44,7 +44,7 @@ from airflow_provider_pulsarstate.engine.errors import (
     ViewSealMismatchError,
     ViewStagedRowError,
 )
-from airflow_provider_pulsarstate.engine.progress import Progress
+from airflow_provider_pulsarstate.engine.progress_report import Progress
 from airflow_provider_pulsarstate.engine.recipes.table_ops import Record, check_canonical, record_bytes
 
 log = logging.getLogger(__name__)
