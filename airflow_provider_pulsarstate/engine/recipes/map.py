@@ -226,7 +226,9 @@ class PulsarMap(Recipe, Generic[K, V]):
     def to_dict(self, *, latest: bool = False, timeout: float | None = None) -> dict[K, V]:
         """A shallow copy of the whole table."""
         return self.manager.read(
-            lambda m: {k: self._decode(k, v) for k, v in m.items()}, latest=latest, timeout=timeout  # type: ignore[misc]
+            lambda m: {k: self._decode(k, v) for k, v in m.items()},  # type: ignore[misc]
+            latest=latest,
+            timeout=timeout,
         )
 
     def size(self, *, latest: bool = False, timeout: float | None = None) -> int:
