@@ -6,7 +6,6 @@ import copy
 from typing import Any
 
 from airflow_provider_pulsarstate import __version__
-from airflow_provider_pulsarstate.hooks.provider_config import OPTIONS, SECTION
 from airflow_provider_pulsarstate.hooks.connection_form import (
     CONN_FIELDS,
     CONN_TYPE,
@@ -14,6 +13,7 @@ from airflow_provider_pulsarstate.hooks.connection_form import (
     HOOK_NAME,
     UI_FIELD_BEHAVIOUR,
 )
+from airflow_provider_pulsarstate.hooks.provider_config import OPTIONS, SECTION
 
 PACKAGE_NAME = "airflow-provider-pulsarstate"
 
@@ -77,7 +77,7 @@ def provider_info() -> dict[str, Any]:
                     "airflow_provider_pulsarstate.triggers.messages",
                     "airflow_provider_pulsarstate.triggers.offsets",
                     "airflow_provider_pulsarstate.triggers.polling",
-                    "airflow_provider_pulsarstate.triggers.progress",
+                    "airflow_provider_pulsarstate.triggers.offset_conditions",
                     "airflow_provider_pulsarstate.triggers.shared_config",
                     "airflow_provider_pulsarstate.triggers.start_gate",
                     "airflow_provider_pulsarstate.triggers.state_change",

@@ -193,7 +193,7 @@ def _row(backend: str, label: str, r: dict[str, Any], processes: int) -> list[st
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", choices=["both", "pulsar", "embedded"], default="both")
-    p.add_argument("--processes", type=int, default=50, help="writer processes (200 for the issue's worst case)")
+    p.add_argument("--processes", type=int, default=50, help="writer processes (200 for the worst case of BENCHMARKS.md)")
     p.add_argument("--writer-idle-timeout", type=float, default=10.0)
     p.add_argument("--acquire-timeout", type=float, default=30.0)
     p.add_argument("--skip-baseline", action="store_true", help="only the handover run")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Durable leases (issue 9): acquire and renew latency, failover after SIGKILL, raw exclusive-producer handover.
+"""Durable leases: acquire and renew latency, failover after SIGKILL, raw exclusive-producer handover.
 
 Usage (from the repository root)::
 
@@ -15,7 +15,7 @@ What it measures, on one lease log (``Leases`` from engine/recipes/lease.py):
    timed separately), then ``--ops`` renews of one held lease: median and p99;
 2. the first acquire of a free lease by ``--fresh`` fresh processes (connect, replay of the lease
    log, lease-log writer: what an Airflow task pays once), timed from just before ``acquire``;
-3. failover (issue 9's workload, ``--failovers`` rounds): a holder process acquires with ``--ttl``
+3. failover (``--failovers`` rounds): a holder process acquires with ``--ttl``
    and renews every ttl/3; a challenger process waits in ``acquire(timeout=...)``; the holder is
    SIGKILLed at a random point of its renew cycle; the time from the kill to the challenger's
    acquire returning is judged against the target ttl + 1 s. A challenger takes over only after
@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from machine import broker_urls, machine_info, print_run_header, percentile  # noqa: E402  (benchmarks/machine.py, beside this script)
+from machine import broker_urls, machine_info, percentile, print_run_header  # noqa: E402  (benchmarks/machine.py, beside this script)
 
 CTX = multiprocessing.get_context("spawn")
 

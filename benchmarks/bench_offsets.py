@@ -35,14 +35,13 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import pulsar  # noqa: E402
-
 from machine import machine_info  # noqa: E402  (benchmarks/machine.py, beside this script)
 
 from airflow_provider_pulsarstate import ConnectionConfig, open_backend  # noqa: E402

@@ -167,16 +167,17 @@ def spark_floor(df: Any, *, arrow: bool) -> float:
     ``arrow``: as Arrow columns turned into Python lists (what write_view reads); else as Row objects (``df.rdd``).
     """
     def count_rows(rows: Any) -> Any:
-        import airflow_provider_pulsarstate.spark.views  # noqa: F401  (imports paid here, not in the timed run)
         import pulsar  # noqa: F401
+
+        import airflow_provider_pulsarstate.spark.views  # noqa: F401  (imports paid here, not in the timed run)
 
         yield sum(1 for _ in rows)
 
     def count_columns(batches: Any) -> Any:
+        import pulsar  # noqa: F401
         import pyarrow as pa
 
         import airflow_provider_pulsarstate.spark.views  # noqa: F401
-        import pulsar  # noqa: F401
 
         n = 0
         for batch in batches:
@@ -202,7 +203,7 @@ def partition_cpu(df: Any, config: dict[str, Any], *, batch_rows: int, table_top
     """
     from dataclasses import asdict
 
-    from airflow_provider_pulsarstate import ConnectionConfig, open_backend
+    from airflow_provider_pulsarstate import open_backend
     from airflow_provider_pulsarstate.engine.recipes.table import StateTable
     from airflow_provider_pulsarstate.spark import views
 

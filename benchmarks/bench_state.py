@@ -67,17 +67,17 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import wait as wait_futures
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import pulsar  # noqa: E402
-
 from machine import machine_info  # noqa: E402  (benchmarks/machine.py, beside this script)
 
 from airflow_provider_pulsarstate import ConnectionConfig, PulsarMap, open_backend  # noqa: E402

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""State-store backend (issue 10): get/set latency of PulsarStateStoreBackend beside Airflow's default.
+"""State-store backend: get/set latency of PulsarStateStoreBackend beside Airflow's default.
 
 Usage (from the repository root)::
 
@@ -42,8 +42,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""What N triggers of one kind cost one triggerer process (issue 19, item 1).
+"""What N triggers of one kind cost one triggerer process.
 
 Usage (from the repository root)::
 
@@ -50,7 +50,7 @@ while the triggers start. Run with bytecode cached (``PYTHONPYCACHEPREFIX`` set,
 prints each loop turn whose callbacks took longer (and the stack of a callback running over it);
 ``BENCH_PROFILE_START=<file>`` writes a cProfile of the start on the loop thread's CPU.
 
-Targets (issue 19): within 2 broker connections per connection id (binary + admin counted
+Targets: within 2 broker connections per connection id (binary + admin counted
 together; both are shown), <= 50 OS threads and <= 200 fds beyond the idle process, all running
 within 10 s, the loop never stalled over 0.1 s. Where the issue measured a figure before (200
 triggers), it is printed beside ours as ``(was ...)``.
@@ -83,7 +83,7 @@ CONN_ID = "pulsarstate_bench"
 
 TARGET_THREADS, TARGET_FDS, TARGET_CONNS, TARGET_START, TARGET_STALL = 50, 200, 2, 10.0, 0.1
 
-# What issue 19 measured before (200 triggers on Pulsar): kind -> figure -> text
+# What was measured before (200 triggers on Pulsar): kind -> figure -> text
 BEFORE: dict[str, dict[str, str]] = {
     "state_change": {"threads": "804@200", "fds": "1617@200", "start": "12s@200"},
     "messages": {"fds": "+2000@200"},
@@ -562,10 +562,10 @@ def _conn_extra(backend: str, service_url: str, admin_url: str, tmp: Path) -> di
 
 def _setup(kind: str, backend: str, n: int, args: argparse.Namespace, prefix: str) -> dict[str, Any]:
     """Create what the triggers watch (in the parent: none of it counts against the child)."""
+    import logging
+
     from airflow_provider_pulsarstate.engine.offsets import create_topic
     from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
-
-    import logging
 
     logging.getLogger("airflow_provider_pulsarstate").setLevel(logging.WARNING)
     setup: dict[str, Any] = {}
@@ -750,7 +750,7 @@ def main() -> None:
     print()
     _print_table(rows)
     print("\nfigures are minus the idle process; threads/fds/conns: the largest over the idle window; "
-          "(was X@200): issue 19's figure for 200 triggers before the sharing")
+          "(was X@200): the figure for 200 triggers before the sharing")
     print("verdict: the targets are judged on these figures; 'worst stall' is the ticker's worst lateness minus the "
           "time the loop's thread waited for a CPU (as the tests' LoopLag); below also raw (wall clock) and loop CPU "
           "(the loop thread's own CPU over the worst tick: its work, not waits for the GIL or a CPU), and the same "

@@ -10,7 +10,7 @@ Every measurement runs in a child process of its own, so each peak RSS is that s
 * baseline: build the old and the new table as two dicts and diff them with ``==`` (only the
   diff is timed);
 * load: version 0 of the table (all rows) through a view;
-* apply (versions 1, 5 and 20, the issue-11 targets): a fresh process bootstraps the table (from
+* apply (versions 1, 5 and 20, the targets of BENCHMARKS.md): a fresh process bootstraps the table (from
   its newest checkpoint and the records after it), stages the next full version into a view and
   applies it; bootstrap and apply are timed, peak RSS is the process's;
 * versions in between are applied by a filler process, so version 20 has 20 versions of history.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""XCom backend (issue 10): push+pull latency of PulsarXComBackend beside Airflow's default DB backend.
+"""XCom backend: push+pull latency of PulsarXComBackend beside Airflow's default DB backend.
 
 Usage (from the repository root)::
 
@@ -42,7 +42,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import broker_urls, machine_info, print_run_header, percentile  # noqa: E402  (benchmarks/machine.py, beside this script)
+from machine import broker_urls, machine_info, percentile, print_run_header  # noqa: E402  (benchmarks/machine.py, beside this script)
 
 DAG_FILE = '''
 from __future__ import annotations

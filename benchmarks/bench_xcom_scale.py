@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""XCom backend at scale (issue 18): memory, fan-out and pull latency against the issue's targets.
+"""XCom backend at scale: memory, fan-out and pull latency against the targets of BENCHMARKS.md.
 
 Usage (from the repository root)::
 
@@ -70,11 +70,12 @@ import tempfile
 import time
 import traceback
 import uuid
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Iterator
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -393,7 +394,10 @@ def fill_run_messages(ns: str, xcom_topic: str, dag_id: str, run_ids: list[str],
     sent pipelined and flushed once per run), ``threads`` runs at a time."""
     from airflow_provider_pulsarstate.engine.offsets import create_topic, open_publisher
     from airflow_provider_pulsarstate.engine.recipes.xcom_messages import (
-        XComIdentity, XComMessage, encode_message, message_topic,
+        XComIdentity,
+        XComMessage,
+        encode_message,
+        message_topic,
     )
     from airflow_provider_pulsarstate.engine.recipes.xcom_store import XComRecord
     from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook

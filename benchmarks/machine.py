@@ -6,8 +6,9 @@ import contextlib
 import importlib.metadata
 import os
 import platform
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 
 def machine_info() -> dict[str, Any]:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Iterator
 
 import pytest
 

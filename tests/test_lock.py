@@ -7,9 +7,9 @@ import os
 import re
 import shutil
 import subprocess
-import tomllib
 from pathlib import Path
 
+import tomllib
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 

@@ -8,8 +8,8 @@ import shutil
 import subprocess
 import sys
 import zipfile
-from email.parser import Parser
 from email.message import Message
+from email.parser import Parser
 from pathlib import Path
 
 import pytest

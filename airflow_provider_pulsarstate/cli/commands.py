@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 import functools
+from collections.abc import Callable
 from types import ModuleType
-from typing import Callable
 
 from airflow.cli.cli_config import ActionCommand, GroupCommand
 

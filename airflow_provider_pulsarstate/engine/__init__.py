@@ -33,8 +33,8 @@ from airflow_provider_pulsarstate.engine.errors import (
     WriterFencedError,
 )
 from airflow_provider_pulsarstate.engine.manager import Change, SharedStateManager
-from airflow_provider_pulsarstate.engine.writes import WriteOutcome
 from airflow_provider_pulsarstate.engine.recipes.map import MapChange, PulsarMap
+from airflow_provider_pulsarstate.engine.writes import WriteOutcome
 
 __all__ = [
     "AcquireMode", "Backend", "BackendUnavailableError", "Change", "CheckpointError", "ClosedError",

@@ -112,9 +112,9 @@ class ConnectionConfig:
                 object.__setattr__(self, "allow_plaintext_auth", True)
         if self.operation_timeout <= 0:
             raise ConfigurationError(f"operation_timeout must be positive, got {self.operation_timeout!r}")
-        self.kind  # validates the URL scheme early
+        _ = self.kind  # validates the URL scheme early
         if self.kind == "embedded":
-            self.embedded_path  # validates a file:// URL early
+            _ = self.embedded_path  # validates a file:// URL early
         elif self.auth_token and not self.allow_plaintext_auth:
             admin = urlparse(self.resolved_admin_url)
             if admin.scheme != "https" and not is_loopback_host(admin.hostname):
@@ -140,7 +140,7 @@ class ConnectionConfig:
         return f" ({self.source}, field {name!r})" if self.source else ""
 
     @classmethod
-    def from_env(cls, **overrides: object) -> "ConnectionConfig":
+    def from_env(cls, **overrides: object) -> ConnectionConfig:
         """The config named by ``$PULSARSTATE_URL`` (embedded default when unset)."""
         return cls(url=os.environ.get(ENV_URL, ""), **overrides)  # type: ignore[arg-type]
 
@@ -216,7 +216,7 @@ class ConnectionConfig:
             )
         return f"persistent://{self.tenant}/{self.namespace}/{topic}"
 
-    def with_options(self, **changes: object) -> "ConnectionConfig":
+    def with_options(self, **changes: object) -> ConnectionConfig:
         """A copy with some fields changed."""
         return replace(self, **changes)  # type: ignore[arg-type]
 

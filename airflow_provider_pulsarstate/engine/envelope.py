@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import enum
 import struct
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 MAGIC = b"PS"
 VERSION = 1

@@ -376,7 +376,7 @@ class LeadershipError(PulsarStateError):
     """Leadership of a topic could not be observed (unknown topic or partition, admin API refused)."""
 
 
-# ---------------------------------------------------------------------------------- XCom (issue 10)
+# ---------------------------------------------------------------------------------- XCom
 class XComError(PulsarStateError):
     """Base of the XCom store's errors (engine/recipes/xcom_store.py and the XCom backend)."""
 
@@ -417,7 +417,7 @@ class XComStoreUnavailableError(XComError):
     message names the topic and the key. The value was not stored anywhere else."""
 
 
-# ---------------------------------------------------------------- table feeds (issue 12: StateChangeTrigger)
+# ---------------------------------------------------------------- table feeds (StateChangeTrigger)
 class TableFeedError(PulsarStateError):
     """Base of the table feed's errors (:mod:`~airflow_provider_pulsarstate.engine.recipes.table_feed`)."""
 

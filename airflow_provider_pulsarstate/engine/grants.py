@@ -65,7 +65,7 @@ class LeaseGrants:
         for leases in replicas:
             leases.close()
 
-    def _replica(self, lease_log: str, *, fresh: bool) -> "Leases":
+    def _replica(self, lease_log: str, *, fresh: bool) -> Leases:
         from airflow_provider_pulsarstate.engine.recipes.lease import Leases  # the recipe is built on the manager
 
         leases = self._replicas.get(lease_log)

@@ -21,8 +21,9 @@ import asyncio
 import sqlite3
 import weakref
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from airflow_provider_pulsarstate.engine.backends.base import Backend, partition_topic_name, writer_base_name
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
@@ -84,7 +85,7 @@ class Leadership:
         }
 
     @classmethod
-    def from_json(cls, topic: str, value: Mapping[str, Any]) -> "Leadership":
+    def from_json(cls, topic: str, value: Mapping[str, Any]) -> Leadership:
         """Inverse of :meth:`as_json` (types checked: a malformed value raises ValueError/TypeError/KeyError)."""
         partition, epoch = value["partition"], value["epoch"]
         leader, mode = value.get("leader"), value.get("access_mode")

@@ -20,11 +20,28 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
-from airflow_provider_pulsarstate.engine.backends.base import EARLIEST, AcquireMode, Backend, RawEntry, RawReader, RawWriter, attempt_writer_name, is_earliest
-from airflow_provider_pulsarstate.engine.envelope import NO_OFFSET, Frame, FrameError, RecordKind, decode_frame, encode_frames
+from airflow_provider_pulsarstate.engine.backends.base import (
+    EARLIEST,
+    AcquireMode,
+    Backend,
+    RawEntry,
+    RawReader,
+    RawWriter,
+    attempt_writer_name,
+    is_earliest,
+)
+from airflow_provider_pulsarstate.engine.envelope import (
+    NO_OFFSET,
+    Frame,
+    FrameError,
+    RecordKind,
+    decode_frame,
+    encode_frames,
+)
 from airflow_provider_pulsarstate.engine.errors import CorruptEntryError
 
 log = logging.getLogger(__name__)

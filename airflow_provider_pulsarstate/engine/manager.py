@@ -86,10 +86,11 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Iterable, Iterator, TypeVar
+from typing import Any, Generic, TypeVar
 
 from airflow_provider_pulsarstate.engine.backends.base import EARLIEST, AcquireMode, Backend
 from airflow_provider_pulsarstate.engine.checkpoint import CheckpointInfo, CheckpointStore
@@ -118,10 +119,17 @@ from airflow_provider_pulsarstate.engine.fencing import (
     check_lease_name,
     reset_matches,
 )
-from airflow_provider_pulsarstate.engine.grants import LeaseGrants
 from airflow_provider_pulsarstate.engine.genesis import new_genesis_body, parse_genesis, read_beginning
-from airflow_provider_pulsarstate.engine.log import DEFAULT_MAX_FRAME_BYTES, CorruptPolicy, LogReader, LogRecord, LogWriter, open_writer
-from airflow_provider_pulsarstate.engine.progress import Progress
+from airflow_provider_pulsarstate.engine.grants import LeaseGrants
+from airflow_provider_pulsarstate.engine.log import (
+    DEFAULT_MAX_FRAME_BYTES,
+    CorruptPolicy,
+    LogReader,
+    LogRecord,
+    LogWriter,
+    open_writer,
+)
+from airflow_provider_pulsarstate.engine.progress_report import Progress
 from airflow_provider_pulsarstate.engine.writes import OutcomeBook, PendingWrite, WriteOutcome
 
 log = logging.getLogger(__name__)
@@ -283,7 +291,7 @@ class SharedStateManager(Generic[S, O]):
 
         self._seq = itertools.count(1)
         self._queue: deque[PendingWrite] = deque()
-        self._last_submitted: Future | None = None
+        self._last_submitted: Future[Any] | None = None
         self._cv = threading.Condition()
         self._committer: threading.Thread | None = None
         self._last_write = time.monotonic()
@@ -310,7 +318,7 @@ class SharedStateManager(Generic[S, O]):
         }
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> "SharedStateManager[S, O]":
+    def start(self) -> SharedStateManager[S, O]:
         """Replay the log now (otherwise it happens on first use) and start following if asked."""
         with self._lock:
             self._ensure_state()
@@ -343,7 +351,7 @@ class SharedStateManager(Generic[S, O]):
             self._read_pool.shutdown(wait=False)
         self._grants.close()
 
-    def __enter__(self) -> "SharedStateManager[S, O]":
+    def __enter__(self) -> SharedStateManager[S, O]:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -425,12 +433,12 @@ class SharedStateManager(Generic[S, O]):
         if linearizable:
             return self._await(self._enqueue(None, reader, retry=True, barrier=True), timeout)
         deadline = _deadline(timeout)
-        if latest and (last := self._last_submitted) is not None and not last.done():
-            # writes complete in submission order; their outcome is the writer's business
-            if not wait([last], timeout=_left(deadline)).done:
-                raise OperationTimeoutError(
-                    f"{self.topic}: this instance's earlier writes did not complete within {timeout:.1f}s"
-                )
+        # writes complete in submission order; their outcome is the writer's business
+        last = self._last_submitted if latest else None
+        if last is not None and not last.done() and not wait([last], timeout=_left(deadline)).done:
+            raise OperationTimeoutError(
+                f"{self.topic}: this instance's earlier writes did not complete within {timeout:.1f}s"
+            )
         left = _left(deadline)
         if not self._lock.acquire(timeout=-1 if left is None else left):
             raise OperationTimeoutError(f"{self.topic}: the local state stayed busy (an append or a catch-up) for {timeout:.1f}s")
@@ -442,7 +450,7 @@ class SharedStateManager(Generic[S, O]):
         finally:
             self._lock.release()
 
-    def read_async(self, reader: Callable[[S], R], *, latest: bool = False, linearizable: bool = False) -> Future:
+    def read_async(self, reader: Callable[[S], R], *, latest: bool = False, linearizable: bool = False) -> Future[Any]:
         """:meth:`read` on a helper thread; returns a Future of the result."""
         if linearizable:
             return self._enqueue(None, reader, retry=True, barrier=True).future
@@ -494,7 +502,7 @@ class SharedStateManager(Generic[S, O]):
         *,
         retry: bool = True,
         lease: Fence | None = None,
-    ) -> Future:
+    ) -> Future[Any]:
         """:meth:`write` without waiting: returns a Future (its ``write_id`` attribute names the write).
 
         Writes queued together share one record.

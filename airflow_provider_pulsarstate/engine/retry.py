@@ -6,7 +6,8 @@ import asyncio
 import random
 import sys
 import time
-from typing import Awaitable, TypeVar
+from collections.abc import Awaitable
+from typing import TypeVar
 
 T = TypeVar("T")
 

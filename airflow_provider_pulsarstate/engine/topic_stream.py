@@ -51,6 +51,7 @@ import logging
 import time
 import weakref
 from collections import defaultdict, deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
@@ -198,7 +199,7 @@ class TopicMessage:
         }
 
     @classmethod
-    def from_pulsar(cls, msg: Any) -> "TopicMessage":
+    def from_pulsar(cls, msg: Any) -> TopicMessage:
         mid = msg.message_id()
         key = msg.partition_key() or None
         event_time = msg.event_timestamp()
@@ -297,7 +298,7 @@ class _AckedRange:
     message between them); ``last`` is the received message at ``hi`` (a cumulative acknowledgement
     needs the client's own message object to cover a batch up to its index)."""
 
-    __slots__ = ("lo", "hi", "last")
+    __slots__ = ("hi", "last", "lo")
 
     def __init__(self, lo: Position, hi: Position, last: Any) -> None:
         self.lo, self.hi, self.last = lo, hi, last
@@ -311,7 +312,7 @@ class _Lane:
     + 1, however many messages are acknowledged behind a slow or failing one.
     """
 
-    __slots__ = ("inflight", "failed", "acked", "cumulative")
+    __slots__ = ("acked", "cumulative", "failed", "inflight")
 
     def __init__(self) -> None:
         self.inflight: set[Position] = set()  # handed out, not settled
@@ -409,7 +410,7 @@ class TopicStream:
         return f"TopicStream({list(self.options.topics)}, subscription={self.options.subscription!r}, {redact_url(self.config.url)})"
 
     # ------------------------------------------------------------------ lifecycle
-    async def open(self) -> "TopicStream":
+    async def open(self) -> TopicStream:
         """Subscribe (creating the durable subscription at ``initial_position`` when new).
 
         :raises ConfigurationError: a topic does not exist (asking never creates it).
@@ -525,7 +526,7 @@ class TopicStream:
             except Exception:
                 log.debug("closing the pulsar client of %r failed", self, exc_info=True)
 
-    async def __aenter__(self) -> "TopicStream":
+    async def __aenter__(self) -> TopicStream:
         return await self.open()
 
     async def __aexit__(self, *exc: object) -> None:
@@ -794,15 +795,15 @@ TOPIC_CHECK_TTL = 30.0
 """Seconds a topic found to exist is not asked about again by the streams of one loop."""
 
 # event loop -> (connection, topic) -> when found to exist (loop time) / the check under way
-_TOPICS_FOUND: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[ConnectionConfig, str], float]]" = (
+_TOPICS_FOUND: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[ConnectionConfig, str], float]] = (
     weakref.WeakKeyDictionary()
 )
-_TOPIC_CHECKS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[ConnectionConfig, str], asyncio.Task[None]]]" = (
+_TOPIC_CHECKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[ConnectionConfig, str], asyncio.Task[None]]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def _forget_check(checks: dict[Any, Any], key: Any, done: "asyncio.Task[None]") -> None:
+def _forget_check(checks: dict[Any, Any], key: Any, done: asyncio.Task[None]) -> None:
     if checks.get(key) is done:
         del checks[key]
     if not done.cancelled():
@@ -831,7 +832,7 @@ async def _check_topic(config: ConnectionConfig, topic: str) -> None:
 
 # event loop -> connection -> [client, streams using it]: one client (one broker connection, one
 # set of client threads) per connection and loop, however many streams a triggerer runs.
-_CLIENTS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[ConnectionConfig, list[Any]]]" = (
+_CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[ConnectionConfig, list[Any]]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -946,7 +947,17 @@ def open_topic_stream(
 
 
 __all__ = [
-    "DEAD_LETTER_PROPERTY_PREFIX", "INITIAL_POSITIONS", "MessageUnavailableError", "PAYLOAD_ENCODINGS",
-    "PayloadDecodeError", "PayloadTooLargeError", "REFERENCE_ENCODING", "TopicMessage", "TopicStream",
-    "TopicStreamError", "TopicStreamOptions", "open_topic_stream", "read_topic_message",
+    "DEAD_LETTER_PROPERTY_PREFIX",
+    "INITIAL_POSITIONS",
+    "PAYLOAD_ENCODINGS",
+    "REFERENCE_ENCODING",
+    "MessageUnavailableError",
+    "PayloadDecodeError",
+    "PayloadTooLargeError",
+    "TopicMessage",
+    "TopicStream",
+    "TopicStreamError",
+    "TopicStreamOptions",
+    "open_topic_stream",
+    "read_topic_message",
 ]

@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from airflow_provider_pulsarstate.engine.errors import ClosedError
 
@@ -61,7 +61,7 @@ class SharedResources:
             with entry[2]:  # one opener per key; the others wait for its resource
                 if entry[0] is None:
                     entry[0] = opener()
-                return entry[0]  # type: ignore[no-any-return]
+                return entry[0]
         except BaseException:
             self._drop(key, entry)
             raise

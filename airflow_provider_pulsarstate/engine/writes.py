@@ -13,9 +13,10 @@ import contextlib
 import enum
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from airflow_provider_pulsarstate.engine.errors import UnknownOutcomeError
 
@@ -48,7 +49,7 @@ class PendingWrite:
     barrier: bool = False
     probe: bool = False
     """Takes the writer and appends nothing (its EPOCH record settles earlier unknown outcomes)."""
-    future: Future = field(default_factory=Future)
+    future: Future[Any] = field(default_factory=Future)
     result: Any = None
     prepared: tuple[int, list[Any], list[bytes]] | None = None
     """(applied offset, ops, payloads) generated before the writer was taken; reused if still current."""
@@ -135,7 +136,7 @@ class OutcomeBook:
         with self._lock:
             self._abandoned.add(w.seq)
 
-        def settle(future: Future) -> None:
+        def settle(future: Future[Any]) -> None:
             outcome: WriteOutcome | None
             if future.cancelled():
                 outcome = WriteOutcome.NOT_LANDED

@@ -16,7 +16,8 @@ import math
 import os
 import threading
 import warnings
-from typing import Any, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
@@ -25,16 +26,6 @@ from airflow_provider_pulsarstate.engine.backends import Backend, open_backend
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig, redact_url, url_secrets
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError
 from airflow_provider_pulsarstate.lineage.hook import report_topic
-from airflow_provider_pulsarstate.hooks import shared_objects
-from airflow_provider_pulsarstate.hooks.airflow_internals import in_server_context
-from airflow_provider_pulsarstate.hooks.embedded_check import check_embedded_file
-from airflow_provider_pulsarstate.hooks.connection_form import (
-    CONN_TYPE,
-    FIELD_NAMES,
-    HOOK_NAME,
-    LEGACY_EXTRA_PREFIX,
-    RENAMED_FIELDS,
-)
 from airflow_provider_pulsarstate.engine.leadership import (
     AsyncLeadershipProbe,
     AsyncLeaseObserver,
@@ -47,6 +38,7 @@ from airflow_provider_pulsarstate.engine.offsets import (
     AsyncOffsetProbe,
     PullConsumer,
     TopicPublisher,
+    delete_topic_if_unchanged,
     open_async_probe,
     open_publisher,
 )
@@ -55,27 +47,19 @@ from airflow_provider_pulsarstate.engine.offsets.pulsar_http import PulsarHttpMe
 from airflow_provider_pulsarstate.engine.recipes.fence_admin import reset_fence
 from airflow_provider_pulsarstate.engine.recipes.lease import DEFAULT_LEASE_TOPIC, Lease, LeaseKeeper, Leases
 from airflow_provider_pulsarstate.engine.recipes.map import PulsarMap
+from airflow_provider_pulsarstate.engine.recipes.shared_table_feed import AsyncTableFeed
 from airflow_provider_pulsarstate.engine.recipes.state_store import (
     KEEP,
     AssetStateScope,
     StateScope,
-    StateStore,
     StateScopeError,
+    StateStore,
     StateStoreDataError,
     TaskStateScope,
     parse_state_key,
 )
 from airflow_provider_pulsarstate.engine.recipes.table import StateTable
-from airflow_provider_pulsarstate.engine.recipes.shared_table_feed import AsyncTableFeed
 from airflow_provider_pulsarstate.engine.recipes.table_feed import CommitChanges, TableFeed, read_commit
-from airflow_provider_pulsarstate.engine.recipes.xcom_store import (
-    XComRecord,
-    XComStore,
-    drop_run_map,
-    is_run_topic,
-    run_topic,
-    run_topic_prefix,
-)
 from airflow_provider_pulsarstate.engine.recipes.xcom_messages import (
     RunScan,
     XComIdentity,
@@ -85,15 +69,34 @@ from airflow_provider_pulsarstate.engine.recipes.xcom_messages import (
     message_topic,
     message_topic_prefix,
 )
-from airflow_provider_pulsarstate.engine.offsets import delete_topic_if_unchanged
-
-# issue 12: topic messages (PulsarMessageTrigger)
+from airflow_provider_pulsarstate.engine.recipes.xcom_store import (
+    XComRecord,
+    XComStore,
+    drop_run_map,
+    is_run_topic,
+    run_topic,
+    run_topic_prefix,
+)
 from airflow_provider_pulsarstate.engine.topic_stream import (
+    INITIAL_POSITIONS,
+    PAYLOAD_ENCODINGS,
+    REFERENCE_ENCODING,
+    PayloadTooLargeError,
     TopicMessage,
     TopicStream,
     open_topic_stream,
     read_topic_message,
 )
+from airflow_provider_pulsarstate.hooks import shared_objects
+from airflow_provider_pulsarstate.hooks.airflow_internals import in_server_context
+from airflow_provider_pulsarstate.hooks.connection_form import (
+    CONN_TYPE,
+    FIELD_NAMES,
+    HOOK_NAME,
+    LEGACY_EXTRA_PREFIX,
+    RENAMED_FIELDS,
+)
+from airflow_provider_pulsarstate.hooks.embedded_check import check_embedded_file
 
 log = logging.getLogger(__name__)
 
@@ -101,12 +104,44 @@ HEALTHCHECK_TOPIC = "__pulsarstate_healthcheck"
 """Short name of the topic :meth:`PulsarStateHook.test_connection` opens a reader on."""
 
 __all__ = [
-    "AssetStateScope", "PulsarStateHook", "StateScope", "StateStore", "StateStoreDataError", "TaskStateScope",
-    "StateScopeError", "parse_state_key",
-    "KEEP", "HEALTHCHECK_TOPIC", "close_shared_state_maps", "config_from_connection", "refuse_multi_host_executor",
-    "state_scope", "XComRecord", "XComStore", "drop_run_map", "is_run_topic", "run_topic", "run_topic_prefix",
-    "RunScan", "XComIdentity", "XComMessage", "XComMessageLog", "delete_topic_if_unchanged", "is_message_topic",
-    "message_topic", "message_topic_prefix",
+    "HEALTHCHECK_TOPIC",
+    "INITIAL_POSITIONS",
+    "KEEP",
+    "PAYLOAD_ENCODINGS",
+    "REFERENCE_ENCODING",
+    "AssetStateScope",
+    "Lease",
+    "LeaseKeeper",
+    "Leases",
+    "PayloadTooLargeError",
+    "PulsarMap",
+    "PulsarStateHook",
+    "RunScan",
+    "StateScope",
+    "StateScopeError",
+    "StateStore",
+    "StateStoreDataError",
+    "TaskStateScope",
+    "TopicMessage",
+    "TopicStream",
+    "XComIdentity",
+    "XComMessage",
+    "XComMessageLog",
+    "XComRecord",
+    "XComStore",
+    "close_shared_state_maps",
+    "config_from_connection",
+    "delete_topic_if_unchanged",
+    "drop_run_map",
+    "is_message_topic",
+    "is_run_topic",
+    "message_topic",
+    "message_topic_prefix",
+    "parse_state_key",
+    "refuse_multi_host_executor",
+    "run_topic",
+    "run_topic_prefix",
+    "state_scope",
 ]
 
 _STRING_FIELDS = ("service_url", "admin_url", "tenant", "namespace", "auth_token", "tls_trust_certs_file_path")
@@ -248,7 +283,7 @@ class PulsarStateHook(BaseHook):
         if backend is not None:
             backend.close()
 
-    def __enter__(self) -> "PulsarStateHook":
+    def __enter__(self) -> PulsarStateHook:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -528,7 +563,7 @@ class PulsarStateHook(BaseHook):
         """
         return open_async_probe(config if config is not None else self.get_config(), freshness=freshness)
 
-    # issue 12: topic messages (PulsarMessageTrigger) ------------------------------------------
+    # topic messages (PulsarMessageTrigger) -----------------------------------------------------
     def get_async_topic_stream(
         self,
         topics: str | list[str] | tuple[str, ...],
@@ -624,7 +659,7 @@ class PulsarStateHook(BaseHook):
         config = config if config is not None else self.get_config()
         return AsyncLeaseObserver(config, config.topic_name(topic or DEFAULT_LEASE_TOPIC), freshness=freshness)
 
-    # ------------------------------------------------------------------ table feeds (issue 12: StateChangeTrigger)
+    # ------------------------------------------------------------------ table feeds (StateChangeTrigger)
     def get_table_feed(self, topic: str, *, after: int | None = None, key_prefix: str | None = None) -> TableFeed:
         """A :class:`~airflow_provider_pulsarstate.engine.recipes.table_feed.TableFeed`: the commits
         of table ``topic`` after commit offset ``after`` (None: from the tail on), in counts. Closed

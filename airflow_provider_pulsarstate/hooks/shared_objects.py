@@ -22,8 +22,9 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from airflow_provider_pulsarstate.engine.backends import Backend, open_backend
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
@@ -48,7 +49,7 @@ class _Held:
 
 _lock = threading.Lock()
 _backends: dict[ConnectionConfig, tuple[int, Backend]] = {}
-_objects: "OrderedDict[tuple[ConnectionConfig, tuple[Any, ...]], _Held]" = OrderedDict()
+_objects: OrderedDict[tuple[ConnectionConfig, tuple[Any, ...]], _Held] = OrderedDict()
 _limits = {"max_open": DEFAULT_MAX_OPEN, "idle_seconds": DEFAULT_IDLE_SECONDS}
 _reaper: list[threading.Thread] = []
 

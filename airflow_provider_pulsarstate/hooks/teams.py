@@ -15,7 +15,8 @@ with a Pulsar role allowed only on that team's topics: per-team roles are the de
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError
 from airflow_provider_pulsarstate.hooks.provider_config import SECTION

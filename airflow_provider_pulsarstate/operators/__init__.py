@@ -20,14 +20,14 @@ from airflow_provider_pulsarstate.operators.views import (
 
 __all__ = [
     "AcquireLeaseOperator",
-    "LeaseGuardMixin",
-    "LeaseTaskGroup",
-    "ReleaseLeaseOperator",
-    "hold_lease",
-    "lease_task_group",
     "ApplyTempViewOperator",
     "CreateTempViewOperator",
     "DropTempViewOperator",
+    "LeaseGuardMixin",
+    "LeaseTaskGroup",
+    "ReleaseLeaseOperator",
     "TempViewTaskGroup",
+    "hold_lease",
+    "lease_task_group",
     "temp_view_spark_task_group",
 ]

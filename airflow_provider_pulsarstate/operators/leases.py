@@ -27,8 +27,9 @@ and fails when its ``execute`` returns. Retrying it cannot help: clear the group
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, TaskGroup, TriggerRule
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
@@ -47,7 +48,7 @@ DEFAULT_HOLDER = "{{ dag.dag_id }}/{{ run_id }}"
 """The holder an :class:`AcquireLeaseOperator` names by default: the DAG and the run."""
 
 
-def describe_loss(lease: "Lease", err: LeaseLostError) -> str:
+def describe_loss(lease: Lease, err: LeaseLostError) -> str:
     """Why ``lease`` is no longer held, naming the lease, its token and the new holder."""
     current = err.current
     holder = getattr(current, "holder", None)
@@ -118,7 +119,7 @@ class AcquireLeaseOperator(BaseOperator):
         except (TypeError, ValueError):
             raise AirflowFailException(f"lease {self.lease_name!r}: timeout must be seconds, got {self.timeout!r}") from None
 
-    def execute(self, context: "Context") -> dict[str, Any]:
+    def execute(self, context: Context) -> dict[str, Any]:
         self.timeout = self._timeout()
         with PulsarStateHook(self.pulsarstate_conn_id) as hook:
             leases = hook.get_leases(self.lease_topic or None)
@@ -167,7 +168,7 @@ class ReleaseLeaseOperator(BaseOperator):
         self.lease_task_id = lease_task_id
         self.pulsarstate_conn_id = pulsarstate_conn_id
 
-    def execute(self, context: "Context") -> dict[str, Any]:
+    def execute(self, context: Context) -> dict[str, Any]:
         handle = context["ti"].xcom_pull(task_ids=self.lease_task_id)
         if handle is None:
             self.log.info("task %s pushed no lease handle (it did not win one): nothing to release", self.lease_task_id)
@@ -185,7 +186,7 @@ class ReleaseLeaseOperator(BaseOperator):
         return {"name": lease.name, "token": lease.token, "released": released}
 
 
-def _parse(hook: PulsarStateHook, handle: Any, task_id: str) -> "Lease":
+def _parse(hook: PulsarStateHook, handle: Any, task_id: str) -> Lease:
     try:
         return hook.lease_from_json(handle)
     except ConfigurationError as exc:
@@ -208,8 +209,8 @@ class LeaseRenewer(LeaseKeeper):
 
     def __init__(
         self,
-        leases: "Leases",
-        lease: "Lease",
+        leases: Leases,
+        lease: Lease,
         *,
         interval: float | None = None,
         on_lost: Callable[[LeaseLostError], None] | None = None,
@@ -225,7 +226,7 @@ class LeaseRenewer(LeaseKeeper):
 
 @contextmanager
 def hold_lease(
-    context: "Context",
+    context: Context,
     *,
     lease_task_id: str,
     pulsarstate_conn_id: str = DEFAULT_CONN_ID,
@@ -290,16 +291,16 @@ class LeaseGuardMixin:
     lease_task_id: str | None = None
     #: seconds between background renewals (None: ``ttl / 3``)
     lease_renew_interval: float | None = None
-    _lease_renewer: "LeaseRenewer | None" = None
+    _lease_renewer: LeaseRenewer | None = None
 
     @property
-    def lease(self) -> "Lease | None":
+    def lease(self) -> Lease | None:
         """The lease this task holds while its guard is active (None: unguarded or not running)."""
         renewer = getattr(self, "_lease_renewer", None)
         return renewer.lease if renewer is not None else None
 
     @contextmanager
-    def lease_guard(self, context: "Context") -> Iterator["Lease | None"]:
+    def lease_guard(self, context: Context) -> Iterator[Lease | None]:
         """Hold the lease while the body runs (a no-op without ``lease_task_id``); yields the lease."""
         if not self.lease_task_id:
             yield None
@@ -316,11 +317,11 @@ class LeaseGuardMixin:
 
     def on_lease_lost(self, error: LeaseLostError) -> None:
         """Called from the renewal thread when the lease is lost while the task runs: stop the work."""
-        self.on_kill()  # type: ignore[attr-defined]
+        self.on_kill()
 
-    def execute(self, context: "Context") -> Any:
+    def execute(self, context: Context) -> Any:
         with self.lease_guard(context):
-            return super().execute(context)  # type: ignore[misc]
+            return super().execute(context)
 
 
 # ---------------------------------------------------------------------------------- task group
@@ -343,7 +344,7 @@ class LeaseTaskGroup(TaskGroup):
     def tasks_pair(self) -> tuple[AcquireLeaseOperator, ReleaseLeaseOperator]:
         return self.acquire, self.release
 
-    def guard(self, *items: Any) -> "LeaseTaskGroup":
+    def guard(self, *items: Any) -> LeaseTaskGroup:
         """Run ``items`` (operators or task groups) under the lease.
 
         Every task with :class:`LeaseGuardMixin` among them (inside groups too) becomes guarded;

@@ -10,7 +10,8 @@ record until the next run commits, and nothing is consumed twice because runs st
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
@@ -60,7 +61,7 @@ class CommitSourceOffsetsOperator(TaskLineageMixin, LeaseGuardMixin, BaseOperato
         self.subscription = subscription
         self.pulsarstate_conn_id = pulsarstate_conn_id
 
-    def execute(self, context: "Context") -> dict[str, Any]:
+    def execute(self, context: Context) -> dict[str, Any]:
         # guarded: renewed on start and while it runs; the cursor is no state log (no fencing), and the
         # commit is idempotent: it moves the cursor to what the table recorded, whoever runs it
         with self.lease_guard(context), PulsarStateHook(self.pulsarstate_conn_id) as hook:

@@ -12,6 +12,7 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
 
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError
+from airflow_provider_pulsarstate.hooks.airflow_internals import spark_submit_command, spark_submit_master
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.lineage.operators import TaskLineageMixin, record_job_arguments
 from airflow_provider_pulsarstate.operators.leases import LeaseGuardMixin
@@ -79,11 +80,11 @@ class ViewSparkSubmitOperator(TaskLineageMixin, LeaseGuardMixin, SparkSubmitOper
         self.pulsarstate_conn_id = pulsarstate_conn_id
         self.pass_token = pass_token
 
-    def execute(self, context: "Context") -> None:
+    def execute(self, context: Context) -> None:
         with self.lease_guard(context):
             return self._submit(context)
 
-    def _submit(self, context: "Context") -> None:
+    def _submit(self, context: Context) -> None:
         from airflow.sdk.log import mask_secret
 
         env = {str(k): str(v) for k, v in (self.env_vars or {}).items()}
@@ -117,10 +118,10 @@ class ViewSparkSubmitOperator(TaskLineageMixin, LeaseGuardMixin, SparkSubmitOper
 
     def _refuse_token_in_argv(self, token: str) -> None:
         hook = self._get_hook()
-        command = hook._build_spark_submit_command(self.application)
+        command = spark_submit_command(hook, self.application)
         if any(token in arg for arg in command):
             raise ConfigurationError(
-                f"spark master {hook._connection.get('master')!r} puts env_vars on the spark-submit command line "
+                f"spark master {spark_submit_master(hook)!r} puts env_vars on the spark-submit command line "
                 f"(--conf spark.yarn.appMasterEnv.* / spark.kubernetes.driverEnv.*), where the pulsarstate token of "
                 f"connection {self.pulsarstate_conn_id!r} would be visible to every local user. Give the job the "
                 f"token another way: a file readable by the job, named by 'token_file' in its config JSON, or "

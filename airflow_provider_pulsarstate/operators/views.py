@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, TaskGroup, TriggerRule
 from airflow.sdk.exceptions import AirflowFailException
@@ -34,10 +35,8 @@ from airflow_provider_pulsarstate.engine.errors import (
     LeaseFencedError,
     MissingExtraError,
     UnknownScopePredicateError,
-    ViewClosedError,
     ViewConflictError,
     ViewError,
-    ViewNotFoundError,
 )
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.lineage.operators import TaskLineageMixin, record_apply
@@ -116,7 +115,7 @@ class CreateTempViewOperator(TaskLineageMixin, LeaseGuardMixin, BaseOperator):
         self.view_id = view_id
         self.pulsarstate_conn_id = pulsarstate_conn_id
 
-    def execute(self, context: "Context") -> dict[str, Any]:
+    def execute(self, context: Context) -> dict[str, Any]:
         ti = context["ti"]
         view_id = self.view_id or default_view_id(ti.dag_id, ti.task_id, ti.run_id, ti.try_number)
         with self.lease_guard(context) as lease, PulsarStateHook(self.pulsarstate_conn_id) as hook:
@@ -215,7 +214,7 @@ class ApplyTempViewOperator(TaskLineageMixin, LeaseGuardMixin, BaseOperator):
         self.sample = sample
         self.pulsarstate_conn_id = pulsarstate_conn_id
 
-    def execute(self, context: "Context") -> dict[str, Any]:
+    def execute(self, context: Context) -> dict[str, Any]:
         if not self.view_id:
             raise AirflowFailException("no view id to apply (did the create task push one?)")
         with self.lease_guard(context) as lease, PulsarStateHook(self.pulsarstate_conn_id) as hook:
@@ -292,7 +291,7 @@ class DropTempViewOperator(BaseOperator):
         self.view_id = view_id
         self.pulsarstate_conn_id = pulsarstate_conn_id
 
-    def execute(self, context: "Context") -> dict[str, Any]:
+    def execute(self, context: Context) -> dict[str, Any]:
         if not self.view_id:
             self.log.info("no view id (the create task did not run): nothing to drop")
             return {"view_id": None, "dropped": False}

@@ -11,7 +11,8 @@ are gone, so it sees exactly which runs were deleted (UI, REST API, ``airflow db
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from airflow.sdk import BaseOperator
 

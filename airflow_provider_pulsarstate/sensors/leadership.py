@@ -49,8 +49,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.configuration import conf
@@ -200,7 +201,7 @@ class LeadershipSensor(BaseSensorOperator):
             )
 
     # ------------------------------------------------------------------ execution
-    def execute(self, context: "Context") -> Any:
+    def execute(self, context: Context) -> Any:
         try:
             if not self.deferrable:
                 return super().execute(context)  # poke / reschedule: poke() below
@@ -217,7 +218,7 @@ class LeadershipSensor(BaseSensorOperator):
             self._close()
         self._defer(deadline)
 
-    def poke(self, context: "Context") -> PokeReturnValue:
+    def poke(self, context: Context) -> PokeReturnValue:
         if self.leadership_mode == "acquire":
             lease = self._try_acquire(context, timeout=0.0)
             return PokeReturnValue(lease is not None, lease)
@@ -226,7 +227,7 @@ class LeadershipSensor(BaseSensorOperator):
             return PokeReturnValue(False)
         return PokeReturnValue(True, self._succeed(result))
 
-    def execute_complete(self, context: "Context", event: Any = None, deadline: float | None = None) -> Any:
+    def execute_complete(self, context: Context, event: Any = None, deadline: float | None = None) -> Any:
         """Resume after the trigger fired: return the XCom, acquire the lease, or raise its timeout or error."""
         if not isinstance(event, Mapping) or event.get("status") not in ("success", "free", "timeout", "error"):
             raise PulsarStateError(f"unexpected event from the leadership trigger: {event!r}")
@@ -321,14 +322,14 @@ class LeadershipSensor(BaseSensorOperator):
         self.log.info("%s", table(result))
         return result
 
-    def _holder(self, context: "Context") -> str:
+    def _holder(self, context: Context) -> str:
         if self.holder:
             return str(self.holder)
         ti = context["ti"]
         map_index = getattr(ti, "map_index", -1)
         return f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{-1 if map_index is None else map_index}"
 
-    def _try_acquire(self, context: "Context", *, timeout: float) -> dict[str, Any] | None:
+    def _try_acquire(self, context: Context, *, timeout: float) -> dict[str, Any] | None:
         """One acquisition (waiting up to ``timeout``): the lease handle as JSON, or None when it is
         still held by someone else. The Leases is kept while this sensor runs (poke mode)."""
         if self._leases is None:

@@ -60,8 +60,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.configuration import conf
@@ -70,10 +71,9 @@ from airflow.triggers.base import StartTriggerArgs
 
 from airflow_provider_pulsarstate.engine.errors import PulsarStateError
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
-from airflow_provider_pulsarstate.plugins.links import PulsarStateSubscriptionLink
 from airflow_provider_pulsarstate.lineage.operators import TaskLineageMixin, record_ranges
-from airflow_provider_pulsarstate.triggers.offsets import OffsetProgressTrigger
-from airflow_provider_pulsarstate.triggers.progress import (
+from airflow_provider_pulsarstate.plugins.links import PulsarStateSubscriptionLink
+from airflow_provider_pulsarstate.triggers.offset_conditions import (
     Progress,
     ProgressError,
     check_condition,
@@ -83,6 +83,7 @@ from airflow_provider_pulsarstate.triggers.progress import (
     parse_target,
     target_json,
 )
+from airflow_provider_pulsarstate.triggers.offsets import OffsetProgressTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -216,7 +217,7 @@ class OffsetProgressSensor(TaskLineageMixin, BaseSensorOperator):
             )
 
     # ------------------------------------------------------------------ execution
-    def execute(self, context: "Context") -> Any:
+    def execute(self, context: Context) -> Any:
         try:
             if not self.deferrable:
                 return super().execute(context)  # poke / reschedule: poke() below
@@ -241,13 +242,13 @@ class OffsetProgressSensor(TaskLineageMixin, BaseSensorOperator):
         self.log.info("deferring for up to %.0fs until the condition holds", remaining)
         self.defer(trigger=trigger, method_name="execute_complete", timeout=timedelta(seconds=remaining))
 
-    def poke(self, context: "Context") -> PokeReturnValue:
+    def poke(self, context: Context) -> PokeReturnValue:
         progress = self._check(context)
         if not progress.met:
             return PokeReturnValue(False)
         return PokeReturnValue(True, self._succeed(context, progress))
 
-    def execute_complete(self, context: "Context", event: Any = None) -> dict[str, Any]:
+    def execute_complete(self, context: Context, event: Any = None) -> dict[str, Any]:
         """Resume after the trigger fired: return the offsets, or raise its timeout or error."""
         if not isinstance(event, Mapping) or event.get("status") not in ("success", "timeout", "error"):
             raise PulsarStateError(f"unexpected event from the offset trigger: {event!r}")
@@ -279,7 +280,7 @@ class OffsetProgressSensor(TaskLineageMixin, BaseSensorOperator):
         if hook is not None:
             hook.close()
 
-    def _check(self, context: "Context") -> Progress:
+    def _check(self, context: Context) -> Progress:
         hook = self._get_hook()
         target = parse_target(self.target)
         subscription = (self.subscription or "").strip() or None
@@ -302,7 +303,7 @@ class OffsetProgressSensor(TaskLineageMixin, BaseSensorOperator):
             self.log.info("%s", progress.table())
         return progress
 
-    def _succeed(self, context: "Context", progress: Progress) -> dict[str, Any]:
+    def _succeed(self, context: Context, progress: Progress) -> dict[str, Any]:
         result = progress.as_xcom()
         if self.condition == "new_messages" and self.advance_watermark:
             advanced = advance_watermark(
@@ -315,16 +316,16 @@ class OffsetProgressSensor(TaskLineageMixin, BaseSensorOperator):
         self.log.info("%s", progress.table())
         return result
 
-    def _watermark_map(self) -> "PulsarMap[Any, Any]":
+    def _watermark_map(self) -> PulsarMap[Any, Any]:
         return self._get_hook().get_map(str(self.watermark_map).strip())
 
-    def _watermark_key(self, context: "Context") -> str:
+    def _watermark_key(self, context: Context) -> str:
         if self.watermark_key:
             return str(self.watermark_key)
         ti = context["ti"]
         return f"{ti.dag_id}/{ti.task_id}"
 
-    def _read_baseline(self, context: "Context", topic: str) -> dict[int, int]:
+    def _read_baseline(self, context: Context, topic: str) -> dict[int, int]:
         key = self._watermark_key(context)
         value = self._watermark_map().get(key, latest=True)
         baseline = read_watermark(value, key=key, topic=topic, identity=_identity(context))
@@ -332,7 +333,7 @@ class OffsetProgressSensor(TaskLineageMixin, BaseSensorOperator):
         return baseline
 
 
-def _identity(context: "Context") -> str:
+def _identity(context: Context) -> str:
     ti = context["ti"]
     map_index = getattr(ti, "map_index", -1)
     return f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{-1 if map_index is None else map_index}"
@@ -378,7 +379,7 @@ def read_watermark(value: Any, *, key: str, topic: str, identity: str | None = N
 
 
 def advance_watermark(
-    watermarks: "PulsarMap[Any, Any]",
+    watermarks: PulsarMap[Any, Any],
     key: str,
     *,
     topic: str,

@@ -14,6 +14,13 @@ need it raise :class:`~airflow_provider_pulsarstate.engine.errors.MissingExtraEr
 
 from __future__ import annotations
 
+from airflow_provider_pulsarstate.spark.offsets import (
+    ingestion_range,
+    message_schema,
+    plan_splits,
+    read_offset_range,
+    table_snapshot,
+)
 from airflow_provider_pulsarstate.spark.views import (
     AUTH_TOKEN_ENV,
     dump_config,
@@ -21,13 +28,6 @@ from airflow_provider_pulsarstate.spark.views import (
     portable_config,
     read_table,
     write_view,
-)
-from airflow_provider_pulsarstate.spark.offsets import (
-    ingestion_range,
-    message_schema,
-    plan_splits,
-    read_offset_range,
-    table_snapshot,
 )
 
 __all__ = [

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError, OffsetError
@@ -41,7 +42,7 @@ DEFAULT_OFFSETS_PER_SPLIT = 50_000
 """Offsets each Spark task pulls at most (a partition's range is cut into splits of this many offsets)."""
 
 
-def message_schema() -> "StructType":
+def message_schema() -> StructType:
     """The schema of :func:`read_offset_range`'s DataFrame.
 
     :raises MissingExtraError: pyspark is not installed (the ``[spark]`` extra).
@@ -85,7 +86,7 @@ def plan_splits(
 
 
 def read_offset_range(
-    spark: "SparkSession",
+    spark: SparkSession,
     *,
     config: ConnectionConfig | Mapping[str, Any],
     topic: str,
@@ -94,7 +95,7 @@ def read_offset_range(
     offsets_per_split: int = DEFAULT_OFFSETS_PER_SPLIT,
     max_messages: int = 500,
     pull_timeout: float = 1.0,
-) -> "DataFrame":
+) -> DataFrame:
     """Exactly the messages of ``topic`` with ``start[p] <= offset < end[p]``, as a DataFrame.
 
     Columns: ``partition`` (int), ``offset`` (long), ``key`` (string), ``value`` (binary),

@@ -23,18 +23,20 @@ import itertools
 import json
 import math
 import os
-from pathlib import Path
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, fields
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError, SerializationError
 from airflow_provider_pulsarstate.spark.requirement import require_pyspark
 
 if TYPE_CHECKING:
-    from airflow_provider_pulsarstate.engine.recipes.table import SourceRange
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import DataType, StructType
+
+    from airflow_provider_pulsarstate.engine.recipes.table import SourceRange
 
 AUTH_TOKEN_ENV = "PULSARSTATE_AUTH_TOKEN"
 """Environment variable a Spark job reads the broker token from (not in JSON; on YARN and Kubernetes
@@ -123,14 +125,14 @@ def _as_config(config: ConnectionConfig | Mapping[str, Any]) -> ConnectionConfig
 
 # ---------------------------------------------------------------------------------- DataFrame -> view
 def write_view(
-    df: "DataFrame",
+    df: DataFrame,
     *,
     config: ConnectionConfig | Mapping[str, Any],
     table_topic: str,
     view_id: str,
     key_column: str,
     batch_rows: int = 1000,
-    source_offsets: "Iterable[SourceRange]" = (),
+    source_offsets: Iterable[SourceRange] = (),
 ) -> int:
     """Stage every row of ``df`` into the open view ``view_id`` of ``table_topic``, then seal it; returns the row count.
 
@@ -200,7 +202,7 @@ def write_view(
 
 
 def _seal(
-    cfg: ConnectionConfig, topic: str, view_id: str, counts: dict[str, int], sources: "list[SourceRange]"
+    cfg: ConnectionConfig, topic: str, view_id: str, counts: dict[str, int], sources: list[SourceRange]
 ) -> None:
     """Seal the view from the driver with the per-stager counts the executors returned."""
     from airflow_provider_pulsarstate.engine.backends import open_backend
@@ -286,7 +288,7 @@ def _convert_column(column: list[Any], convert: Callable[[Any], Any], name: str,
 
 
 def _plan_columns(
-    schema: "StructType", key_column: str
+    schema: StructType, key_column: str
 ) -> tuple[int, list[tuple[str, int, Callable[[Any], Any] | None]]]:
     """Check the schema on the driver; returns the key's index and (name, index, converter) per field."""
     from pyspark.sql import types as T
@@ -316,7 +318,7 @@ def _plan_columns(
     return key_index, plan
 
 
-def _converter(name: str, data_type: "DataType") -> Callable[[Any], Any] | None:
+def _converter(name: str, data_type: DataType) -> Callable[[Any], Any] | None:
     """How a column's values become JSON scalars (None: they already are)."""
     from pyspark.sql import types as T
 
@@ -369,12 +371,12 @@ def _seconds(value: _dt.timedelta) -> float:
 
 # ---------------------------------------------------------------------------------- table -> DataFrame
 def read_table(
-    spark: "SparkSession",
+    spark: SparkSession,
     *,
     config: ConnectionConfig | Mapping[str, Any],
     table_topic: str,
     key_column: str = "key",
-) -> "DataFrame":
+) -> DataFrame:
     """The committed state of a table as a DataFrame: ``key_column`` plus one column per field.
 
     Reads on the driver (the whole table passes through its memory), up to the log's tail at call

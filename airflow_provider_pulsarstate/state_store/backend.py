@@ -64,14 +64,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import sys
 import threading
+from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow.sdk.state import AssetScope, BaseStoreBackend
 
 from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, ConfigurationError
+from airflow_provider_pulsarstate.hooks.airflow_internals import (
+    asset_state_accessor_name,
+    caller_frames,
+    task_state_accessor_scope,
+)
 from airflow_provider_pulsarstate.hooks.provider_config import LEGACY_KEY_NAMESPACE
 from airflow_provider_pulsarstate.hooks.pulsarstate import (
     AssetStateScope,
@@ -101,7 +106,7 @@ REF_KEY = "__airflow_state_ref__"
 CLASS_PATH = "airflow_provider_pulsarstate.state_store.backend.PulsarStateStoreBackend"
 
 try:  # the server checks against airflow-core's copy of BaseStoreBackend; workers may lack airflow-core
-    from airflow._shared.state import BaseStoreBackend as _CoreBaseStoreBackend
+    from airflow.state import BaseStoreBackend as _CoreBaseStoreBackend
 
     _BASES: tuple[type, ...] = (BaseStoreBackend, _CoreBaseStoreBackend)
 except ImportError:  # pragma: no cover - a task-SDK-only worker
@@ -130,19 +135,15 @@ def _row_being_read(kind: str) -> tuple[StateScope | None, str] | None:
     ``key`` in the caller frames (``TaskStateStoreAccessor.get``,
     ``AssetStateStoreAccessor._extract_get_response`` of task SDK 1.3). None when not found.
     For an asset reached by URI only, the scope is None (its name is unknown to the worker)."""
-    frame = sys._getframe(2)
-    for _ in range(6):
-        if frame is None:
-            return None
+    for frame in caller_frames(2, 6):
         owner, key = frame.f_locals.get("self"), frame.f_locals.get("key")
         name = type(owner).__name__
         if isinstance(key, str):
             if kind == "task" and name == "TaskStateStoreAccessor":
-                return state_scope(owner._scope), key
+                return state_scope(task_state_accessor_scope(owner)), key
             if kind == "asset" and name == "AssetStateStoreAccessor":
-                asset_name = getattr(owner, "_name", None)
+                asset_name = asset_state_accessor_name(owner)
                 return (AssetStateScope(asset_name) if asset_name else None), key
-        frame = frame.f_back  # type: ignore[assignment]
     return None
 
 
@@ -214,9 +215,8 @@ class PulsarStateStoreBackend(*_BASES):  # type: ignore[misc]
         with self._lock:
             name = self._asset_names.get(asset_id)
         if name is None:
-            from sqlalchemy import select
-
             from airflow.models.asset import AssetModel
+            from sqlalchemy import select
 
             query = select(AssetModel.name).where(AssetModel.id == asset_id)
             if session is not None:
@@ -241,9 +241,8 @@ class PulsarStateStoreBackend(*_BASES):  # type: ignore[misc]
         if name is not None:
             return AssetStateScope(name)
         if session is not None and asyncio.iscoroutinefunction(getattr(session, "scalar", None)):
-            from sqlalchemy import select
-
             from airflow.models.asset import AssetModel
+            from sqlalchemy import select
 
             name = await session.scalar(select(AssetModel.name).where(AssetModel.id == int(asset_id)))
             if name is None:
@@ -270,7 +269,7 @@ class PulsarStateStoreBackend(*_BASES):  # type: ignore[misc]
         if configured == CLASS_PATH:
             return True
         try:
-            from airflow.sdk._shared.module_loading import import_string
+            from airflow.sdk.module_loading import import_string
 
             cls = import_string(configured)
         except Exception:
@@ -351,7 +350,7 @@ class PulsarStateStoreBackend(*_BASES):  # type: ignore[misc]
             self._run, "clear", lambda store: store.clear(resolved, all_map_indices=all_map_indices)
         )
 
-    def cleanup(self, *, dry_run: bool = False) -> int:  # type: ignore[override]
+    def cleanup(self, *, dry_run: bool = False) -> int:
         """Remove this deployment's expired entries and the maps of finished runs whose state all
         expired, never touching a run the metadata DB holds in a non-terminal state; expiry is
         judged on the metadata DB's clock. Needs the metadata DB (API server, scheduler, CLI).
@@ -360,8 +359,8 @@ class PulsarStateStoreBackend(*_BASES):  # type: ignore[misc]
 
     def cleanup_report(self, *, dry_run: bool = False, log_to: Any = None) -> StateCleanupReport:
         """:meth:`cleanup`, returning the full report."""
-        from airflow_provider_pulsarstate.cli.xcom_cleanup import db_now, run_statuses_in_db
         from airflow_provider_pulsarstate.state_store.cleanup import run_state_cleanup
+        from airflow_provider_pulsarstate.xcom.metadata_db import db_now, run_statuses_in_db
 
         report = self._run("cleanup", lambda store: run_state_cleanup(
             store, run_statuses=run_statuses_in_db, now=db_now(), dry_run=dry_run,

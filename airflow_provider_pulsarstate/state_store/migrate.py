@@ -26,8 +26,9 @@ cannot be told apart: run the move from one of them only, or pass ``--from-names
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from airflow_provider_pulsarstate.hooks.provider_config import LEGACY_KEY_NAMESPACE, ProviderSettings
 from airflow_provider_pulsarstate.hooks.provider_config import settings as provider_settings

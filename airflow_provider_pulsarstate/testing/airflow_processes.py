@@ -26,8 +26,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import requests
 
@@ -107,7 +108,7 @@ class AirflowProcesses:
     def log_path(self, component: str) -> Path:
         return self.home / "process-logs" / f"{component}.log"
 
-    def start(self) -> "AirflowProcesses":
+    def start(self) -> AirflowProcesses:
         """Migrate the DB, then start every component and wait until the API answers."""
         self.home.mkdir(parents=True, exist_ok=True)
         (self.home / "process-logs").mkdir(exist_ok=True)
@@ -161,7 +162,7 @@ class AirflowProcesses:
         self._procs.clear()
         self._session.close()
 
-    def __enter__(self) -> "AirflowProcesses":
+    def __enter__(self) -> AirflowProcesses:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

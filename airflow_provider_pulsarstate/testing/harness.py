@@ -4,10 +4,22 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
-from airflow_provider_pulsarstate.engine.backends.base import EARLIEST, AcquireMode, Backend, RawEntry, RawReader, RawWriter
-from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, OperationTimeoutError, UnknownOutcomeError
+from airflow_provider_pulsarstate.engine.backends.base import (
+    EARLIEST,
+    AcquireMode,
+    Backend,
+    RawEntry,
+    RawReader,
+    RawWriter,
+)
+from airflow_provider_pulsarstate.engine.errors import (
+    BackendUnavailableError,
+    OperationTimeoutError,
+    UnknownOutcomeError,
+)
 
 
 def wait_until(predicate: Callable[[], Any], *, timeout: float = 10.0, interval: float = 0.05, what: str = "condition") -> Any:
@@ -179,7 +191,7 @@ class FaultInjectingBackend(ForwardingBackend):
             raise self._outage_error(message) if self._outage_error is not None else BackendUnavailableError(message)
 
     # -- the Backend contract -----------------------------------------------------------------
-    _OUTAGE_CHECKED = {
+    _OUTAGE_CHECKED: ClassVar[dict[str, str]] = {
         "acquire_writer": "taking the writer of", "current_epoch": "reading the epoch of",
         "create_reader": "creating a reader of", "read_last": "reading the last entry of",
     }

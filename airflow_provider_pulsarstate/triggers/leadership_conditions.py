@@ -15,7 +15,8 @@ A partitioned topic satisfies a mode only when EVERY partition does.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 MODES: tuple[str, ...] = ("leader", "no_leader", "changed", "acquire")
 OBSERVING_MODES: tuple[str, ...] = ("leader", "no_leader", "changed")
@@ -126,7 +127,7 @@ def table(result: Mapping[str, Any]) -> str:
     for p in result["partitions"]:
         part = "-" if p.get("partition") is None else str(p["partition"])
         lines.append(
-            f"{part:>9}  {str(p.get('leader') or '-'):<32} {str(p.get('access_mode') or '-'):<20} "
+            f"{part:>9}  {p.get('leader') or '-'!s:<32} {p.get('access_mode') or '-'!s:<20} "
             f"{'-' if p.get('epoch') is None else p['epoch']:>6}  {', '.join(p.get('other_producers') or []) or '-'}"
         )
     return "\n".join(lines)

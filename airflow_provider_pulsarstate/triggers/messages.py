@@ -51,28 +51,27 @@ triggerer (e.g. a trigger queue), since a second triggerer's consumer on it only
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Hashable, Sequence
-from typing import Any, Callable
+from collections.abc import AsyncIterator, Callable, Hashable, Sequence
+from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 from airflow.triggers.shared_stream import AdvanceItem, SharedStreamProducer, reject_shared_stream_event
 
 from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, ConfigurationError
 from airflow_provider_pulsarstate.engine.retry import Backoff
-from airflow_provider_pulsarstate.engine.topic_stream import (
+from airflow_provider_pulsarstate.hooks.pulsarstate import (
     INITIAL_POSITIONS,
     PAYLOAD_ENCODINGS,
     REFERENCE_ENCODING,
     PayloadTooLargeError,
+    PulsarStateHook,
     TopicMessage,
     TopicStream,
 )
-from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.triggers.shared_config import shared_config
 from airflow_provider_pulsarstate.triggers.start_gate import start_turn
 
@@ -123,9 +122,10 @@ def import_function(path: str, field: str) -> Callable[..., Any]:
 
     :raises ConfigurationError: the module or attribute is missing, or it is not callable (names ``field``).
     """
-    module_name, _, name = path.rpartition(".")
+    from airflow.sdk.module_loading import import_string
+
     try:
-        fn = getattr(importlib.import_module(module_name), name)
+        fn = import_string(path)
     except (ImportError, AttributeError) as exc:
         raise _fail(field, f"cannot import {path!r}: {type(exc).__name__}: {exc}") from exc
     if not callable(fn):

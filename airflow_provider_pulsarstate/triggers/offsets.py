@@ -12,8 +12,7 @@ from typing import Any
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.engine.retry import within
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
-from airflow_provider_pulsarstate.triggers.polling import Observation, PollingTrigger, check_timing
-from airflow_provider_pulsarstate.triggers.progress import (
+from airflow_provider_pulsarstate.triggers.offset_conditions import (
     CONDITIONS,
     ProgressError,
     evaluate,
@@ -22,10 +21,11 @@ from airflow_provider_pulsarstate.triggers.progress import (
     parse_target,
     target_json,
 )
+from airflow_provider_pulsarstate.triggers.polling import Observation, PollingTrigger, check_timing
 
 
 class OffsetProgressTrigger(PollingTrigger):
-    """Fire one event when ``condition`` holds on ``topic`` (see :mod:`~airflow_provider_pulsarstate.triggers.progress`).
+    """Fire one event when ``condition`` holds on ``topic`` (see :mod:`~airflow_provider_pulsarstate.triggers.offset_conditions`).
 
     Events (payloads are plain JSON):
 

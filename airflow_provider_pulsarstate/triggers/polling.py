@@ -22,9 +22,10 @@ import asyncio
 import math
 import random
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, AsyncIterator, ClassVar
+from typing import Any, ClassVar
 
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 

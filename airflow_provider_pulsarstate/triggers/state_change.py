@@ -76,6 +76,7 @@ from airflow.triggers.shared_stream import AdvanceItem, AdvanceOutcome, SharedSt
 
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError, PulsarStateError, TableNotFoundError
 from airflow_provider_pulsarstate.engine.retry import Backoff
+from airflow_provider_pulsarstate.hooks.airflow_internals import asset_state_accessors
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.triggers.polling import TRANSIENT, check_timing
 from airflow_provider_pulsarstate.triggers.shared_config import shared_config
@@ -215,7 +216,7 @@ class StateChangeTrigger(BaseEventTrigger):
         return key
 
     @classmethod
-    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> "StateChangeProducer":
+    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> StateChangeProducer:
         return StateChangeProducer(kwargs, _STORES.get(cls._stream_key(kwargs)))
 
     async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
@@ -296,8 +297,7 @@ class _Watermark:
         if store is None:
             self._accessors: list[Any] = []
         else:  # AssetStateStoreAccessors keeps one accessor per watched asset; anything else is one accessor
-            by_name, by_uri = getattr(store, "_by_name", None), getattr(store, "_by_uri", None)
-            self._accessors = [*by_name.values(), *by_uri.values()] if isinstance(by_name, dict) and isinstance(by_uri, dict) else [store]
+            self._accessors = asset_state_accessors(store) or [store]
 
     async def read(self, topic: str) -> int | None:
         found = []

@@ -75,10 +75,10 @@ import contextvars
 import datetime
 import json
 import logging
-import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from airflow.sdk.bases.xcom import BaseXCom
 
@@ -90,6 +90,14 @@ from airflow_provider_pulsarstate.engine.errors import (
     XComValueTooLargeError,
 )
 from airflow_provider_pulsarstate.hooks.teams import refuse_shared_team_settings
+from airflow_provider_pulsarstate.hooks.airflow_internals import caller_frames
+from airflow_provider_pulsarstate.hooks.provider_config import (
+    LEGACY_KEY_NAMESPACE,
+    ProviderSettings,
+)
+from airflow_provider_pulsarstate.hooks.provider_config import (
+    settings as provider_settings,
+)
 from airflow_provider_pulsarstate.hooks.pulsarstate import (
     PulsarStateHook,
     XComIdentity,
@@ -97,11 +105,6 @@ from airflow_provider_pulsarstate.hooks.pulsarstate import (
     XComStore,
     message_topic,
     run_topic,
-)
-from airflow_provider_pulsarstate.hooks.provider_config import (
-    LEGACY_KEY_NAMESPACE,
-    ProviderSettings,
-    settings as provider_settings,
 )
 
 log = logging.getLogger(__name__)
@@ -283,11 +286,7 @@ def _current_try(dag_id: str, run_id: str, task_id: str, map_index: int) -> int 
     ti = _running_ti()
     if ti is not None and (found := matches(ti)) is not None:
         return found
-    frame = sys._getframe(1)
-    for _ in range(8):
-        frame = frame.f_back  # type: ignore[assignment]
-        if frame is None:
-            break
+    for frame in caller_frames(2, 8):
         ti = frame.f_locals.get("ti")
         if ti is not None and (found := matches(ti)) is not None:
             return found
@@ -411,9 +410,11 @@ class PulsarXComBackend(BaseXCom):
                 )
             log.info("%s is %s bytes, over the %s-byte limit: kept in the metadata DB", where, f"{size:,}", f"{limit:,}")
             if settings.xcom_layout == "map":  # a message needs no removal: nothing refers to it any more
-                with _reaching_the_map(f"{where}: cannot remove its earlier value from {settings.xcom_topic!r}"):
-                    with run_store(settings, dag_id, run_id) as store:
-                        store.delete(dag_id, run_id, task_id, map_index, key)
+                with (
+                    _reaching_the_map(f"{where}: cannot remove its earlier value from {settings.xcom_topic!r}"),
+                    run_store(settings, dag_id, run_id) as store,
+                ):
+                    store.delete(dag_id, run_id, task_id, map_index, key)
             return {DB_VALUE_MARKER: 1, "value": serialized}
         try_number = _current_try(dag_id, run_id, task_id, map_index)
         if settings.xcom_layout == "messages":

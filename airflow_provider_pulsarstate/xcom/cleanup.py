@@ -29,9 +29,12 @@ Guarantees:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
+from airflow_provider_pulsarstate.hooks import shared_objects
+from airflow_provider_pulsarstate.hooks.provider_config import ProviderSettings, load_settings
 from airflow_provider_pulsarstate.hooks.pulsarstate import (
     RunScan,
     XComMessageLog,
@@ -46,8 +49,6 @@ from airflow_provider_pulsarstate.hooks.pulsarstate import (
     run_topic,
     run_topic_prefix,
 )
-from airflow_provider_pulsarstate.hooks import shared_objects
-from airflow_provider_pulsarstate.hooks.provider_config import ProviderSettings, load_settings
 
 TERMINAL_STATES = frozenset({"success", "failed"})
 
@@ -60,7 +61,7 @@ class RunStatus:
     ended_at: float | None = None
 
     @classmethod
-    def of(cls, state: Any, ended_at: float | None = None) -> "RunStatus":
+    def of(cls, state: Any, ended_at: float | None = None) -> RunStatus:
         """From a state as Airflow gives it (a ``DagRunState`` or its value)."""
         return cls(str(getattr(state, "value", state)).lower(), ended_at)
 

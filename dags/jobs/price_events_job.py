@@ -26,7 +26,8 @@ import json
 import logging
 import sys
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 log = logging.getLogger("price_events_job")
 

@@ -97,3 +97,70 @@ def test_task_processes_see_the_placeholder_the_namespace_is_never_derived_from(
     one = derived_key_namespace(Conf("postgresql://db-a/airflow"))
     assert one.startswith("airflow-") and one == derived_key_namespace(Conf("postgresql://db-a/airflow"))
     assert one != derived_key_namespace(Conf("postgresql://db-b/airflow"))
+
+
+def test_the_state_store_accessors_keep_what_we_read() -> None:
+    import inspect
+
+    from airflow.sdk import Asset
+    from airflow.sdk.execution_time import context
+    from airflow.sdk.execution_time.context import AssetStateStoreAccessor, AssetStateStoreAccessors
+
+    from airflow_provider_pulsarstate.hooks.airflow_internals import (
+        asset_state_accessor_name,
+        asset_state_accessors,
+        task_state_accessor_scope,
+    )
+
+    scope = object()
+    accessor = context.TaskStateStoreAccessor.__new__(context.TaskStateStoreAccessor)
+    context.TaskStateStoreAccessor.__init__(accessor, ti_id=None, scope=scope)  # type: ignore[arg-type]
+    assert task_state_accessor_scope(accessor) is scope
+    # the frame walk of the state-store backend finds the key being read in these methods' locals
+    assert "key" in inspect.signature(context.TaskStateStoreAccessor.get).parameters
+    assert "key" in inspect.signature(AssetStateStoreAccessor._extract_get_response).parameters
+    assert asset_state_accessor_name(AssetStateStoreAccessor(name="prices")) == "prices"
+    assert asset_state_accessor_name(AssetStateStoreAccessor(uri="s3://b/k")) is None
+
+    store = AssetStateStoreAccessors([Asset(name="a", uri="s3://b/a"), Asset.ref(uri="s3://b/u")])
+    found = asset_state_accessors(store)
+    assert found is not None and {asset_state_accessor_name(a) for a in found} >= {"a"}
+    assert asset_state_accessors(object()) is None
+
+
+def test_the_task_runner_pushes_the_return_value_with_ti_in_its_frame() -> None:
+    import inspect
+
+    from airflow.sdk.execution_time import task_runner
+
+    # the XCom backend finds the try number of a return value in the pusher's local ``ti``
+    assert list(inspect.signature(task_runner._xcom_push).parameters)[0] == "ti"
+    assert "_xcom_push(ti, " in inspect.getsource(task_runner)
+
+
+def test_caller_frames_start_where_asked() -> None:
+    from airflow_provider_pulsarstate.hooks.airflow_internals import caller_frames
+
+    def inner() -> list[str]:
+        return [frame.f_code.co_name for frame in caller_frames(1, 2)]
+
+    def outer() -> list[str]:
+        return inner()
+
+    assert outer() == ["outer", "test_caller_frames_start_where_asked"]
+
+
+def test_the_spark_submit_hook_builds_its_command_where_we_ask() -> None:
+    import inspect
+
+    spark_submit = pytest.importorskip("airflow.providers.apache.spark.hooks.spark_submit")
+    from airflow_provider_pulsarstate.hooks.airflow_internals import spark_submit_command, spark_submit_master
+
+    hook = spark_submit.SparkSubmitHook.__new__(spark_submit.SparkSubmitHook)
+    assert list(inspect.signature(spark_submit.SparkSubmitHook._build_spark_submit_command).parameters)[1] == "application"
+    assert "self._connection = self._resolve_connection()" in inspect.getsource(spark_submit.SparkSubmitHook.__init__)
+    hook._connection = {"master": "local[1]"}  # type: ignore[attr-defined]
+    assert spark_submit_master(hook) == "local[1]"
+    calls = []
+    hook._build_spark_submit_command = lambda application: calls.append(application) or ["spark-submit", application]  # type: ignore[method-assign]
+    assert spark_submit_command(hook, "job.py") == ["spark-submit", "job.py"] and calls == ["job.py"]

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 import requests
@@ -32,7 +33,7 @@ def masked_plain_fields(form: dict[str, dict[str, Any]]) -> list[str]:
 # ---------------------------------------------------------------------------------- field names
 def test_no_plain_field_is_named_like_a_secret() -> None:
     assert masked_plain_fields(CONN_FIELDS) == []
-    assert SECRET_FIELDS == {"auth_token"}
+    assert {"auth_token"} == SECRET_FIELDS
     assert all(is_masked_field_name(name) for name in SECRET_FIELDS)  # the check is live, not vacuous
 
 

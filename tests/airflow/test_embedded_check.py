@@ -4,8 +4,8 @@ first write can create it, red naming the path otherwise; it creates nothing in 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 

@@ -7,8 +7,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -291,9 +292,8 @@ def test_airflow_providers_list_shows_the_package(airflow_home: Path) -> None:
 
 
 def test_ui_hook_meta_describes_the_connection_form(airflow_db: Path) -> None:
-    from fastapi.testclient import TestClient
-
     from airflow.api_fastapi.app import create_app
+    from fastapi.testclient import TestClient
 
     with TestClient(create_app(apps="core")) as client:
         response = client.get("/ui/connections/hook_meta")

@@ -14,8 +14,9 @@ import queue
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -25,7 +26,6 @@ from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.sensors.leadership import LeadershipSensor
 from airflow_provider_pulsarstate.triggers.leadership import LeadershipTrigger
 from airflow_provider_pulsarstate.triggers.leadership_conditions import LeadershipConditionError, check_result, evaluate
-
 from tests.airflow.dagruns import TEST_DAGS, load_dag, run_dag
 from tests.airflow.trigger_driver import LOOP_LAG_LIMIT, cancel_midway, drive
 
@@ -52,14 +52,14 @@ class Actor:
     """Runs ``actions[task_id]`` (after ``delay``) the first time that sensor finds its mode unmet,
     and records every event the trigger yields. Holds the writers it takes until :meth:`stop`."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, actions: dict[str, Callable[["Actor"], None]], *, delay: float = 0.5) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, actions: dict[str, Callable[[Actor], None]], *, delay: float = 0.5) -> None:
         self.actions, self.delay = actions, delay
         self.signals: queue.Queue[str | None] = queue.Queue()
         self.done: list[str] = []
         self.events: list[Any] = []
         self.hook = PulsarStateHook()
         self.writers: dict[str, Any] = {}
-        self.on_event: Callable[["Actor", Any], None] | None = None  # runs before the event reaches the sensor
+        self.on_event: Callable[[Actor, Any], None] | None = None  # runs before the event reaches the sensor
         self._waiting: set[tuple[str, str]] = set()
         actor = self
         original_observe, original_acquire = LeadershipSensor._observe, LeadershipSensor._try_acquire

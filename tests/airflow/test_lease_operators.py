@@ -284,8 +284,8 @@ def test_two_deployments_never_run_the_example_spark_job_at_once(
     import subprocess
     import sys
 
-    from tests.airflow.metadata_db import copy_airflow_db
     from tests.airflow.dagruns import EXAMPLE_DAGS
+    from tests.airflow.metadata_db import copy_airflow_db
     from tests.airflow.test_ingest_pipeline import EVENTS, SKUS, _names, _state, _topic_fold
 
     names = _names()

@@ -18,8 +18,9 @@ import os
 import sqlite3
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pulsar
 import pytest
@@ -108,7 +109,7 @@ def test_one_message_one_asset_event_and_one_run_per_watcher_on_one_consumer(liv
     live.wait("the shared subscription's consumer", lambda: live.subscription(live.shared, "live-watchers").get("consumers"))
     live.publish(live.shared, b"order-1")
     for dag_id in ("on_orders_a", "on_orders_b"):
-        live.wait(f"a finished run of {dag_id}", lambda: live.finished_runs(dag_id))
+        live.wait(f"a finished run of {dag_id}", lambda dag_id=dag_id: live.finished_runs(dag_id))
     time.sleep(3)  # room for a (wrong) second event or run
     a, b = live.asset_events("pulsar-orders-a"), live.asset_events("pulsar-orders-b")
     assert len(a) == 1 and len(b) == 1, (a, b)

@@ -14,8 +14,9 @@ import queue
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -26,9 +27,8 @@ from airflow_provider_pulsarstate.sensors.offsets import (
     advance_watermark,
     read_watermark,
 )
+from airflow_provider_pulsarstate.triggers.offset_conditions import ProgressError, evaluate, parse_target
 from airflow_provider_pulsarstate.triggers.offsets import OffsetProgressTrigger
-from airflow_provider_pulsarstate.triggers.progress import ProgressError, evaluate, parse_target
-
 from tests.airflow.dagruns import TEST_DAGS, load_dag, run_dag
 from tests.airflow.trigger_driver import LOOP_LAG_LIMIT, cancel_midway
 from tests.airflow.trigger_driver import drive as _drive

@@ -18,14 +18,14 @@ import sqlite3
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.testing.airflow_processes import free_port
-
 from tests.airflow.conftest import AIRFLOW_BIN
 
 LIVE_DAG = Path(__file__).resolve().parent / "dags_live" / "start_from_trigger_dag.py"
@@ -94,7 +94,7 @@ class _Live:
         self.logs = [tmp_path / "scheduler.log", tmp_path / "triggerer.log"]
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def __enter__(self) -> "_Live":
+    def __enter__(self) -> _Live:
         for name, log in zip(("scheduler", "triggerer"), self.logs):
             with open(log, "wb") as out:
                 self.procs.append(subprocess.Popen(

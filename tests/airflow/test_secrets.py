@@ -1,11 +1,12 @@
-"""Issue 7, items 11, 12, 14, 17: least-privilege test_connection, the token off spark-submit's
+"""Least-privilege test_connection, the token off spark-submit's
 command line, secrets masked in task logs, docker-compose bound to loopback."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import requests

@@ -4,8 +4,8 @@ bounded in number (least recently used closed first), closed when idle, discarde
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 

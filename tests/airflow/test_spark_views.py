@@ -10,15 +10,23 @@ import decimal
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 from airflow_provider_pulsarstate import ConfigurationError, ConnectionConfig, SerializationError, open_backend
-from airflow_provider_pulsarstate.engine.recipes.table import StateTable
 from airflow_provider_pulsarstate.engine.errors import ViewGuardError
-from airflow_provider_pulsarstate.spark import AUTH_TOKEN_ENV, dump_config, load_config, portable_config, read_table, write_view
+from airflow_provider_pulsarstate.engine.recipes.table import StateTable
+from airflow_provider_pulsarstate.spark import (
+    AUTH_TOKEN_ENV,
+    dump_config,
+    load_config,
+    portable_config,
+    read_table,
+    write_view,
+)
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from airflow_provider_pulsarstate.state_store.backend import PulsarStateStoreBac
 from airflow_provider_pulsarstate.triggers.state_change import StateChangeTrigger, watermark_key
 from tests.airflow.trigger_driver import LOOP_LAG_LIMIT, LoopLag
 
+
 class BackendAccessor:
     """What Airflow's ``AssetStateStoreAccessor`` does in a triggerer (aget/aset of one asset's
     JSON values), over the provider's real state-store backend instead of the supervisor's API."""

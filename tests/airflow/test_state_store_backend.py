@@ -10,8 +10,8 @@ import sqlite3
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -290,7 +290,6 @@ def test_state_store_cleanup_cli_removes_expired_entries_in_a_real_airflow_proce
 ) -> None:
     """Airflow's own clean-up skips custom backends: ``airflow pulsarstate state-store-cleanup``
     (a real CLI process, the same settings) removes the expired entries and keeps the others."""
-    import os
     import subprocess
     import sys
 
@@ -426,7 +425,6 @@ def test_legacy_single_map_state_is_migrated(state_backend: str, airflow_db: Pat
     entries of this namespace and of the old default ``airflow`` into the per-scope maps; newer
     values, other namespaces and expired entries are handled as documented; a reference the DB kept
     from before resolves to the moved entry."""
-    import os
     import subprocess
     import sys
 

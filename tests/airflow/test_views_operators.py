@@ -13,22 +13,22 @@ import os
 import re
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 from unittest import mock
 
 import pytest
 
 from airflow_provider_pulsarstate import ConnectionConfig
-from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.engine.recipes.table import (
     StateTable,
     TableChange,
     ViewStager,
     staging_topic,
 )
+from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.spark import AUTH_TOKEN_ENV, load_config
-
 from tests.airflow.dagruns import EXAMPLE_DAGS, TEST_DAGS, load_dag, load_job, run_dag
 from tests.conftest import count_entries
 
@@ -206,9 +206,8 @@ def test_create_operator_returns_the_view_and_pushes_a_portable_config(embedded_
 
 
 def test_create_operator_records_a_scope_predicate(embedded_conn: str) -> None:
-    from airflow_provider_pulsarstate.operators.views import CreateTempViewOperator
-
     import tests.engine.test_views  # noqa: F401  (registers the "even-keys" scope predicate)
+    from airflow_provider_pulsarstate.operators.views import CreateTempViewOperator
 
     path = "even-keys"
     op = CreateTempViewOperator(task_id="c", table_topic="t6", scope_predicate=path, pulsarstate_conn_id=embedded_conn)

@@ -17,9 +17,10 @@ import sqlite3
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -28,9 +29,9 @@ from airflow_provider_pulsarstate.engine.errors import (
     XComReferenceError,
     XComStoreUnavailableError,
 )
-from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.engine.recipes.xcom_messages import XComIdentity, XComMessageLog, message_topic
 from airflow_provider_pulsarstate.engine.recipes.xcom_store import run_topic
+from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.xcom.backend import DB_VALUE_MARKER, REFERENCE_MARKER, PulsarXComBackend, close_stores
 from tests.airflow.conftest import AIRFLOW_BIN
 from tests.airflow.dagruns import ROOT, TEST_DAGS, load_dag, run_dag
@@ -111,10 +112,9 @@ def _entries(hook: PulsarStateHook, layout: str, namespace: str, dag_id: str, ru
 
 
 def _db_rows(run_id: str) -> list[Any]:
-    from sqlalchemy import select
-
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
+    from sqlalchemy import select
 
     with create_session() as session:
         rows = session.scalars(select(XComModel).where(XComModel.run_id == run_id)).all()
@@ -133,10 +133,9 @@ def _returns(run_id: str) -> dict[str, Any]:
 
 
 def _run_id(dag_id: str) -> str:
-    from sqlalchemy import select
-
     from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
+    from sqlalchemy import select
 
     with create_session() as session:
         return session.scalars(select(DagRun.run_id).where(DagRun.dag_id == dag_id).order_by(DagRun.id.desc())).first()
@@ -521,10 +520,9 @@ def test_a_broker_outage_fails_the_task_and_nothing_lands_in_the_db(
 
 # ---------------------------------------------------------------------------------- clean-up
 def _delete_run(dag_id: str, run_id: str) -> None:
-    from sqlalchemy import delete
-
     from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
+    from sqlalchemy import delete
 
     with create_session() as session:
         session.execute(delete(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
@@ -576,10 +574,9 @@ def test_cleanup_operator_removes_deleted_and_expired_runs(xcom_backend: SimpleN
 
 
 def _set_run(dag_id: str, run_id: str, **values: Any) -> None:
-    from sqlalchemy import update
-
     from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
+    from sqlalchemy import update
 
     with create_session() as session:
         session.execute(update(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id).values(**values))

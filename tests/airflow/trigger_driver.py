@@ -41,7 +41,7 @@ class LoopLag:
             self.worst = max(self.worst, late)
             self.ticks += 1
 
-    async def __aenter__(self) -> "LoopLag":
+    async def __aenter__(self) -> LoopLag:
         self._task = asyncio.create_task(self._run())
         return self
 

@@ -28,7 +28,7 @@ def main() -> None:
         while True:
             key = f"k{random.randrange(nkeys)}"
             token = f"{run}-{i}"
-            value = table.update(key, lambda k, v: {"n": (v or {"n": 0})["n"] + 1, "t": token})
+            value = table.update(key, lambda k, v, token=token: {"n": (v or {"n": 0})["n"] + 1, "t": token})
             acks.write(f"{token} {key} {value['n']}\n")
             os.fsync(acks.fileno())
             i += 1

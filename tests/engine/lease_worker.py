@@ -12,7 +12,6 @@ from airflow_provider_pulsarstate import ConnectionConfig, PulsarMap, open_backe
 from airflow_provider_pulsarstate.engine.errors import PulsarStateError
 from airflow_provider_pulsarstate.engine.recipes.lease import Lease, Leases
 
-
 REPLY = "@reply "  # the Pulsar client may log to stdout too
 
 

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from airflow_provider_pulsarstate import ConnectionConfig, open_backend
-from airflow_provider_pulsarstate.engine.offsets import create_topic, open_async_probe, open_publisher
 from airflow_provider_pulsarstate.engine.backends import admin_async
+from airflow_provider_pulsarstate.engine.offsets import create_topic, open_async_probe, open_publisher
 from airflow_provider_pulsarstate.engine.retry import within
 from tests.conftest import pulsar_config
 

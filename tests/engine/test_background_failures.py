@@ -13,10 +13,16 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_pulsarstate import BackendUnavailableError, ConnectionConfig, PulsarMap, UnknownOutcomeError, open_backend
+from airflow_provider_pulsarstate import (
+    BackendUnavailableError,
+    ConnectionConfig,
+    PulsarMap,
+    UnknownOutcomeError,
+    WriteOutcome,
+    open_backend,
+)
 from airflow_provider_pulsarstate.engine.backends.base import Backend
 from airflow_provider_pulsarstate.engine.backends.embedded import EmbeddedBackend
-from airflow_provider_pulsarstate import WriteOutcome
 from airflow_provider_pulsarstate.testing import FaultInjectingBackend, wait_until
 from tests.engine.test_conformance import Counting, counter_manager
 

@@ -1,4 +1,4 @@
-"""Issue 7, items 10, 13, 14, 17: TLS and token rules, private embedded files, URL redaction, topic rules."""
+"""TLS and token rules, private embedded files, URL redaction, topic rules."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import requests
 
 from airflow_provider_pulsarstate.engine.backends.admin import PulsarAdmin
-from airflow_provider_pulsarstate.engine.backends.embedded import EmbeddedBackend
 from airflow_provider_pulsarstate.engine.backends.base import AcquireMode
+from airflow_provider_pulsarstate.engine.backends.embedded import EmbeddedBackend
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig, redact_url
 from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, ConfigurationError
 

@@ -5,7 +5,8 @@ fails naming the setting and the command when it may not."""
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import requests

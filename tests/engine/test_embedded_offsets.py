@@ -6,20 +6,17 @@ The back-end-neutral semantics are in test_pull_consumer.py.
 
 from __future__ import annotations
 
-import logging
-
 import asyncio
+import logging
 import os
 import random
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
-
-from airflow_provider_pulsarstate.engine.worker_thread import RESOURCES
 
 from airflow_provider_pulsarstate import ConnectionConfig, PulsarMap, open_backend
 from airflow_provider_pulsarstate.engine.backends.embedded import EmbeddedBackend
@@ -45,6 +42,7 @@ from airflow_provider_pulsarstate.engine.offsets.embedded import (
     EmbeddedOffsetLog,
     trim_embedded_topic,
 )
+from airflow_provider_pulsarstate.engine.worker_thread import RESOURCES
 
 TOPIC = "persistent://public/default/events"
 # The schema of state files written before offsets existed.
@@ -129,9 +127,8 @@ def test_delete_topic_removes_its_offset_rows(backend: EmbeddedBackend) -> None:
         consumer.commit(1, partition=partition)
     trim_embedded_topic(backend, TOPIC, 1, partition=partition)
     backend.delete_topic(TOPIC)
-    with PullConsumer(backend, TOPIC, "sub") as consumer:
-        with pytest.raises(UnknownTopicError):
-            consumer.partitions()
+    with PullConsumer(backend, TOPIC, "sub") as consumer, pytest.raises(UnknownTopicError):
+        consumer.partitions()
     conn = backend.connect()
     for table in ("entries", "entry_meta", "topic_trims", "subscriptions", "offset_topics"):
         assert conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone() == (0,), table

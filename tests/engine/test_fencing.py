@@ -5,8 +5,9 @@ replay. Tokens come from a real lease log: a token it never granted is refused (
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 

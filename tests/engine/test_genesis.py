@@ -3,7 +3,6 @@ topic recreated under a table that existed, fails loudly instead of serving an e
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest

@@ -314,7 +314,7 @@ def test_a_waiting_acquire_beside_a_stray_shared_producer_stays_bounded(pulsar_b
 
     threading.Thread(target=release_soon).start()
     try:
-        writer = backend.acquire_writer(topic, mode=AcquireMode.WAIT, timeout=10, name="waiter")
+        _writer = backend.acquire_writer(topic, mode=AcquireMode.WAIT, timeout=10, name="waiter")
         assert _one(backend, topic).leader == "waiter"
     finally:
         backend.close()

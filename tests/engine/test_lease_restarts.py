@@ -1,4 +1,4 @@
-"""Fencing tokens strictly increase across broker restarts (issue 9), on a broker of this module's own.
+"""Fencing tokens strictly increase across broker restarts, on a broker of this module's own.
 
 Restarting the session broker would break the other tests using it, so this module starts a
 dedicated one. Over 60 s, and why: each restart takes ~10-20 s (stop, then the standalone's bookie,
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 

@@ -14,9 +14,9 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 

@@ -12,8 +12,8 @@ import random
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -27,8 +27,8 @@ from airflow_provider_pulsarstate.engine.errors import (
     UnknownTopicError,
 )
 from airflow_provider_pulsarstate.engine.offsets import (
-    PulledMessage,
     PullConsumer,
+    PulledMessage,
     create_topic,
     open_publisher,
 )
@@ -304,7 +304,7 @@ def test_unknown_topic_is_a_clear_error_and_is_not_created(backend: Backend, con
     for call in (lambda: consumer.pull(0), consumer.end_offsets, consumer.beginning_offsets,
                  consumer.lag, lambda: consumer.committed(), lambda: consumer.commit(0),
                  lambda: consumer.offsets_for_times(0.0)):
-        with pytest.raises(UnknownTopicError, match=f"missing-"):
+        with pytest.raises(UnknownTopicError, match="missing-"):
             call()
     with pytest.raises(UnknownTopicError, match="create_topic"):  # a mistyped name never starts a topic
         open_publisher(backend, missing)

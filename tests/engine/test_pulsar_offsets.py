@@ -11,7 +11,8 @@ import random
 import threading
 import time
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pulsar
 import pytest

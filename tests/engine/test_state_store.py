@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterator
 from datetime import datetime, timezone
-from typing import Iterator
 
 import pytest
 

@@ -5,7 +5,8 @@ watermark, and precise errors."""
 from __future__ import annotations
 
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import uuid
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pulsar
 import pytest

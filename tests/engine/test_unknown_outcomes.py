@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_pulsarstate import OperationTimeoutError, UnknownOutcomeError
+from airflow_provider_pulsarstate import OperationTimeoutError, UnknownOutcomeError, WriteOutcome
 from airflow_provider_pulsarstate.engine.backends.base import Backend
-from airflow_provider_pulsarstate import WriteOutcome
 from airflow_provider_pulsarstate.testing import FaultInjectingBackend, wait_until
 from tests.engine.test_conformance import Counting, counter_manager, records
 

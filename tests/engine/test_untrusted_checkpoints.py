@@ -73,7 +73,7 @@ def test_only_exact_image_names_of_this_log_count_as_own_images(backend: Backend
     assert store.is_own_image(f"{topic}-checkpoint-41-0123abcd")
     for name in (topic, store.index_topic, f"{topic}-checkpoint-41-0123abcd/x", f"{topic}-checkpoint-041-0123abcd",
                  f"{topic}-checkpoint-41-0123ABCD", f"{topic}x-checkpoint-41-0123abcd", f"{topic}-checkpoint--1-0123abcd",
-                 f"persistent://public/default/other-checkpoint-41-0123abcd", None, 7):
+                 "persistent://public/default/other-checkpoint-41-0123abcd", None, 7):
         assert not store.is_own_image(name), name
 
 

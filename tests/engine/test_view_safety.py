@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import struct
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
 
 import msgspec
 import pytest
 
 from airflow_provider_pulsarstate.engine.backends.base import Backend
-from airflow_provider_pulsarstate.engine.envelope import KEY_DELETE, KEY_SET, FrameError, decode_key_op, encode_key_op, encode_writes
+from airflow_provider_pulsarstate.engine.envelope import (
+    KEY_DELETE,
+    KEY_SET,
+    FrameError,
+    decode_key_op,
+    encode_key_op,
+    encode_writes,
+)
 from airflow_provider_pulsarstate.engine.errors import UnknownScopePredicateError, ViewStagedRowError
 from airflow_provider_pulsarstate.engine.recipes.table import StateTable, ViewStager, staging_topic
 

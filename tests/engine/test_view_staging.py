@@ -7,15 +7,15 @@ from __future__ import annotations
 import math
 import random
 import struct
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 
 from airflow_provider_pulsarstate.engine.backends.base import Backend, RawWriter
 from airflow_provider_pulsarstate.engine.errors import SerializationError, UnknownOutcomeError
 from airflow_provider_pulsarstate.engine.recipes.table import StateTable
-from airflow_provider_pulsarstate.engine.recipes.table_ops import canonical, check_record
-from airflow_provider_pulsarstate.engine.recipes.table_ops import fast_canonical
+from airflow_provider_pulsarstate.engine.recipes.table_ops import canonical, check_record, fast_canonical
 from airflow_provider_pulsarstate.engine.recipes.view_staging import ViewStager, read_staged, staging_topic
 from airflow_provider_pulsarstate.testing.harness import ForwardingBackend
 

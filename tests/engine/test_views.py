@@ -267,7 +267,7 @@ def test_one_million_keys_switch_at_one_commit_point(tables: Any, backend: Backe
 
 
 def test_table_calls_take_a_timeout(backend: Backend, topic: str) -> None:
-    """StateTable's blocking calls are bounded like SharedStateManager's (issue 7, item 6)."""
+    """StateTable's blocking calls are bounded like SharedStateManager's."""
     import time
 
     from airflow_provider_pulsarstate.engine.errors import OperationTimeoutError

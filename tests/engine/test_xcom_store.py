@@ -16,7 +16,7 @@ import pytest
 from airflow_provider_pulsarstate.engine.backends.base import Backend
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.engine.errors import SerializationError, ValueTooLargeError, XComReferenceError
-from airflow_provider_pulsarstate.engine.recipes.xcom_store import RECORD_SERDE, XComRecord, XComStore
+from airflow_provider_pulsarstate.engine.recipes.xcom_store import RECORD_SERDE, XComStore
 
 ROOT = Path(__file__).resolve().parents[2]
 

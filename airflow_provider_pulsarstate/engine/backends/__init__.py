@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from airflow_provider_pulsarstate.engine.backends.base import EARLIEST, AcquireMode, Backend, RawEntry, RawReader, RawWriter
+from airflow_provider_pulsarstate.engine.backends.base import (
+    EARLIEST,
+    AcquireMode,
+    Backend,
+    RawEntry,
+    RawReader,
+    RawWriter,
+)
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 
 

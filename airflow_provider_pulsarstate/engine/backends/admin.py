@@ -7,7 +7,8 @@ is bounded by the connection's operation time-out and raises our own errors.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from airflow_provider_pulsarstate.engine.config import redact_url

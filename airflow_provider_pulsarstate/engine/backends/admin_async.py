@@ -11,7 +11,8 @@ import asyncio
 import functools
 import ssl
 import weakref
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import httpx
 

@@ -29,8 +29,9 @@ import enum
 import re
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 
 class AcquireMode(str, enum.Enum):
@@ -225,7 +226,7 @@ class Backend(ABC):
             (the message names the setting and the command that fixes it).
         """
 
-    def underlying(self) -> "Backend":
+    def underlying(self) -> Backend:
         """The back end that stores the topics: itself, or what a wrapper (fault injection,
         access control in tests) forwards to. Features outside this contract (offsets) use it."""
         return self
@@ -246,7 +247,7 @@ class Backend(ABC):
     def close(self) -> None:
         """Close every writer, reader and connection (idempotent)."""
 
-    def __enter__(self) -> "Backend":
+    def __enter__(self) -> Backend:
         return self
 
     def __exit__(self, *exc: object) -> None:

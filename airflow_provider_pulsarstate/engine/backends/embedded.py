@@ -35,19 +35,20 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from airflow_provider_pulsarstate.engine.backends.base import (
     EARLIEST,
-    default_writer_name,
-    is_earliest,
-    partition_topic_name,
     AcquireMode,
     Backend,
     RawEntry,
     RawReader,
     RawWriter,
+    default_writer_name,
+    is_earliest,
+    partition_topic_name,
 )
 from airflow_provider_pulsarstate.engine.errors import (
     BackendUnavailableError,
@@ -325,7 +326,7 @@ class EmbeddedBackend(Backend):
             raise BackendUnavailableError(f"cannot check the writer lock of {self.topic_url(topic)}: {exc}") from exc
         return epoch, (row[0] if row else None), (row[1] if row else None), held
 
-    def _try_acquire(self, conn: sqlite3.Connection, topic: str, *, fence: bool, name: str) -> "EmbeddedWriter | None":
+    def _try_acquire(self, conn: sqlite3.Connection, topic: str, *, fence: bool, name: str) -> EmbeddedWriter | None:
         current = self._current_epoch(conn, topic)
         # Hold the next epoch's liveness lock before publishing that epoch, so nobody ever sees
         # an epoch whose lock is free while its holder is alive.

@@ -32,23 +32,24 @@ import logging
 import threading
 import time
 import uuid
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pulsar
 
 from airflow_provider_pulsarstate.engine.backends.admin import PulsarAdmin
-from airflow_provider_pulsarstate.engine.backends.orphans import OrphanSweeper
-from airflow_provider_pulsarstate.engine.backends.policies import ensure_topic_policies
 from airflow_provider_pulsarstate.engine.backends.base import (
     EARLIEST,
-    default_writer_name,
-    is_earliest,
     AcquireMode,
     Backend,
     RawEntry,
     RawReader,
     RawWriter,
+    default_writer_name,
+    is_earliest,
 )
+from airflow_provider_pulsarstate.engine.backends.orphans import OrphanSweeper
+from airflow_provider_pulsarstate.engine.backends.policies import ensure_topic_policies
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig, redact_url
 from airflow_provider_pulsarstate.engine.errors import (
     BackendUnavailableError,

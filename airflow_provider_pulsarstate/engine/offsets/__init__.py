@@ -56,8 +56,13 @@ def open_publisher(
     if _is_pulsar(backend):
         from airflow_provider_pulsarstate.engine.offsets.pulsar import PulsarTopicPublisher
 
-        return PulsarTopicPublisher(backend.underlying(), topic, batching=batching, chunking=chunking,  # type: ignore[arg-type]
-                                    create=create)
+        return PulsarTopicPublisher(
+            backend.underlying(),  # type: ignore[arg-type]
+            topic,
+            batching=batching,
+            chunking=chunking,
+            create=create,
+        )
     from airflow_provider_pulsarstate.engine.offsets.embedded import EmbeddedTopicPublisher
 
 

@@ -21,8 +21,9 @@ is the first retained offset. A committed offset is the NEXT offset to consume.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +244,7 @@ class TopicPublisher(ABC):
     def close(self) -> None:
         """Flush (bounded by the operation timeout) and release (idempotent)."""
 
-    def __enter__(self) -> "TopicPublisher":
+    def __enter__(self) -> TopicPublisher:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -223,7 +223,7 @@ class PullConsumer:
                 self._closed = True
                 self._log.close()
 
-    def __enter__(self) -> "PullConsumer":
+    def __enter__(self) -> PullConsumer:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -37,11 +37,13 @@ import math
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import pulsar
 
+from airflow_provider_pulsarstate.engine.backends import pulsar_compat
 from airflow_provider_pulsarstate.engine.backends.base import partition_topic_name
 from airflow_provider_pulsarstate.engine.backends.pulsar import PulsarBackend, unique_subscription
 from airflow_provider_pulsarstate.engine.errors import (
@@ -119,16 +121,17 @@ class _PulsarMessage(PulledMessage):
     message). Equal to, and pickled as, a plain :class:`PulledMessage`."""
 
     __slots__ = ("_raw",)
+    _raw: Any  # the client's message
 
-    @property  # type: ignore[override]
+    @property
     def key(self) -> str | None:
         return self._raw.partition_key() or None
 
-    @property  # type: ignore[override]
+    @property
     def properties(self) -> Mapping[str, str]:
         return self._raw.properties()
 
-    @property  # type: ignore[override]
+    @property
     def publish_time(self) -> float:
         return self._raw.publish_timestamp() / 1000.0
 
@@ -139,7 +142,7 @@ class _PulsarMessage(PulledMessage):
     def __eq__(self, other: object) -> bool:
         return _fields_of(self) == _fields_of(other) if isinstance(other, PulledMessage) else NotImplemented
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (PulledMessage, _fields_of(self))
@@ -390,7 +393,7 @@ class PulsarOffsetLog(OffsetLog):
         deadline = time.monotonic() + timeout
         messages: list[PulledMessage] = []
         append = messages.append
-        raw_reader = getattr(cursor.reader, "_reader", cursor.reader)  # skips pulsar.Message wrapping
+        raw_reader = pulsar_compat.raw_reader(cursor.reader, cursor.reader)  # skips pulsar.Message wrapping
         partition = cursor.partition
         next_offset = cursor.next_offset
         ref = cursor.entry
@@ -506,7 +509,7 @@ class PulsarOffsetLog(OffsetLog):
         return None
 
     def _read(self, cursor: _Cursor, timeout_ms: int) -> Any:
-        raw_reader = getattr(cursor.reader, "_reader", cursor.reader)
+        raw_reader = pulsar_compat.raw_reader(cursor.reader, cursor.reader)
         try:
             return raw_reader.read_next(timeout_ms)
         except pulsar.Timeout:
@@ -563,7 +566,7 @@ class PulsarOffsetLog(OffsetLog):
             for cursor in cursors:
                 self._live.discard(cursor)
         for cursor in cursors:
-            raw = getattr(cursor.reader, "_reader", None)
+            raw = pulsar_compat.raw_reader(cursor.reader)
             if raw is not None and hasattr(raw, "close_async"):
                 try:
                     raw.close_async(_ignore)

@@ -9,7 +9,8 @@ same auth token, CA bundle and per-request time-out as
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import httpx
 

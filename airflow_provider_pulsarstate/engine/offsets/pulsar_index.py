@@ -14,8 +14,9 @@ positions, subscription properties, internal stats). See REFERENCE §3 and §8, 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import quote
 
 from airflow_provider_pulsarstate.engine.backends.admin import PulsarAdmin

@@ -13,4 +13,4 @@ from airflow_provider_pulsarstate.engine.recipes.table import (
 )
 from airflow_provider_pulsarstate.engine.recipes.xcom_store import XComRecord, XComStore
 
-__all__ = ["XComRecord", "XComStore", "MapChange", "PulsarMap", "SourceRange", "StateTable", "TableChange", "ViewInfo", "ViewPlan", "ViewResult", "ViewStager", "register_scope_predicate"]
+__all__ = ["MapChange", "PulsarMap", "SourceRange", "StateTable", "TableChange", "ViewInfo", "ViewPlan", "ViewResult", "ViewStager", "XComRecord", "XComStore", "register_scope_predicate"]

@@ -49,8 +49,9 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from airflow_provider_pulsarstate.engine.backends.base import AcquireMode, Backend
 from airflow_provider_pulsarstate.engine.errors import (
@@ -123,7 +124,7 @@ class Lease:
         return {"name": self.name, "holder": self.holder, "token": self.token, "ttl": self.ttl, "topic": self.topic}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any] | str) -> "Lease":
+    def from_json(cls, data: Mapping[str, Any] | str) -> Lease:
         """A lease from :meth:`to_json`'s output (a dict or its JSON text), checked field by field.
 
         Only the shape is checked here (a name that is UTF-8 text, a token a frame can hold: 1 ..
@@ -289,7 +290,7 @@ class Leases(Recipe):
         )
         self.manager.add_listener(self._wake)
 
-    def start(self) -> "Leases":
+    def start(self) -> Leases:
         """Replay the lease log now instead of on first use (no background following: :meth:`watch` starts that)."""
         self.manager.read(lambda s: None)
         return self
@@ -689,7 +690,7 @@ class LeaseKeeper:
             threading.Thread(target=self._watch_loop, name=f"lease-watchdog-{lease.name}", daemon=True),
         ]
 
-    def start(self) -> "LeaseKeeper":
+    def start(self) -> LeaseKeeper:
         for thread in self._threads:
             thread.start()
         return self

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Hashable, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
 from airflow_provider_pulsarstate.engine.backends.base import Backend
+from airflow_provider_pulsarstate.engine.checkpoint import CheckpointInfo
 from airflow_provider_pulsarstate.engine.envelope import KEY_DELETE, KEY_SET, decode_key_op, encode_key_op
 from airflow_provider_pulsarstate.engine.errors import SerializationError, ValueTooLargeError, WriteId
-from airflow_provider_pulsarstate.engine.checkpoint import CheckpointInfo
 from airflow_provider_pulsarstate.engine.fencing import Fence
 from airflow_provider_pulsarstate.engine.manager import Change, ListenerErrorHandler, SharedStateManager
 from airflow_provider_pulsarstate.engine.recipes.base import Recipe
@@ -162,7 +163,7 @@ class PulsarMap(Recipe, Generic[K, V]):
     def _deserialize_op(self, data: bytes) -> tuple[int, Any, Any]:
         """(kind, key, serialized value): values stay bytes until read."""
         kind, key, value = decode_key_op(data)
-        if kind == _PUT or kind == _DELETE:
+        if kind in (_PUT, _DELETE):
             return (kind, self.key_serde.deserialize(key), value)
         if kind == _CLEAR:
             return (_CLEAR, None, None)
@@ -212,7 +213,7 @@ class PulsarMap(Recipe, Generic[K, V]):
             n = 0
             for k, v in m.items():
                 if filter(k):
-                    processor(k, self._decode(k, v))  # type: ignore[arg-type]
+                    processor(k, self._decode(k, v))
                     n += 1
             return n
 
@@ -225,7 +226,9 @@ class PulsarMap(Recipe, Generic[K, V]):
     def to_dict(self, *, latest: bool = False, timeout: float | None = None) -> dict[K, V]:
         """A shallow copy of the whole table."""
         return self.manager.read(
-            lambda m: {k: self._decode(k, v) for k, v in m.items()}, latest=latest, timeout=timeout  # type: ignore[misc]
+            lambda m: {k: self._decode(k, v) for k, v in m.items()},  # type: ignore[misc]
+            latest=latest,
+            timeout=timeout,
         )
 
     def size(self, *, latest: bool = False, timeout: float | None = None) -> int:
@@ -246,7 +249,7 @@ class PulsarMap(Recipe, Generic[K, V]):
 
     def update_async(
         self, key: K, operation: Callable[[K, V | None], V | None], *, retry: bool = True, lease: Fence | None = None
-    ) -> Future:
+    ) -> Future[Any]:
         """:meth:`update` returning a Future; concurrent updates share one commit."""
         return self.manager.write_async(*self._update(key, operation), retry=retry, lease=lease)
 
@@ -296,7 +299,7 @@ class PulsarMap(Recipe, Generic[K, V]):
             for k, stored in m.items():
                 if not filter(k):
                     continue
-                new = operation(k, self._decode(k, stored))  # type: ignore[arg-type]
+                new = operation(k, self._decode(k, stored))
                 if new is None:
                     out.append((_DELETE, k, None))
                 elif (data := self._encode(k, new)) != stored:
@@ -313,7 +316,7 @@ class PulsarMap(Recipe, Generic[K, V]):
         """Set ``key`` to ``value``; returns the value after the write (``value``)."""
         return self.manager.write(*self._set(key, value, _always), retry=retry, timeout=timeout, lease=lease)
 
-    def put_async(self, key: K, value: V, *, retry: bool = True, lease: Fence | None = None) -> Future:
+    def put_async(self, key: K, value: V, *, retry: bool = True, lease: Fence | None = None) -> Future[Any]:
         """:meth:`put` returning a Future."""
         return self.manager.write_async(*self._set(key, value, _always), retry=retry, lease=lease)
 
@@ -414,7 +417,7 @@ class PulsarMap(Recipe, Generic[K, V]):
         kind, key, data = change.op
         name = {_PUT: "set", _DELETE: "delete", _CLEAR: "clear"}[kind]
         value = self._decode(key, data) if kind == _PUT else None
-        return MapChange(name, key, value, change.offset, change.publish_time)  # type: ignore[arg-type]
+        return MapChange(name, key, value, change.offset, change.publish_time)
 
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from airflow_provider_pulsarstate.engine.backends.base import AcquireMode, Backend
 

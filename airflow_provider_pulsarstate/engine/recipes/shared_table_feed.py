@@ -31,8 +31,9 @@ import bisect
 import threading
 import weakref
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any, Collection, NamedTuple
+from typing import Any, NamedTuple
 
 from airflow_provider_pulsarstate.engine.backends.base import Backend
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
@@ -45,7 +46,11 @@ from airflow_provider_pulsarstate.engine.recipes.table_feed import (
     _nothing_read,
     _open_manager,
 )
-from airflow_provider_pulsarstate.engine.worker_thread import WorkerThread, close_on_shared_backend, open_on_shared_backend
+from airflow_provider_pulsarstate.engine.worker_thread import (
+    WorkerThread,
+    close_on_shared_backend,
+    open_on_shared_backend,
+)
 
 __all__ = ["AsyncTableFeed", "FeedPoll", "open_table_readers"]
 
@@ -207,7 +212,7 @@ class _Hub:
     driven by a task of the hub's own (so a cancelled caller never loses a read's records).
     """
 
-    def __init__(self, config: ConnectionConfig, topic: str, registry: dict[Any, "_Hub"]) -> None:
+    def __init__(self, config: ConnectionConfig, topic: str, registry: dict[Any, _Hub]) -> None:
         self.config, self.topic = config, topic
         self._registry = registry
         self._worker: WorkerThread[tuple[_Taps, ConnectionConfig]] = WorkerThread(
@@ -231,13 +236,13 @@ class _Hub:
         self._closed = False
 
     # ------------------------------------------------------------------ users
-    def enter(self, feed: "AsyncTableFeed") -> None:
+    def enter(self, feed: AsyncTableFeed) -> None:
         self.members.add(feed)
         self.joining.add(feed)
         if feed.key_prefix is not None:
             self._prefix_users[feed.key_prefix] += 1
 
-    async def leave(self, feed: "AsyncTableFeed") -> None:
+    async def leave(self, feed: AsyncTableFeed) -> None:
         if feed not in self.members:
             return
         self.members.discard(feed)
@@ -260,7 +265,7 @@ class _Hub:
     def _fresh(self, since: float) -> bool:
         return self._done_started is not None and self._done_started >= since
 
-    def _cycle_after(self, since: float) -> "asyncio.Future[BaseException | None]":
+    def _cycle_after(self, since: float) -> asyncio.Future[BaseException | None]:
         """The outcome of a cycle whose read starts at or after ``since`` (loop time)."""
         if self._inflight is not None and self._inflight_started >= since:
             return self._inflight
@@ -330,7 +335,7 @@ class _Hub:
         assert self._base is not None
         return self._base if prefix is None else max(self._base, self._since.get(prefix, self._position or 0))
 
-    def _admit(self, feed: "AsyncTableFeed") -> bool:
+    def _admit(self, feed: AsyncTableFeed) -> bool:
         """Start ``feed`` on the shared records (False: it needs catching up). Loop-side, no I/O."""
         assert self._position is not None
         if feed.key_prefix is not None and feed.key_prefix not in self._since:
@@ -351,7 +356,7 @@ class _Hub:
             self.feeds.add(feed)
         return True
 
-    async def _catch_up(self, feeds: list["AsyncTableFeed"]) -> None:
+    async def _catch_up(self, feeds: list[AsyncTableFeed]) -> None:
         marks = [f._after for f in feeds if f._after is not None]
         if not marks:  # nothing to read back: the next cycle admits them
             return
@@ -403,7 +408,7 @@ class _Hub:
             self._base = low
 
     # ------------------------------------------------------------------ feeds
-    async def join(self, feed: "AsyncTableFeed", freshness: float) -> int:
+    async def join(self, feed: AsyncTableFeed, freshness: float) -> int:
         since = asyncio.get_running_loop().time() - freshness
         while not feed._join_done:
             await self._wait(since)
@@ -414,7 +419,7 @@ class _Hub:
         assert feed._after is not None
         return feed._after
 
-    async def poll(self, feed: "AsyncTableFeed", freshness: float, limit: int | None) -> FeedPoll:
+    async def poll(self, feed: AsyncTableFeed, freshness: float, limit: int | None) -> FeedPoll:
         await self._wait(asyncio.get_running_loop().time() - freshness)
         assert feed._after is not None and self._position is not None
         start = bisect.bisect_right(self._records, feed._after, key=lambda r: r.offset)
@@ -426,7 +431,7 @@ class _Hub:
         return FeedPoll([r.commit(feed.key_prefix) for r in picked], upto, more)
 
 
-_HUBS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Any, _Hub]]" = weakref.WeakKeyDictionary()
+_HUBS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Any, _Hub]] = weakref.WeakKeyDictionary()
 
 
 def _hub(config: ConnectionConfig, topic: str) -> _Hub:

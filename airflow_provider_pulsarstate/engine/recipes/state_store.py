@@ -47,9 +47,11 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable, ContextManager, Iterator, Protocol, Union
+from typing import Any, Protocol
 from urllib.parse import quote, unquote
 
 from airflow_provider_pulsarstate.engine.backends.base import Backend
@@ -97,7 +99,7 @@ class AssetStateScope:
     name: str
 
 
-StateScope = Union[TaskStateScope, AssetStateScope]
+StateScope = TaskStateScope | AssetStateScope
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,7 @@ KEEP: Any = _Keep()
 class MapSource(Protocol):
     """Where a :class:`StateStore` gets the map of a topic: opened on demand, never closed while borrowed."""
 
-    def borrow(self, topic: str) -> ContextManager[PulsarMap[str, Any]]: ...
+    def borrow(self, topic: str) -> AbstractContextManager[PulsarMap[str, Any]]: ...
 
     def list_topics(self, prefix: str) -> list[str]: ...
 
@@ -188,7 +190,7 @@ class OwnedMaps:
         for table in maps:
             table.close()
 
-    def __enter__(self) -> "OwnedMaps":
+    def __enter__(self) -> OwnedMaps:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -306,7 +308,7 @@ class StateStore:
             return scope_topic(self.base_topic, self.namespace, ASSET_KIND, scope.name)
         raise TypeError(f"expected TaskStateScope or AssetStateScope, not {type(scope).__name__}")
 
-    def table(self, scope: StateScope) -> ContextManager[PulsarMap[str, Any]]:
+    def table(self, scope: StateScope) -> AbstractContextManager[PulsarMap[str, Any]]:
         """The map of ``scope`` (borrowed while the ``with`` block runs)."""
         return self.maps.borrow(self.topic_of(scope))
 

@@ -62,22 +62,22 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import msgspec
 
 from airflow_provider_pulsarstate.engine.backends.base import Backend
 from airflow_provider_pulsarstate.engine.checkpoint import CheckpointInfo
 from airflow_provider_pulsarstate.engine.config import DEFAULT_MAX_DELETE_FRACTION
-from airflow_provider_pulsarstate.engine.recipes.map import DEFAULT_CHECKPOINT_AFTER_BYTES
 from airflow_provider_pulsarstate.engine.errors import (
     BackendUnavailableError,
     ConfigurationError,
     SourceOffsetsConflictError,
+    UnknownScopePredicateError,
     ViewClosedError,
     ViewConflictError,
-    UnknownScopePredicateError,
     ViewGuardError,
     ViewNotFoundError,
     ViewNotSealedError,
@@ -86,6 +86,7 @@ from airflow_provider_pulsarstate.engine.errors import (
 from airflow_provider_pulsarstate.engine.fencing import Fence
 from airflow_provider_pulsarstate.engine.manager import Change, SharedStateManager
 from airflow_provider_pulsarstate.engine.recipes.base import Recipe
+from airflow_provider_pulsarstate.engine.recipes.map import DEFAULT_CHECKPOINT_AFTER_BYTES
 from airflow_provider_pulsarstate.engine.recipes.table_ops import (
     Record,
     canonical,
@@ -101,8 +102,8 @@ from airflow_provider_pulsarstate.engine.recipes.view_staging import (
     check_staged_value,
     check_view_id,
     read_staged,
-    staging_topic,
     stager_name,
+    staging_topic,
 )
 
 log = logging.getLogger(__name__)
@@ -165,7 +166,7 @@ class SourceRange:
         return {"topic": self.topic, "partition": self.partition, "start": self.start, "next": self.next}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "SourceRange":
+    def from_dict(cls, data: Mapping[str, Any]) -> SourceRange:
         """The inverse of :meth:`as_dict` (e.g. from a job's result or an XCom).
 
         :raises ConfigurationError: missing or extra fields, or bad values.
@@ -269,7 +270,7 @@ class ViewResult:
 
 
 class _TableState:
-    __slots__ = ("rows", "changed", "views", "sources", "n_open")
+    __slots__ = ("changed", "n_open", "rows", "sources", "views")
 
     def __init__(self) -> None:
         # key -> canonical bytes of its record
@@ -526,12 +527,12 @@ class StateTable(Recipe):
     def views(self, *, latest: bool = True) -> list[ViewInfo]:
         return self.manager.read(lambda s: [self._info(s, v) for v in s.views], latest=latest)
 
-    def stager(self, view_id: str, **options: Any) -> "ViewStager":
+    def stager(self, view_id: str, **options: Any) -> ViewStager:
         """A :class:`ViewStager` for the view (convenience for single-process producers)."""
         return ViewStager(self.backend, self.topic, view_id, **options)
 
     def seal(
-        self, view_id: str, *, stagers: "Iterable[ViewStager] | Mapping[str, int]",
+        self, view_id: str, *, stagers: Iterable[ViewStager] | Mapping[str, int],
         source_offsets: Iterable[SourceRange] = (), lease: Fence | None = None,
     ) -> ViewInfo:
         """Record that staging is complete: which stagers staged how many rows, and from which source offsets.
@@ -779,7 +780,7 @@ class StateTable(Recipe):
             timeout=self.manager.operation_timeout,
         )
 
-    def _diff(self, s: _TableState, info: ViewInfo, target: dict[str, bytes | None]) -> "_Diff":
+    def _diff(self, s: _TableState, info: ViewInfo, target: dict[str, bytes | None]) -> _Diff:
         """The diff between the committed rows in the view's scope and its staged target.
 
         Rows are compared as canonical bytes; only the values the diff publishes are decoded
@@ -816,7 +817,7 @@ class StateTable(Recipe):
                 stale.append((r, recorded))
         return stale
 
-    def _conflicts(self, s: _TableState, info: ViewInfo, diff: "_Diff") -> list[str]:
+    def _conflicts(self, s: _TableState, info: ViewInfo, diff: _Diff) -> list[str]:
         changed = s.changed
         if not changed:
             return []

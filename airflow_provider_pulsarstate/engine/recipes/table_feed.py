@@ -343,7 +343,7 @@ class TableFeed:
         if manager is not None:
             manager.close()
 
-    def __enter__(self) -> "TableFeed":
+    def __enter__(self) -> TableFeed:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -23,12 +23,20 @@ import collections
 import logging
 import re
 import secrets
-from typing import Any, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import msgspec
 
 from airflow_provider_pulsarstate.engine.backends.base import Backend, RawWriter
-from airflow_provider_pulsarstate.engine.envelope import KEY_DELETE, KEY_SET, FrameError, decode_key_op, decode_writes, encode_writes
+from airflow_provider_pulsarstate.engine.envelope import (
+    KEY_DELETE,
+    KEY_SET,
+    FrameError,
+    decode_key_op,
+    decode_writes,
+    encode_writes,
+)
 from airflow_provider_pulsarstate.engine.errors import (
     ConfigurationError,
     SerializationError,
@@ -36,7 +44,7 @@ from airflow_provider_pulsarstate.engine.errors import (
     ViewSealMismatchError,
     ViewStagedRowError,
 )
-from airflow_provider_pulsarstate.engine.progress import Progress
+from airflow_provider_pulsarstate.engine.progress_report import Progress
 from airflow_provider_pulsarstate.engine.recipes.table_ops import Record, check_canonical, record_bytes
 
 log = logging.getLogger(__name__)
@@ -188,7 +196,7 @@ class ViewStager:
                 self._writer.close()
                 self._writer = None
 
-    def __enter__(self) -> "ViewStager":
+    def __enter__(self) -> ViewStager:
         return self
 
     def __exit__(self, exc_type: object, *exc: object) -> None:

@@ -36,8 +36,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 from urllib.parse import quote, unquote
 
 from airflow_provider_pulsarstate.engine.backends.base import Backend

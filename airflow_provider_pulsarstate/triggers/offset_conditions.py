@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import ast
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 Condition = Literal["end_offset", "committed", "lag", "new_messages"]
 CONDITIONS: tuple[str, ...] = ("end_offset", "committed", "lag", "new_messages")
