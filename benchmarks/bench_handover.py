@@ -58,7 +58,9 @@ from machine import broker_urls, percentile, print_run_header  # noqa: E402  (be
 CTX = multiprocessing.get_context("spawn")
 
 
-def _writer_process(conn: dict[str, Any], topic: str, key: str, options: dict[str, Any], go: Any, stop: Any, out: Any) -> None:
+def _writer_process(
+    conn: dict[str, Any], topic: str, key: str, options: dict[str, Any], go: Any, stop: Any, out: Any
+) -> None:
     """One task-like process: replay, wait for the release, write once, stay until told to stop."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     for fd in (1, 2):  # pulsar-client's C++ warnings (one per refused Exclusive attempt) would drown the table
@@ -105,7 +107,9 @@ def _cpu_of(pids: list[int]) -> float:
     return sum(_broker_cpu(pid) or 0.0 for pid in pids)
 
 
-def _held(conn: dict[str, Any], topic: str, seconds: float, pids: list[int], held: threading.Event) -> tuple[float, float]:
+def _held(
+    conn: dict[str, Any], topic: str, seconds: float, pids: list[int], held: threading.Event
+) -> tuple[float, float]:
     """Hold ``topic``'s writer for ``seconds`` (never handed over) while the processes wait for it
     (``held`` is set once it is taken); returns the CPU they used meanwhile and the time from its
     release to the next holder's epoch."""
@@ -175,34 +179,55 @@ def run(
             if proc.is_alive():
                 proc.kill()
     return {
-        "latencies": latencies, "failures": failures, "makespan": makespan, "cpu": cpu,
+        "latencies": latencies,
+        "failures": failures,
+        "makespan": makespan,
+        "cpu": cpu,
         "broker_cpu": None if broker0 is None or broker1 is None else broker1 - broker0,
-        "waiting_cpu": waiting_cpu, "first_grant": first_grant,
+        "waiting_cpu": waiting_cpu,
+        "first_grant": first_grant,
     }
 
 
 def _row(backend: str, label: str, r: dict[str, Any], processes: int) -> list[str]:
     lat = [1000 * v for v in r["latencies"]]
-    spread = (f"{statistics.median(lat):.0f} / {percentile(lat, 99):.0f} / {max(lat):.0f}" if lat else "-")
+    spread = f"{statistics.median(lat):.0f} / {percentile(lat, 99):.0f} / {max(lat):.0f}" if lat else "-"
     busy = r["cpu"] / r["makespan"]
     broker = "-" if r["broker_cpu"] is None else f"{r['broker_cpu']:.1f} s"
-    return [backend, label, f"{len(r['failures'])}/{processes}", spread, f"{r['makespan']:.2f} s",
-            f"{r['cpu']:.1f} s ({busy:.2f} CPUs)", broker]
+    return [
+        backend,
+        label,
+        f"{len(r['failures'])}/{processes}",
+        spread,
+        f"{r['makespan']:.2f} s",
+        f"{r['cpu']:.1f} s ({busy:.2f} CPUs)",
+        broker,
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--backend", choices=["both", "pulsar", "embedded"], default="both")
-    p.add_argument("--processes", type=int, default=50, help="writer processes (200 for the worst case of BENCHMARKS.md)")
+    p.add_argument(
+        "--processes", type=int, default=50, help="writer processes (200 for the worst case of BENCHMARKS.md)"
+    )
     p.add_argument("--writer-idle-timeout", type=float, default=10.0)
     p.add_argument("--acquire-timeout", type=float, default=30.0)
     p.add_argument("--skip-baseline", action="store_true", help="only the handover run")
-    p.add_argument("--hold", type=float, default=0.0,
-                   help="instead: hold the writer this long while every process waits (their CPU while waiting, "
-                        "and how soon after the release one of them has it), then let them write")
+    p.add_argument(
+        "--hold",
+        type=float,
+        default=0.0,
+        help="instead: hold the writer this long while every process waits (their CPU while waiting, "
+        "and how soon after the release one of them has it), then let them write",
+    )
     p.add_argument("--service-url")
     p.add_argument("--admin-url")
-    p.add_argument("--broker-pid", type=int, help="the broker's pid, to report its CPU (a broker started here: its own)")
+    p.add_argument(
+        "--broker-pid", type=int, help="the broker's pid, to report its CPU (a broker started here: its own)"
+    )
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args(argv)
 
@@ -224,7 +249,10 @@ def main(argv: list[str] | None = None) -> int:
                 conn = {"url": service_url, "admin_url": admin_url, "operation_timeout": 30.0}
                 broker_pid = args.broker_pid
             else:
-                conn = {"url": str(Path(tempfile.mkdtemp(prefix="bench-handover-")) / "state.db"), "operation_timeout": 30.0}
+                conn = {
+                    "url": str(Path(tempfile.mkdtemp(prefix="bench-handover-")) / "state.db"),
+                    "operation_timeout": 30.0,
+                }
             p50: dict[str, float] = {}
             for label, options in modes:
                 print(f"{backend}, {label}: {args.processes} processes ...", flush=True)
@@ -232,9 +260,11 @@ def main(argv: list[str] | None = None) -> int:
                 result[f"{backend}/{label}"] = r
                 rows.append(_row(backend, label, r, args.processes))
                 if args.hold:
-                    holds.append(f"{backend}, {label}: {args.processes} processes waiting {args.hold:g} s used "
-                                 f"{r['waiting_cpu']:.3f} CPUs; the first had the writer {1000 * r['first_grant']:.1f} ms "
-                                 "after its release")
+                    holds.append(
+                        f"{backend}, {label}: {args.processes} processes waiting {args.hold:g} s used "
+                        f"{r['waiting_cpu']:.3f} CPUs; the first had the writer {1000 * r['first_grant']:.1f} ms "
+                        "after its release"
+                    )
                 if r["latencies"]:
                     p50[label] = statistics.median(r["latencies"])
                 for failure in sorted(set(r["failures"]))[:2]:
@@ -242,16 +272,28 @@ def main(argv: list[str] | None = None) -> int:
             if len(p50) == 2:
                 ratios.append(f"{backend}: baseline p50 / handover p50 = {p50[modes[1][0]] / p50[modes[0][0]]:.1f}x")
 
-    header = ["back end", "run", "failed", "write p50 / p99 / max (ms)", "makespan", "CPU of the processes", "broker CPU"]
+    header = [
+        "back end",
+        "run",
+        "failed",
+        "write p50 / p99 / max (ms)",
+        "makespan",
+        "CPU of the processes",
+        "broker CPU",
+    ]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     print()
-    print(f"{args.processes} processes, one write each to one topic at once "
-          f"(writer_idle_timeout {args.writer_idle_timeout:g} s, acquire_timeout {args.acquire_timeout:g} s)")
+    print(
+        f"{args.processes} processes, one write each to one topic at once "
+        f"(writer_idle_timeout {args.writer_idle_timeout:g} s, acquire_timeout {args.acquire_timeout:g} s)"
+    )
     for row in [header, ["-" * w for w in widths], *rows]:
         print("| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths)) + " |")
     for line in ratios + holds:
         print(line)
-    print("(the baseline's latencies are those of the writes that succeeded; failures timed out waiting for the writer)")
+    print(
+        "(the baseline's latencies are those of the writes that succeeded; failures timed out waiting for the writer)"
+    )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, default=str))
     return 0

@@ -95,13 +95,31 @@ def _venv(workdir: Path, name: str, requirements: list[str], python: str) -> dic
     subprocess.run([_uv(), "venv", "--quiet", "--python", python, str(venv)], check=True)
     start = time.monotonic()
     # --compile-bytecode: what pip does by default, so the sizes are what a pip-built image holds.
-    subprocess.run([_uv(), "pip", "install", "--quiet", "--compile-bytecode", "--python", str(venv / "bin" / "python"),
-                    *requirements], check=True)
+    subprocess.run(
+        [
+            _uv(),
+            "pip",
+            "install",
+            "--quiet",
+            "--compile-bytecode",
+            "--python",
+            str(venv / "bin" / "python"),
+            *requirements,
+        ],
+        check=True,
+    )
     seconds = time.monotonic() - start
     site = _site_packages(venv)
     print(f"  {name}: {_size(site) / MB:.0f} MB in {seconds:.1f} s", file=sys.stderr, flush=True)
-    return {"name": name, "requirements": requirements, "venv": str(venv), "bytes": _size(site),
-            "seconds": round(seconds, 1), "dists": _distributions(site), "versions": _versions(site)}
+    return {
+        "name": name,
+        "requirements": requirements,
+        "venv": str(venv),
+        "bytes": _size(site),
+        "seconds": round(seconds, 1),
+        "dists": _distributions(site),
+        "versions": _versions(site),
+    }
 
 
 def _check_core_venv(venv: Path) -> list[tuple[str, bool, str]]:
@@ -137,11 +155,21 @@ def _check_core_venv(venv: Path) -> list[tuple[str, bool, str]]:
         for name in ("write_view", "spark_submit"):
             checks.append((f"{name} without Spark names the [spark] extra", hint in out[name], out[name][:120]))
         airflow = str(venv / "bin" / "airflow")
-        got = subprocess.run([airflow, "providers", "get", "airflow-provider-pulsarstate"], env=env, cwd=home,
-                             capture_output=True, text=True, timeout=300)
-        checks.append(("`airflow providers get airflow-provider-pulsarstate`",
-                       got.returncode == 0 and "airflow-provider-pulsarstate" in got.stdout,
-                       (got.stdout + got.stderr).strip().splitlines()[-1] if (got.stdout + got.stderr).strip() else ""))
+        got = subprocess.run(
+            [airflow, "providers", "get", "airflow-provider-pulsarstate"],
+            env=env,
+            cwd=home,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        checks.append(
+            (
+                "`airflow providers get airflow-provider-pulsarstate`",
+                got.returncode == 0 and "airflow-provider-pulsarstate" in got.stdout,
+                (got.stdout + got.stderr).strip().splitlines()[-1] if (got.stdout + got.stderr).strip() else "",
+            )
+        )
     finally:
         shutil.rmtree(home, ignore_errors=True)
     return checks
@@ -172,10 +200,23 @@ def main() -> int:
         print()
         for row in rows:
             v = row["versions"]
-            print(f"{row['name']}: " + ", ".join(f"{d} {v[d]}" for d in (
-                "apache-airflow", "airflow-provider-pulsarstate", "pyspark", "apache-airflow-providers-apache-kafka") if d in v))
+            print(
+                f"{row['name']}: "
+                + ", ".join(
+                    f"{d} {v[d]}"
+                    for d in (
+                        "apache-airflow",
+                        "airflow-provider-pulsarstate",
+                        "pyspark",
+                        "apache-airflow-providers-apache-kafka",
+                    )
+                    if d in v
+                )
+            )
         print()
-        print(f"| install (fresh venv, Python {args.python}) | site-packages | over plain Airflow | uv install time | largest added distributions | target |")
+        print(
+            f"| install (fresh venv, Python {args.python}) | site-packages | over plain Airflow | uv install time | largest added distributions | target |"
+        )
         print("|---|---:|---:|---:|---|---|")
         for row in rows:
             delta = (row["bytes"] - base["bytes"]) / MB
@@ -185,8 +226,10 @@ def main() -> int:
             if row["name"] == "provider":
                 target = f"<= +{TARGET_MB:.0f} MB: {'PASS' if delta <= TARGET_MB else 'FAIL'}"
             row["delta_mb"] = round(delta, 1)
-            print(f"| {' + '.join(r.split(' @ ')[0] for r in row['requirements'])} | {row['bytes'] / MB:.0f} MB "
-                  f"| {'' if row is base else f'{delta:+.0f} MB'} | {row['seconds']:.1f} s | {largest} | {target} |")
+            print(
+                f"| {' + '.join(r.split(' @ ')[0] for r in row['requirements'])} | {row['bytes'] / MB:.0f} MB "
+                f"| {'' if row is base else f'{delta:+.0f} MB'} | {row['seconds']:.1f} s | {largest} | {target} |"
+            )
         print()
         checks = _check_core_venv(Path(rows[1]["venv"]))
         print("| the installed wheel, core install (no Spark) | result | detail |")

@@ -61,7 +61,6 @@ from machine import broker_urls, machine_info, percentile, print_run_header  # n
 CTX = multiprocessing.get_context("spawn")
 
 
-
 def _ms(values: list[float]) -> str:
     return f"median {1000 * statistics.median(values):.1f} ms, p99 {1000 * percentile(values, 99):.1f} ms"
 
@@ -228,7 +227,10 @@ def bench_failover(conn: dict[str, Any], topic: str, ttl: float, poll: float, ro
             if new_token != token + 1:
                 raise SystemExit(f"failover {i}: challenger got token {new_token}, expected {token + 1}")
             results.append({"failover": acquired - killed, "into_cycle": killed - renewed, "token": new_token})
-            print(f"  failover {i}: {acquired - killed:.2f}s (killed {killed - renewed:.2f}s after a renew returned)", flush=True)
+            print(
+                f"  failover {i}: {acquired - killed:.2f}s (killed {killed - renewed:.2f}s after a renew returned)",
+                flush=True,
+            )
         finally:
             for proc in (holder, challenger):
                 if proc.is_alive():
@@ -252,8 +254,13 @@ def bench_raw(service_url: str, mode: str, poll: float, bound: float, rounds: in
             time.sleep(1.0 + random.uniform(0, poll))  # the challenger is polling (or queued as a waiter)
             killed = _kill(holder)
             event, got, attempts = _get(cq, "raw challenger", bound + 60)
-            results.append({"handover": got - killed if event == "acquired" else float("nan"), "attempts": attempts,
-                            "timed_out": event != "acquired"})
+            results.append(
+                {
+                    "handover": got - killed if event == "acquired" else float("nan"),
+                    "attempts": attempts,
+                    "timed_out": event != "acquired",
+                }
+            )
         finally:
             for proc in (holder, challenger):
                 if proc.is_alive():
@@ -267,14 +274,22 @@ def _spread(values: list[float], unit: str = "s") -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--backend", choices=["pulsar", "embedded"], default="pulsar")
     p.add_argument("--ops", type=int, default=200, help="acquire+release cycles, and renews, timed")
     p.add_argument("--fresh", type=int, default=5, help="fresh processes timing their first acquire")
-    p.add_argument("--failovers", type=int, default=5, help="SIGKILL failover rounds (lease, and raw handover per mode)")
+    p.add_argument(
+        "--failovers", type=int, default=5, help="SIGKILL failover rounds (lease, and raw handover per mode)"
+    )
     p.add_argument("--ttl", type=float, default=5.0)
-    p.add_argument("--poll-interval", type=float, default=0.25,
-                   help="lease challenger's poll_interval; also the raw Exclusive poll interval")
+    p.add_argument(
+        "--poll-interval",
+        type=float,
+        default=0.25,
+        help="lease challenger's poll_interval; also the raw Exclusive poll interval",
+    )
     p.add_argument("--wait-bound", type=float, default=30.0, help="seconds a WaitForExclusive challenger waits at most")
     p.add_argument("--service-url")
     p.add_argument("--admin-url")
@@ -298,16 +313,32 @@ def main(argv: list[str] | None = None) -> int:
         lat = bench_latency(conn, topic, args.ops)
         print(f"latency: {args.ops} cycles and renews in {time.monotonic() - t0:.1f}s", flush=True)
         result["latency"] = {k: v for k, v in lat.items()}
-        rows.append((f"acquire (acquire+release cycles on one name, one process, n={args.ops})", _ms(lat["acquire"]), "-", "-", "(info)", "-"))
+        rows.append(
+            (
+                f"acquire (acquire+release cycles on one name, one process, n={args.ops})",
+                _ms(lat["acquire"]),
+                "-",
+                "-",
+                "(info)",
+                "-",
+            )
+        )
         rows.append(("release (same cycles)", _ms(lat["release"]), "-", "-", "(info)", "-"))
         rows.append((f"renew of a held lease (n={args.ops})", _ms(lat["renew"]), "-", "-", "(info)", "-"))
 
         fresh = bench_fresh(conn, topic, args.fresh)
         result["fresh"] = fresh
         firsts, seconds = [f for f, _ in fresh], [s for _, s in fresh]
-        rows.append((f"first acquire of a free lease in a fresh process (connect, replay, writer; n={args.fresh})",
-                     f"median {1000 * statistics.median(firsts):.0f} ms, max {1000 * max(firsts):.0f} ms",
-                     f"its second acquire: median {1000 * statistics.median(seconds):.1f} ms", "-", "(info)", "-"))
+        rows.append(
+            (
+                f"first acquire of a free lease in a fresh process (connect, replay, writer; n={args.fresh})",
+                f"median {1000 * statistics.median(firsts):.0f} ms, max {1000 * max(firsts):.0f} ms",
+                f"its second acquire: median {1000 * statistics.median(seconds):.1f} ms",
+                "-",
+                "(info)",
+                "-",
+            )
+        )
 
         print(f"failover: {args.failovers} rounds, ttl {args.ttl:g}s", flush=True)
         fo = bench_failover(conn, topic, args.ttl, args.poll_interval, args.failovers)
@@ -316,29 +347,50 @@ def main(argv: list[str] | None = None) -> int:
         target = args.ttl + 1.0
         verdict = "**PASS**" if max(times) <= target else "**FAIL**"
         silence = [r["failover"] + r["into_cycle"] for r in fo]
-        rows.append(("same rounds: silence from the holder's last renew returning to the challenger's acquire returning",
-                     _spread(silence), f"ttl {args.ttl:g} s", "-", "(info: >= ttl, never less)", "-"))
+        rows.append(
+            (
+                "same rounds: silence from the holder's last renew returning to the challenger's acquire returning",
+                _spread(silence),
+                f"ttl {args.ttl:g} s",
+                "-",
+                "(info: >= ttl, never less)",
+                "-",
+            )
+        )
         raw_median: dict[str, float] = {}
         if args.backend == "pulsar":
             for mode in ("poll", "wait"):
                 raw = bench_raw(service_url, mode, args.poll_interval, args.wait_bound, args.failovers)
                 result[f"raw_{mode}"] = raw
                 got = [r["handover"] for r in raw if not r["timed_out"]]
-                label = (f"raw handover: poll create_producer(Exclusive) every {args.poll_interval:g}s" if mode == "poll"
-                         else f"raw handover: one WaitForExclusive creation (bounded {args.wait_bound:g}s)")
+                label = (
+                    f"raw handover: poll create_producer(Exclusive) every {args.poll_interval:g}s"
+                    if mode == "poll"
+                    else f"raw handover: one WaitForExclusive creation (bounded {args.wait_bound:g}s)"
+                )
                 timed_out = sum(r["timed_out"] for r in raw)
                 ours = (_spread([1000 * g for g in got], "ms") if got else "no handover") + (
-                    f", {timed_out} of {len(raw)} timed out" if timed_out else "")
+                    f", {timed_out} of {len(raw)} timed out" if timed_out else ""
+                )
                 rows.append((f"{label} (SIGKILL, n={len(raw)})", ours, "-", "-", "(info)", "-"))
                 if got:
                     raw_median[mode] = statistics.median(got)
                 print(f"raw {mode}: {ours}", flush=True)
         ratio = " / ".join(f"{statistics.median(times) / m:.0f}x" for m in raw_median.values()) or "-"
-        baseline = " / ".join({"poll": "raw Exclusive poll", "wait": "raw WaitForExclusive"}[k] for k in raw_median) or "-"
-        rows.insert(len(rows) - (2 if args.backend == "pulsar" else 0) - 1,
-                    (f"failover after SIGKILL of the holder, ttl {args.ttl:g}s, renew every ttl/3 (n={len(times)})",
-                     _spread(times), f"{baseline} (medians)" if raw_median else "-", ratio,
-                     f"<= ttl + 1 s = {target:g} s", verdict))
+        baseline = (
+            " / ".join({"poll": "raw Exclusive poll", "wait": "raw WaitForExclusive"}[k] for k in raw_median) or "-"
+        )
+        rows.insert(
+            len(rows) - (2 if args.backend == "pulsar" else 0) - 1,
+            (
+                f"failover after SIGKILL of the holder, ttl {args.ttl:g}s, renew every ttl/3 (n={len(times)})",
+                _spread(times),
+                f"{baseline} (medians)" if raw_median else "-",
+                ratio,
+                f"<= ttl + 1 s = {target:g} s",
+                verdict,
+            ),
+        )
     result["loadavg_at_end"] = os.getloadavg()
     print(f"loadavg at end: {result['loadavg_at_end']}")
     print()

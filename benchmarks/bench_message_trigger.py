@@ -62,8 +62,9 @@ def _publish(service_url: str, topic: str, count: int, size: int) -> None:
 
     client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
     try:
-        producer = client.create_producer(topic, batching_enabled=True, batching_max_messages=1000,
-                                          block_if_queue_full=True)
+        producer = client.create_producer(
+            topic, batching_enabled=True, batching_max_messages=1000, block_if_queue_full=True
+        )
         body = b"x" * size
         for _ in range(count):
             producer.send_async(body, None)
@@ -78,8 +79,9 @@ async def _raw(service_url: str, topic: str, count: int) -> float:
 
     client = pa.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
     started = time.perf_counter()
-    consumer = await client.subscribe(topic, "raw", consumer_type=pulsar.ConsumerType.Failover,
-                                      initial_position=pulsar.InitialPosition.Earliest)
+    consumer = await client.subscribe(
+        topic, "raw", consumer_type=pulsar.ConsumerType.Failover, initial_position=pulsar.InitialPosition.Earliest
+    )
     for _ in range(count):
         msg = await consumer.receive()
         await consumer.acknowledge(msg)
@@ -128,17 +130,28 @@ def throughput(service_url: str, admin_url: str, count: int, size: int, batch: i
     topic = f"persistent://public/default/bench-msgs-{uuid.uuid4().hex[:8]}"
     _admin_put(admin_url, topic)
     _publish(service_url, topic, count, size)
-    os.environ["AIRFLOW_CONN_PULSARSTATE_BENCH"] = json.dumps({
-        "conn_type": "pulsarstate", "extra": {"service_url": service_url, "admin_url": admin_url},
-    })
+    os.environ["AIRFLOW_CONN_PULSARSTATE_BENCH"] = json.dumps(
+        {
+            "conn_type": "pulsarstate",
+            "extra": {"service_url": service_url, "admin_url": admin_url},
+        }
+    )
 
     def trigger(subscription: str, batch_size: int) -> Any:
-        return PulsarMessageTrigger(topics=topic, subscription=subscription, batch_size=batch_size, batch_wait=0.05,
-                                    initial_position="earliest", pulsarstate_conn_id="pulsarstate_bench")
+        return PulsarMessageTrigger(
+            topics=topic,
+            subscription=subscription,
+            batch_size=batch_size,
+            batch_wait=0.05,
+            initial_position="earliest",
+            pulsarstate_conn_id="pulsarstate_bench",
+        )
 
     rows = [("raw pulsar-client asyncio (receive + acknowledge)", asyncio.run(_raw(service_url, topic, count)))]
     rows.append(("trigger, shared stream (ack mode), batch=1", asyncio.run(_shared(trigger("s1", 1), count))))
-    rows.append((f"trigger, shared stream (ack mode), batch={batch}", asyncio.run(_shared(trigger("sn", batch), count))))
+    rows.append(
+        (f"trigger, shared stream (ack mode), batch={batch}", asyncio.run(_shared(trigger("sn", batch), count)))
+    )
     rows.append((f"trigger.run() directly, batch={batch}", asyncio.run(_run(trigger("rn", batch), count))))
     return rows
 
@@ -161,16 +174,24 @@ def latency(service_url: str, admin_url: str, n: int, interval: float) -> list[f
             f"topics={topic!r}, subscription='bench', initial_position='earliest'))])\n"
             "with DAG('bench_latency', schedule=[a], catchup=False):\n    EmptyOperator(task_id='noop')\n"
         )
-        env = {"AIRFLOW_CONN_PULSARSTATE_DEFAULT": json.dumps(
-            {"conn_type": "pulsarstate", "extra": {"service_url": service_url, "admin_url": admin_url}})}
+        env = {
+            "AIRFLOW_CONN_PULSARSTATE_DEFAULT": json.dumps(
+                {"conn_type": "pulsarstate", "extra": {"service_url": service_url, "admin_url": admin_url}}
+            )
+        }
         with AirflowProcesses(home=Path(tmp) / "airflow", dags_folder=dags, env=env, parallelism=2) as af:
             af.wait_for_dag("bench_latency")
             import requests
 
             path = topic.replace("persistent://", "persistent/")
             deadline = time.monotonic() + 120
-            while not requests.get(f"{admin_url}/admin/v2/{path}/stats", timeout=10).json().get(
-                    "subscriptions", {}).get("bench", {}).get("consumers"):
+            while (
+                not requests.get(f"{admin_url}/admin/v2/{path}/stats", timeout=10)
+                .json()
+                .get("subscriptions", {})
+                .get("bench", {})
+                .get("consumers")
+            ):
                 if time.monotonic() > deadline:
                     raise RuntimeError("the watcher never subscribed:\n" + af.tail("triggerer"))
                 time.sleep(0.5)
@@ -188,7 +209,8 @@ def latency(service_url: str, admin_url: str, n: int, interval: float) -> list[f
                 conn = sqlite3.connect(db, timeout=30)
                 rows = conn.execute(
                     "SELECT e.timestamp, e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id "
-                    "WHERE a.name = 'bench-latency'").fetchall()
+                    "WHERE a.name = 'bench-latency'"
+                ).fetchall()
                 conn.close()
                 if len(rows) >= n or time.monotonic() > deadline:
                     break
@@ -228,9 +250,11 @@ def main() -> None:
         if not args.skip_latency:
             lat = latency(service_url, admin_url, args.latency_messages, args.latency_interval)
             if lat:
-                print(f"\nlatency publish -> stored asset event (real triggerer, {len(lat)} messages, "
-                      f"one every {args.latency_interval}s): p50 {percentile(lat, 50)*1000:.0f} ms, "
-                      f"p95 {percentile(lat, 95)*1000:.0f} ms, max {max(lat)*1000:.0f} ms")
+                print(
+                    f"\nlatency publish -> stored asset event (real triggerer, {len(lat)} messages, "
+                    f"one every {args.latency_interval}s): p50 {percentile(lat, 50) * 1000:.0f} ms, "
+                    f"p95 {percentile(lat, 95) * 1000:.0f} ms, max {max(lat) * 1000:.0f} ms"
+                )
 
 
 if __name__ == "__main__":

@@ -99,7 +99,9 @@ def _publisher(conn_json: str, airflow_home: str, topics: list[str], spread: flo
 
 
 # ---------------------------------------------------------------------------------- the triggerer-like loop
-async def _bench(args: argparse.Namespace, conn_json: str, airflow_home: str, topics: list[str], broker_pid: int | None) -> dict[str, Any]:
+async def _bench(
+    args: argparse.Namespace, conn_json: str, airflow_home: str, topics: list[str], broker_pid: int | None
+) -> dict[str, Any]:
     from airflow_provider_pulsarstate.triggers.offsets import OffsetProgressTrigger
 
     fired: dict[int, tuple[float, Any]] = {}
@@ -161,8 +163,12 @@ async def _bench(args: argparse.Namespace, conn_json: str, airflow_home: str, to
     for _, payload in fired.values():
         statuses[payload.get("status", "?")] = statuses.get(payload.get("status", "?"), 0) + 1
     result: dict[str, Any] = {
-        "sensors": args.sensors, "topics": len(topics), "poll_interval_s": args.poll_interval,
-        "fired_before_publish": early, "fired": len(fired), "statuses": statuses,
+        "sensors": args.sensors,
+        "topics": len(topics),
+        "poll_interval_s": args.poll_interval,
+        "fired_before_publish": early,
+        "fired": len(fired),
+        "statuses": statuses,
         "idle_seconds": round(wall1 - wall0, 1),
         "idle_cpu_percent_of_one_core": round(100 * (cpu1 - cpu0) / (wall1 - wall0), 1),
         "idle_cpu_ms_per_poll": round(1000 * (cpu1 - cpu0) / ((wall1 - wall0) / args.poll_interval * args.sensors), 3),
@@ -189,7 +195,9 @@ def _broker(args: argparse.Namespace) -> Iterator[tuple[str, str, int | None]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--sensors", type=int, default=200)
     p.add_argument("--topics", type=int, default=50)
     p.add_argument("--poll-interval", type=float, default=1.0)
@@ -235,7 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(result, indent=2))
     if args.json:
         args.json.write_text(json.dumps({"machine": machine_info(), "result": result}, indent=2))
-    ok = result["fired"] == args.sensors and result["fired_before_publish"] == 0 and result["statuses"] == {"success": args.sensors}
+    ok = (
+        result["fired"] == args.sensors
+        and result["fired_before_publish"] == 0
+        and result["statuses"] == {"success": args.sensors}
+    )
     print("all triggers fired once, on their message" if ok else "SOME TRIGGERS DID NOT FIRE AS EXPECTED")
     return 0 if ok else 1
 

@@ -53,8 +53,12 @@ TARGET = 0.70
 
 def publish(client: pulsar.Client, topic: str, n: int, payload: int, *, batching: bool) -> float:
     producer = client.create_producer(
-        topic, batching_enabled=batching, block_if_queue_full=True, max_pending_messages=5000,
-        batching_max_messages=1000, batching_max_publish_delay_ms=5,
+        topic,
+        batching_enabled=batching,
+        block_if_queue_full=True,
+        max_pending_messages=5000,
+        batching_max_messages=1000,
+        batching_max_publish_delay_ms=5,
     )
     body = os.urandom(payload)
     done = threading.Semaphore(0)
@@ -159,15 +163,18 @@ def main() -> int:
     logging.getLogger("airflow_provider_pulsarstate.testing.broker").setLevel(logging.WARNING)
     print(f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}")
     m = machine_info()
-    print(f"machine: {platform.node()}: {m['cpus']} CPUs ({m.get('cpu', '?')}), {m.get('mem_gb', '?')} GB, "
-          f"Python {m['python']}, pulsar-client {m.get('pulsar_client', '?')}; load average at start {os.getloadavg()[0]:.2f}")
+    print(
+        f"machine: {platform.node()}: {m['cpus']} CPUs ({m.get('cpu', '?')}), {m.get('mem_gb', '?')} GB, "
+        f"Python {m['python']}, pulsar-client {m.get('pulsar_client', '?')}; load average at start {os.getloadavg()[0]:.2f}"
+    )
     rows = []
     passed = True
     with broker_for(args):
         config = ConnectionConfig(url=args.service_url, admin_url=args.admin_url, operation_timeout=60.0)
         backend = open_backend(config)
-        client = pulsar.Client(args.service_url, operation_timeout_seconds=60,
-                               logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+        client = pulsar.Client(
+            args.service_url, operation_timeout_seconds=60, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn)
+        )
         try:
             n = args.messages
             topics = {}
@@ -183,8 +190,15 @@ def main() -> int:
                 ours_s = ours(backend, topic, n, args.pull_size)
                 ratio = raw_s / ours_s
                 passed &= ratio >= TARGET
-                rows.append((f"{kind}: {n:,} msgs, pulls of {args.pull_size}", f"{n / ours_s:,.0f} msg/s",
-                             f"{n / raw_s:,.0f} msg/s", f"{ratio:.2f}", "PASS" if ratio >= TARGET else "FAIL"))
+                rows.append(
+                    (
+                        f"{kind}: {n:,} msgs, pulls of {args.pull_size}",
+                        f"{n / ours_s:,.0f} msg/s",
+                        f"{n / raw_s:,.0f} msg/s",
+                        f"{ratio:.2f}",
+                        "PASS" if ratio >= TARGET else "FAIL",
+                    )
+                )
                 log.info("%s: ours %.1fs, raw reader %.1fs", kind, ours_s, raw_s)
             cold, warm = latencies(backend, topics[True], n, args.pull_size, args.samples)
         finally:

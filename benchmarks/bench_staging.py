@@ -73,7 +73,9 @@ def _raw_pulsar_worker(service_url: str, topic: str, payloads_args: tuple, barri
     import pulsar
 
     payloads = partition_payloads(*payloads_args)
-    client = pulsar.Client(service_url, operation_timeout_seconds=120, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+    client = pulsar.Client(
+        service_url, operation_timeout_seconds=120, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn)
+    )
     producer = client.create_producer(
         topic, access_mode=pulsar.ProducerAccessMode.Shared, block_if_queue_full=True, send_timeout_millis=120_000
     )
@@ -127,8 +129,14 @@ def run_raw(kind: str, target: str, *, rows: int, partitions: int, batch_rows: i
     for proc in procs:
         proc.join()
     seconds = max(r[1] for r in results) - min(r[0] for r in results)
-    return {"seconds": seconds, "batches": sum(r[2] for r in results), "bytes": sum(r[3] for r in results),
-            "failures": sum(r[4] for r in results), "rows_per_s": rows / seconds, "cpu_s": sum(r[5] for r in results)}
+    return {
+        "seconds": seconds,
+        "batches": sum(r[2] for r in results),
+        "bytes": sum(r[3] for r in results),
+        "failures": sum(r[4] for r in results),
+        "rows_per_s": rows / seconds,
+        "cpu_s": sum(r[5] for r in results),
+    }
 
 
 # ---------------------------------------------------------------------------------- Spark
@@ -151,12 +159,16 @@ def make_frame(spark: Any, rows: int, partitions: int) -> Any:
     """bench_views.row(i, 0) for every i, as a cached DataFrame (built and cached before any clock starts)."""
     from pyspark.sql import functions as F
 
-    df = spark.range(0, rows, numPartitions=partitions).select(
-        F.format_string("sku-%07d", F.col("id")).alias("key"),
-        (((F.col("id") * 7919) % 10_000) / 100).alias("price"),
-        F.lit("EUR").alias("currency"),
-        (F.col("id") % 50).alias("stock"),
-    ).cache()
+    df = (
+        spark.range(0, rows, numPartitions=partitions)
+        .select(
+            F.format_string("sku-%07d", F.col("id")).alias("key"),
+            (((F.col("id") * 7919) % 10_000) / 100).alias("price"),
+            F.lit("EUR").alias("currency"),
+            (F.col("id") % 50).alias("stock"),
+        )
+        .cache()
+    )
     assert df.count() == rows
     return df
 
@@ -166,6 +178,7 @@ def spark_floor(df: Any, *, arrow: bool) -> float:
 
     ``arrow``: as Arrow columns turned into Python lists (what write_view reads); else as Row objects (``df.rdd``).
     """
+
     def count_rows(rows: Any) -> Any:
         import pulsar  # noqa: F401
 
@@ -223,8 +236,16 @@ def partition_cpu(df: Any, config: dict[str, Any], *, batch_rows: int, table_top
         import pyarrow as pa
 
         t0, c0 = time.perf_counter(), time.process_time()
-        views._stage_batches(batches, config_dict=config_dict, topic=topic, view_id=view_id, batch_rows=batch_rows,
-                             key_column="key", key_index=key_index, field_plan=plan)
+        views._stage_batches(
+            batches,
+            config_dict=config_dict,
+            topic=topic,
+            view_id=view_id,
+            batch_rows=batch_rows,
+            key_column="key",
+            key_index=key_index,
+            field_plan=plan,
+        )
         yield pa.RecordBatch.from_pydict({"wall": [time.perf_counter() - t0], "cpu": [time.process_time() - c0]})
 
     parts = df.mapInArrow(stage, "wall double, cpu double").collect()
@@ -242,7 +263,9 @@ def run_ours(df: Any, config: dict[str, Any], *, rows: int, batch_rows: int, tab
     view = table.create_view()
     table.close()  # as the operator that opens the view does: else the driver's seal waits for this writer to idle out
     t0 = time.perf_counter()
-    staged = write_view(df, config=config, table_topic=table_topic, view_id=view.view_id, key_column="key", batch_rows=batch_rows)
+    staged = write_view(
+        df, config=config, table_topic=table_topic, view_id=view.view_id, key_column="key", batch_rows=batch_rows
+    )
     seconds = time.perf_counter() - t0
     table = StateTable(backend, table_topic, operation_timeout=600.0)
     sealed = table.view_info(view.view_id).sealed or {}
@@ -253,8 +276,14 @@ def run_ours(df: Any, config: dict[str, Any], *, rows: int, batch_rows: int, tab
     reader.close()
     table.close()
     backend.close()
-    return {"seconds": seconds, "staged": staged, "sealed_rows": sum(sealed.values()), "stagers": len(sealed),
-            "batches": batches, "rows_per_s": rows / seconds}
+    return {
+        "seconds": seconds,
+        "staged": staged,
+        "sealed_rows": sum(sealed.values()),
+        "stagers": len(sealed),
+        "batches": batches,
+        "rows_per_s": rows / seconds,
+    }
 
 
 # ---------------------------------------------------------------------------------- main
@@ -284,11 +313,18 @@ def main() -> int:
     floor = min(spark_floor(df, arrow=True) for _ in range(2))
     log.info("Spark floor: %.2fs for %d rows (as Row objects: %.2fs)", floor, args.rows, row_floor)
     tmp = tempfile.mkdtemp(prefix="bench-staging-")
-    results: dict[str, Any] = {"rows": args.rows, "partitions": args.partitions, "batch_rows": batch_rows,
-                               "spark_floor_s": floor, "spark_row_floor_s": row_floor}
+    results: dict[str, Any] = {
+        "rows": args.rows,
+        "partitions": args.partitions,
+        "batch_rows": batch_rows,
+        "spark_floor_s": floor,
+        "spark_row_floor_s": row_floor,
+    }
     ok = True
     backends = ["embedded", "pulsar"] if args.backend == "both" else [args.backend]
-    with broker_urls(args.service_url or None, args.admin_url or None) if "pulsar" in backends else _no_broker() as urls:
+    with (
+        broker_urls(args.service_url or None, args.admin_url or None) if "pulsar" in backends else _no_broker() as urls
+    ):
         for name in backends:
             ours, raw = [], []
             for attempt in range(args.repeat):
@@ -301,7 +337,9 @@ def main() -> int:
                     raw_target = f"{tmp}/raw-{attempt}.db"
                     with sqlite3.connect(raw_target) as conn:
                         conn.execute("PRAGMA journal_mode=WAL")
-                        conn.execute("CREATE TABLE entries(pos INTEGER PRIMARY KEY, payload BLOB NOT NULL, publish_time REAL)")
+                        conn.execute(
+                            "CREATE TABLE entries(pos INTEGER PRIMARY KEY, payload BLOB NOT NULL, publish_time REAL)"
+                        )
                 log.info("%s: write_view of %d rows (run %d)", name, args.rows, attempt + 1)
                 ours.append(run_ours(df, config, rows=args.rows, batch_rows=batch_rows, table_topic=topic))
                 ours[-1].update(partition_cpu(df, config, batch_rows=batch_rows, table_topic=f"{topic}-cpu"))
@@ -309,29 +347,48 @@ def main() -> int:
                 raw.append(run_raw(name, raw_target, rows=args.rows, partitions=args.partitions, batch_rows=batch_rows))
                 log.info("%s: raw %.2fs", name, raw[-1]["seconds"])
                 o = ours[-1]
-                if o["staged"] != args.rows or o["sealed_rows"] != args.rows or o["batches"] != raw[-1]["batches"] or raw[-1]["failures"]:
+                if (
+                    o["staged"] != args.rows
+                    or o["sealed_rows"] != args.rows
+                    or o["batches"] != raw[-1]["batches"]
+                    or raw[-1]["failures"]
+                ):
                     print(f"CHECK FAILED ({name}): ours {o}, raw {raw[-1]}")
                     ok = False
-            results[name] = {"ours": min(ours, key=lambda r: r["seconds"]), "raw": min(raw, key=lambda r: r["seconds"]),
-                             "all_ours_s": [r["seconds"] for r in ours], "all_raw_s": [r["seconds"] for r in raw]}
+            results[name] = {
+                "ours": min(ours, key=lambda r: r["seconds"]),
+                "raw": min(raw, key=lambda r: r["seconds"]),
+                "all_ours_s": [r["seconds"] for r in ours],
+                "all_raw_s": [r["seconds"] for r in raw],
+            }
     spark.stop()
 
-    print(f"\nstaging {args.rows:,} rows from {args.partitions} Spark partitions (local[{args.partitions}]), "
-          f"{batch_rows} rows per batch, best of {args.repeat}")
-    print(f"Spark floor (rows handed to Python and counted, no staging): {floor:.2f}s = {args.rows / floor:,.0f} rows/s "
-          f"as Arrow columns to lists (write_view's way); {row_floor:.2f}s = {args.rows / row_floor:,.0f} rows/s as Row objects")
+    print(
+        f"\nstaging {args.rows:,} rows from {args.partitions} Spark partitions (local[{args.partitions}]), "
+        f"{batch_rows} rows per batch, best of {args.repeat}"
+    )
+    print(
+        f"Spark floor (rows handed to Python and counted, no staging): {floor:.2f}s = {args.rows / floor:,.0f} rows/s "
+        f"as Arrow columns to lists (write_view's way); {row_floor:.2f}s = {args.rows / row_floor:,.0f} rows/s as Row objects"
+    )
     print(f"{'back end':<10} {'ours (write_view)':>20} {'raw writer':>22} {'ratio raw/ours':>15}")
     for name in backends:
         o, r = results[name]["ours"], results[name]["raw"]
         raw_name = "pulsar-client" if name == "pulsar" else "sqlite3"
-        print(f"{name:<10} {o['rows_per_s']:>11,.0f} rows/s {r['rows_per_s']:>11,.0f} rows/s ({raw_name}) "
-              f"{o['seconds'] / r['seconds']:>6.2f}x   ({o['seconds']:.2f}s vs {r['seconds']:.2f}s, "
-              f"{r['batches']} batches, {r['bytes'] / 1e6:.1f} MB)")
-    print(f"CPU seconds in the {args.partitions} writer processes (executor side of write_view, instrumented run; raw: send loop)")
+        print(
+            f"{name:<10} {o['rows_per_s']:>11,.0f} rows/s {r['rows_per_s']:>11,.0f} rows/s ({raw_name}) "
+            f"{o['seconds'] / r['seconds']:>6.2f}x   ({o['seconds']:.2f}s vs {r['seconds']:.2f}s, "
+            f"{r['batches']} batches, {r['bytes'] / 1e6:.1f} MB)"
+        )
+    print(
+        f"CPU seconds in the {args.partitions} writer processes (executor side of write_view, instrumented run; raw: send loop)"
+    )
     for name in backends:
         o, r = results[name]["ours"], results[name]["raw"]
-        print(f"{name:<10} {o['cpu_s']:>13.2f} s cpu {r['cpu_s']:>17.2f} s cpu {' ':>18} {o['cpu_s'] / r['cpu_s']:>6.2f}x   "
-              f"(ours per row {o['cpu_s'] / args.rows * 1e6:.2f} us, raw {r['cpu_s'] / args.rows * 1e6:.2f} us)")
+        print(
+            f"{name:<10} {o['cpu_s']:>13.2f} s cpu {r['cpu_s']:>17.2f} s cpu {' ':>18} {o['cpu_s'] / r['cpu_s']:>6.2f}x   "
+            f"(ours per row {o['cpu_s'] / args.rows * 1e6:.2f} us, raw {r['cpu_s'] / args.rows * 1e6:.2f} us)"
+        )
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(results, indent=2))
     return 0 if ok else 1

@@ -89,12 +89,34 @@ log = logging.getLogger("bench")
 PROGRESS_EVERY = 3.0  # seconds between progress lines
 NAMESPACE = "persistent://public/default"
 
-FULL = dict(seq_ops=2000, conc_ops=50_000, conc_rounds=2, perwrite_seq_ops=300, perwrite_conc_ops=300,
-            bootstrap_ops=1_000_000, ops_per_record=1000, bootstrap_keys=100_000, worst_case=1, replay_runs=3,
-            small_records_ops=100_000, small_records_per_record=10)
-QUICK = dict(seq_ops=100, conc_ops=3000, conc_rounds=2, perwrite_seq_ops=30, perwrite_conc_ops=30,
-             bootstrap_ops=20_000, ops_per_record=1000, bootstrap_keys=2_000, worst_case=1, replay_runs=1,
-             small_records_ops=2_000, small_records_per_record=10)
+FULL = dict(
+    seq_ops=2000,
+    conc_ops=50_000,
+    conc_rounds=2,
+    perwrite_seq_ops=300,
+    perwrite_conc_ops=300,
+    bootstrap_ops=1_000_000,
+    ops_per_record=1000,
+    bootstrap_keys=100_000,
+    worst_case=1,
+    replay_runs=3,
+    small_records_ops=100_000,
+    small_records_per_record=10,
+)
+QUICK = dict(
+    seq_ops=100,
+    conc_ops=3000,
+    conc_rounds=2,
+    perwrite_seq_ops=30,
+    perwrite_conc_ops=30,
+    bootstrap_ops=20_000,
+    ops_per_record=1000,
+    bootstrap_keys=2_000,
+    worst_case=1,
+    replay_runs=1,
+    small_records_ops=2_000,
+    small_records_per_record=10,
+)
 
 
 # ---------------------------------------------------------------------------------------- data
@@ -110,8 +132,9 @@ def put_frame_size() -> int:
     """Bytes of the single frame one ``PulsarMap.put`` appends (what the raw baselines send)."""
     codec = PulsarMap(None, "t")  # type: ignore[arg-type]  # construction does no I/O; only its op codec is used
     body = encode_writes([(1, [codec._serialize_op((_PUT, key_of(0), codec._encode(key_of(0), value_of(0))))])])
-    frames = encode_frames(kind=RecordKind.DATA, epoch=1, offset=0, writer_id=b"\0" * 16, body=body,
-                           max_frame_bytes=1 << 20)
+    frames = encode_frames(
+        kind=RecordKind.DATA, epoch=1, offset=0, writer_id=b"\0" * 16, body=body, max_frame_bytes=1 << 20
+    )
     assert len(frames) == 1
     return len(frames[0])
 
@@ -145,7 +168,9 @@ class Ticker:
             self.last = now
             el = max(now - self.start, 1e-9)
             tot = f"/{self.total:,}" if self.total else ""
-            log.info("  %s: %s%s %s in %.1fs (%s %s/s)", self.what, f"{n:,}", tot, self.unit, el, f"{n / el:,.0f}", self.unit)
+            log.info(
+                "  %s: %s%s %s in %.1fs (%s %s/s)", self.what, f"{n:,}", tot, self.unit, el, f"{n / el:,.0f}", self.unit
+            )
 
 
 def maxrss_mb() -> float:
@@ -184,8 +209,9 @@ class Results:
 
 
 # ------------------------------------------------------------------------------------ baselines
-def sequential_interleaved(config: ConnectionConfig, client: pulsar.Client, n: int, size: int,
-                           blocks: int) -> tuple[float, float, dict]:
+def sequential_interleaved(
+    config: ConnectionConfig, client: pulsar.Client, n: int, size: int, blocks: int
+) -> tuple[float, float, dict]:
     """(a): ``PulsarMap.put`` one at a time vs a raw Exclusive producer's blocking ``send``.
 
     The n ops of each side run in ``blocks`` interleaved blocks (ours, raw, raw, ours, ...) so that
@@ -199,14 +225,15 @@ def sequential_interleaved(config: ConnectionConfig, client: pulsar.Client, n: i
         table = PulsarMap(backend, fresh_topic("a-ours")).start()
         ours_t = time.perf_counter() - t0
         t0 = time.perf_counter()
-        producer = client.create_producer(fresh_topic("a-raw"), access_mode=pulsar.ProducerAccessMode.Exclusive,
-                                          batching_enabled=False)
+        producer = client.create_producer(
+            fresh_topic("a-raw"), access_mode=pulsar.ProducerAccessMode.Exclusive, batching_enabled=False
+        )
         raw_t = time.perf_counter() - t0
         tick_o, tick_r = Ticker("PulsarMap.put", n), Ticker("raw blocking send", n, "msgs")
         edges = [n * b // blocks for b in range(blocks + 1)]
         for b in range(blocks):
             lo, hi = edges[b], edges[b + 1]
-            for side in (("ours", "raw") if b % 2 == 0 else ("raw", "ours")):
+            for side in ("ours", "raw") if b % 2 == 0 else ("raw", "ours"):
                 t0 = time.perf_counter()
                 if side == "ours":
                     for i in range(lo, hi):
@@ -350,8 +377,11 @@ def build_log(config: ConnectionConfig, topic: str, n_ops: int, ops_per_record: 
             i = 0
             while i < n_ops:
                 lo, hi = i, min(i + ops_per_record, n_ops)
-                mgr.write(lambda _s, lo=lo, hi=hi: [(_PUT, key_of(k % keys), table._encode(key_of(k % keys), value_of(k)))
-                                                    for k in range(lo, hi)])
+                mgr.write(
+                    lambda _s, lo=lo, hi=hi: [
+                        (_PUT, key_of(k % keys), table._encode(key_of(k % keys), value_of(k))) for k in range(lo, hi)
+                    ]
+                )
                 i = hi
                 tick(i)
             if mgr._checkpointer is not None:
@@ -390,8 +420,14 @@ def worker_replay_ours(service_url: str, admin_url: str, topic: str, profile: st
     stats = table.manager.stats
     table.close()
     backend.close()
-    return {"seconds": elapsed, "size": size, "data_records": data_records, "maxrss_mb": maxrss_mb(),
-            "checkpoint_offset": stats["checkpoint_loaded_offset"], "records_replayed": stats["records_replayed"]}
+    return {
+        "seconds": elapsed,
+        "size": size,
+        "data_records": data_records,
+        "maxrss_mb": maxrss_mb(),
+        "checkpoint_offset": stats["checkpoint_loaded_offset"],
+        "records_replayed": stats["records_replayed"],
+    }
 
 
 def worker_replay_raw(service_url: str, topic: str) -> dict:
@@ -414,15 +450,27 @@ def worker_replay_raw(service_url: str, topic: str) -> dict:
 
 
 def run_worker(kind: str, args: argparse.Namespace, topic: str, profile: str | None = None, mode: str = "") -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--_worker", kind, "--_topic", topic,
-           "--service-url", args.service_url, "--admin-url", args.admin_url, "--_mode", mode]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--_worker",
+        kind,
+        "--_topic",
+        topic,
+        "--service-url",
+        args.service_url,
+        "--admin-url",
+        args.admin_url,
+        "--_mode",
+        mode,
+    ]
     if profile:
         cmd += ["--_profile", profile]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"worker {kind} failed with code {proc.returncode}: {proc.stdout[-2000:]}")
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 # ---------------------------------------------------------------------------------------- phases
@@ -437,15 +485,42 @@ def phase_a(args: argparse.Namespace, config: ConnectionConfig, client: pulsar.C
     pw_s = per_write_producer(client, fresh_topic("a-pwp"), npw, size)
     ours, raw, pw = n / ours_s, n / raw_s, npw / pw_s
     log.info("(a) ours %.0f ops/s (%s), raw send %.0f msg/s, per-write producer %.1f writes/s", ours, stats, raw, pw)
-    res.measurements["a"] = dict(ops=n, ours_seconds=ours_s, ours_ops_per_s=ours, ours_stats=stats,
-                                 raw_seconds=raw_s, raw_msgs_per_s=raw, per_write_ops=npw,
-                                 per_write_seconds=pw_s, per_write_ops_per_s=pw,
-                                 ours_latency_ms=1000 * ours_s / n, raw_latency_ms=1000 * raw_s / n,
-                                 per_write_latency_ms=1000 * pw_s / npw)
-    res.rows.append(Row("(a) seq put vs raw blocking send", fmt_rate(ours), fmt_rate(raw, "msg/s"),
-                        ours / raw, f"{ours / raw:.2f}", "-", None))
-    res.rows.append(Row("(a) seq put vs per-write producer", fmt_rate(ours), fmt_rate(pw, "writes/s"),
-                        ours / pw, f"{ours / pw:.1f}x", "-", None))
+    res.measurements["a"] = dict(
+        ops=n,
+        ours_seconds=ours_s,
+        ours_ops_per_s=ours,
+        ours_stats=stats,
+        raw_seconds=raw_s,
+        raw_msgs_per_s=raw,
+        per_write_ops=npw,
+        per_write_seconds=pw_s,
+        per_write_ops_per_s=pw,
+        ours_latency_ms=1000 * ours_s / n,
+        raw_latency_ms=1000 * raw_s / n,
+        per_write_latency_ms=1000 * pw_s / npw,
+    )
+    res.rows.append(
+        Row(
+            "(a) seq put vs raw blocking send",
+            fmt_rate(ours),
+            fmt_rate(raw, "msg/s"),
+            ours / raw,
+            f"{ours / raw:.2f}",
+            "-",
+            None,
+        )
+    )
+    res.rows.append(
+        Row(
+            "(a) seq put vs per-write producer",
+            fmt_rate(ours),
+            fmt_rate(pw, "writes/s"),
+            ours / pw,
+            f"{ours / pw:.1f}x",
+            "-",
+            None,
+        )
+    )
 
 
 def phase_b(args: argparse.Namespace, config: ConnectionConfig, client: pulsar.Client, res: Results, size: int) -> None:
@@ -453,7 +528,7 @@ def phase_b(args: argparse.Namespace, config: ConnectionConfig, client: pulsar.C
     log.info("(b) concurrent put: %s ops each; per-write producer: %s writes", f"{n:,}", f"{npw:,}")
     raws, ourss = [], []
     for rnd in range(args.conc_rounds):  # alternate the order; the fastest run of each side counts
-        for side in (("raw", "ours") if rnd % 2 == 0 else ("ours", "raw")):
+        for side in ("raw", "ours") if rnd % 2 == 0 else ("ours", "raw"):
             if side == "raw":
                 raws.append(raw_async_send(client, fresh_topic("b-raw"), n, size))
             else:
@@ -462,19 +537,53 @@ def phase_b(args: argparse.Namespace, config: ConnectionConfig, client: pulsar.C
     ours_s, submit_s, stats = min(ourss, key=lambda r: r[0])
     pw_s = per_write_producer(client, fresh_topic("b-pwp"), npw, size)
     ours, raw, pw = n / ours_s, n / raw_s, npw / pw_s
-    log.info("(b) ours %.0f ops/s (submission took %.2fs; %s), raw send_async %.0f msg/s, per-write %.1f writes/s",
-             ours, submit_s, stats, raw, pw)
+    log.info(
+        "(b) ours %.0f ops/s (submission took %.2fs; %s), raw send_async %.0f msg/s, per-write %.1f writes/s",
+        ours,
+        submit_s,
+        stats,
+        raw,
+        pw,
+    )
     per_record = stats["writes_committed"] / max(1, stats["records_appended"])
-    res.measurements["b"] = dict(ops=n, ours_seconds=ours_s, ours_submit_seconds=submit_s, ours_ops_per_s=ours,
-                                 ours_stats=stats, ours_writes_per_record=per_record,
-                                 raw_seconds=raw_s, raw_msgs_per_s=raw, per_write_ops=npw,
-                                 per_write_seconds=pw_s, per_write_ops_per_s=pw,
-                                 ours_seconds_all=[o[0] for o in ourss], raw_seconds_all=raws)
+    res.measurements["b"] = dict(
+        ops=n,
+        ours_seconds=ours_s,
+        ours_submit_seconds=submit_s,
+        ours_ops_per_s=ours,
+        ours_stats=stats,
+        ours_writes_per_record=per_record,
+        raw_seconds=raw_s,
+        raw_msgs_per_s=raw,
+        per_write_ops=npw,
+        per_write_seconds=pw_s,
+        per_write_ops_per_s=pw,
+        ours_seconds_all=[o[0] for o in ourss],
+        raw_seconds_all=raws,
+    )
     r1, r2 = ours / raw, ours / pw
-    res.rows.append(Row("(b) put_async vs raw send_async", fmt_rate(ours), fmt_rate(raw, "msg/s"),
-                        r1, f"{r1:.2f}", ">= 0.50", r1 >= 0.5))
-    res.rows.append(Row("(b) put_async vs per-write producer", fmt_rate(ours), fmt_rate(pw, "writes/s"),
-                        r2, f"{r2:.0f}x", ">= 20x", r2 >= 20))
+    res.rows.append(
+        Row(
+            "(b) put_async vs raw send_async",
+            fmt_rate(ours),
+            fmt_rate(raw, "msg/s"),
+            r1,
+            f"{r1:.2f}",
+            ">= 0.50",
+            r1 >= 0.5,
+        )
+    )
+    res.rows.append(
+        Row(
+            "(b) put_async vs per-write producer",
+            fmt_rate(ours),
+            fmt_rate(pw, "writes/s"),
+            r2,
+            f"{r2:.0f}x",
+            ">= 20x",
+            r2 >= 20,
+        )
+    )
 
 
 MODES = {"checkpoint": "checkpoint + tail", "full": "full replay"}
@@ -485,27 +594,65 @@ def replay_runs(args: argparse.Namespace, topic: str, label: str, modes: list[st
     raws: list[dict] = []
     ours: dict[str, list[dict]] = {m: [] for m in modes}
     for run in range(1, args.replay_runs + 1):
-        log.info("%s run %d/%d: raw pulsar-client Reader, earliest to the end (fresh interpreter)", label, run, args.replay_runs)
+        log.info(
+            "%s run %d/%d: raw pulsar-client Reader, earliest to the end (fresh interpreter)",
+            label,
+            run,
+            args.replay_runs,
+        )
         raws.append(run_worker("replay-raw", args, topic))
-        log.info("%s   raw Reader: %.2fs, %s messages, %s bytes, peak RSS %.0f MB", label, raws[-1]["seconds"],
-                 f"{raws[-1]['messages']:,}", f"{raws[-1]['bytes']:,}", raws[-1]["maxrss_mb"])
+        log.info(
+            "%s   raw Reader: %.2fs, %s messages, %s bytes, peak RSS %.0f MB",
+            label,
+            raws[-1]["seconds"],
+            f"{raws[-1]['messages']:,}",
+            f"{raws[-1]['bytes']:,}",
+            raws[-1]["maxrss_mb"],
+        )
         for mode in modes:
-            log.info("%s run %d/%d: fresh PulsarMap(...).size(latest=True), %s (fresh interpreter)", label, run,
-                     args.replay_runs, MODES[mode])
+            log.info(
+                "%s run %d/%d: fresh PulsarMap(...).size(latest=True), %s (fresh interpreter)",
+                label,
+                run,
+                args.replay_runs,
+                MODES[mode],
+            )
             r = run_worker("replay-ours", args, topic, mode=mode)
             ours[mode].append(r)
-            log.info("%s   ours (%s): %.2fs, %s keys, checkpoint offset %s, %s records replayed, peak RSS %.0f MB", label,
-                     MODES[mode], r["seconds"], f"{r['size']:,}", r["checkpoint_offset"], f"{r['records_replayed']:,}",
-                     r["maxrss_mb"])
+            log.info(
+                "%s   ours (%s): %.2fs, %s keys, checkpoint offset %s, %s records replayed, peak RSS %.0f MB",
+                label,
+                MODES[mode],
+                r["seconds"],
+                f"{r['size']:,}",
+                r["checkpoint_offset"],
+                f"{r['records_replayed']:,}",
+                r["maxrss_mb"],
+            )
     return min(raws, key=lambda r: r["seconds"]), raws, ours
 
 
-def bootstrap(args: argparse.Namespace, config: ConnectionConfig, res: Results, key: str, label: str,
-              n: int, per: int, keys: int, target: bool, modes: list[str]) -> str:
+def bootstrap(
+    args: argparse.Namespace,
+    config: ConnectionConfig,
+    res: Results,
+    key: str,
+    label: str,
+    n: int,
+    per: int,
+    keys: int,
+    target: bool,
+    modes: list[str],
+) -> str:
     topic = fresh_topic(f"{key}-log")
     keys = min(keys, n)
-    log.info("%s bootstrap: building a log of %s map put ops on %s keys, %s ops per record", label, f"{n:,}",
-             f"{keys:,}", f"{per:,}")
+    log.info(
+        "%s bootstrap: building a log of %s map put ops on %s keys, %s ops per record",
+        label,
+        f"{n:,}",
+        f"{keys:,}",
+        f"{per:,}",
+    )
     build_s, stats = build_log(config, topic, n, per, keys)
     log.info("%s log built in %.1fs (%s ops/s): %s", label, build_s, f"{n / build_s:,.0f}", stats)
     raw, raws, ours_by_mode = replay_runs(args, topic, label, modes)
@@ -513,10 +660,20 @@ def bootstrap(args: argparse.Namespace, config: ConnectionConfig, res: Results, 
     raw_rec = records / raw["seconds"]
     raw_rss = max(r["maxrss_mb"] for r in raws)
     res.measurements[key] = dict(
-        ops=n, keys=keys, ops_per_record=per, records=records, log_bytes=raw["bytes"], build_seconds=build_s,
-        build_ops_per_s=n / build_s, build_stats=stats, runs=args.replay_runs,
-        raw_seconds=raw["seconds"], raw_seconds_all=[r["seconds"] for r in raws], raw_ops_per_s=n / raw["seconds"],
-        raw_records_per_s=raw_rec, raw_maxrss_mb=raw_rss,
+        ops=n,
+        keys=keys,
+        ops_per_record=per,
+        records=records,
+        log_bytes=raw["bytes"],
+        build_seconds=build_s,
+        build_ops_per_s=n / build_s,
+        build_stats=stats,
+        runs=args.replay_runs,
+        raw_seconds=raw["seconds"],
+        raw_seconds_all=[r["seconds"] for r in raws],
+        raw_ops_per_s=n / raw["seconds"],
+        raw_records_per_s=raw_rec,
+        raw_maxrss_mb=raw_rss,
     )
     for mode, ourss in ours_by_mode.items():
         for o in ourss:
@@ -527,34 +684,77 @@ def bootstrap(args: argparse.Namespace, config: ConnectionConfig, res: Results, 
         ratio = raw["seconds"] / ours["seconds"]
         ours_rss = max(o["maxrss_mb"] for o in ourss)
         res.measurements[key][mode] = dict(
-            ours_seconds=ours["seconds"], ours_seconds_all=[o["seconds"] for o in ourss], ours_ops_per_s=ours_ops,
-            ours_records_per_s=ours_rec, ours_maxrss_mb=ours_rss, checkpoint_offset=ours["checkpoint_offset"],
-            records_replayed=ours["records_replayed"], data_records=ours["data_records"], ratio=ratio,
+            ours_seconds=ours["seconds"],
+            ours_seconds_all=[o["seconds"] for o in ourss],
+            ours_ops_per_s=ours_ops,
+            ours_records_per_s=ours_rec,
+            ours_maxrss_mb=ours_rss,
+            checkpoint_offset=ours["checkpoint_offset"],
+            records_replayed=ours["records_replayed"],
+            data_records=ours["data_records"],
+            ratio=ratio,
         )
         is_target = target and mode == modes[0]
-        res.rows.append(Row(
-            f"{label} bootstrap {n:,} ops on {keys:,} keys in {records:,} records, {MODES[mode]} "
-            f"({ours['records_replayed']:,} replayed) vs raw Reader",
-            f"{ours_ops:,.0f} ops/s ({ours['seconds']:.2f}s, RSS {ours_rss:,.0f} MB)",
-            f"{raw_rec:,.0f} rec/s ({raw['seconds']:.2f}s, RSS {raw_rss:,.0f} MB)",
-            ratio, f"{ratio:.2f}", ">= 0.70" if is_target else "(info)", (ratio >= 0.7) if is_target else None,
-        ))
+        res.rows.append(
+            Row(
+                f"{label} bootstrap {n:,} ops on {keys:,} keys in {records:,} records, {MODES[mode]} "
+                f"({ours['records_replayed']:,} replayed) vs raw Reader",
+                f"{ours_ops:,.0f} ops/s ({ours['seconds']:.2f}s, RSS {ours_rss:,.0f} MB)",
+                f"{raw_rec:,.0f} rec/s ({raw['seconds']:.2f}s, RSS {raw_rss:,.0f} MB)",
+                ratio,
+                f"{ratio:.2f}",
+                ">= 0.70" if is_target else "(info)",
+                (ratio >= 0.7) if is_target else None,
+            )
+        )
     return topic
 
 
 def phase_c(args: argparse.Namespace, config: ConnectionConfig, res: Results) -> None:
-    topic = bootstrap(args, config, res, "c", "(c)", args.bootstrap_ops, args.ops_per_record, args.bootstrap_keys,
-                      target=True, modes=["checkpoint", "full"])
+    topic = bootstrap(
+        args,
+        config,
+        res,
+        "c",
+        "(c)",
+        args.bootstrap_ops,
+        args.ops_per_record,
+        args.bootstrap_keys,
+        target=True,
+        modes=["checkpoint", "full"],
+    )
     if args.worst_case:
         # Supplementary: every op a distinct key, so the state is as large as the log.
-        bootstrap(args, config, res, "c_distinct", "(c-distinct)", args.bootstrap_ops, args.ops_per_record,
-                  args.bootstrap_ops, target=False, modes=["checkpoint", "full"])
+        bootstrap(
+            args,
+            config,
+            res,
+            "c_distinct",
+            "(c-distinct)",
+            args.bootstrap_ops,
+            args.ops_per_record,
+            args.bootstrap_ops,
+            target=False,
+            modes=["checkpoint", "full"],
+        )
     if args.small_records_ops:
         # Supplementary: the same comparison on a log of small records (per-record costs dominate).
-        bootstrap(args, config, res, "c_small", "(c')", args.small_records_ops, args.small_records_per_record,
-                  args.small_records_ops, target=False, modes=["checkpoint"])
+        bootstrap(
+            args,
+            config,
+            res,
+            "c_small",
+            "(c')",
+            args.small_records_ops,
+            args.small_records_per_record,
+            args.small_records_ops,
+            target=False,
+            modes=["checkpoint"],
+        )
     if args.profile_replay:
-        log.info("(c) profiling one more full replay of the (c) log under cProfile -> %s (not timed)", args.profile_replay)
+        log.info(
+            "(c) profiling one more full replay of the (c) log under cProfile -> %s (not timed)", args.profile_replay
+        )
         prof = run_worker("replay-ours", args, topic, profile=args.profile_replay, mode="full")
         log.info("(c) profiled replay took %.2fs (cProfile overhead included)", prof["seconds"])
         import pstats
@@ -588,8 +788,13 @@ def broker_for(args: argparse.Namespace) -> Iterator[None]:
     log.info("starting a Pulsar %s standalone broker (set --service-url to use a running one)", PULSAR_VERSION)
     t0 = time.monotonic()
     with PulsarStandalone(heap=args.broker_heap) as broker:
-        log.info("broker up in %.1fs at %s (admin %s, pid %s)", time.monotonic() - t0, broker.service_url,
-                 broker.admin_url, broker.pid)
+        log.info(
+            "broker up in %.1fs at %s (admin %s, pid %s)",
+            time.monotonic() - t0,
+            broker.service_url,
+            broker.admin_url,
+            broker.pid,
+        )
         args.service_url, args.admin_url = broker.service_url, broker.admin_url
         try:
             yield
@@ -598,7 +803,9 @@ def broker_for(args: argparse.Namespace) -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run under a minute")
     p.add_argument("--json", metavar="OUT", help="write the results to this JSON file")
     p.add_argument("--service-url", default="", help="use this broker instead of starting one")
@@ -613,10 +820,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bootstrap-ops", type=int, help="(c) ops in the log (default 1000000)")
     p.add_argument("--ops-per-record", type=int, help="(c) ops per record when building the log (default 1000)")
     p.add_argument("--bootstrap-keys", type=int, help="(c) distinct keys the ops cycle through (default 100000)")
-    p.add_argument("--worst-case", type=int, help="(c-distinct) also a log of all-distinct keys: 1 yes, 0 no (default 1)")
+    p.add_argument(
+        "--worst-case", type=int, help="(c-distinct) also a log of all-distinct keys: 1 yes, 0 no (default 1)"
+    )
     p.add_argument("--replay-runs", type=int, help="(c) replays each way, alternating; the fastest counts (default 3)")
-    p.add_argument("--small-records-ops", type=int,
-                   help="(c') ops in a supplementary log of small records; 0 skips it (default 100000)")
+    p.add_argument(
+        "--small-records-ops",
+        type=int,
+        help="(c') ops in a supplementary log of small records; 0 skips it (default 100000)",
+    )
     p.add_argument("--small-records-per-record", type=int, help="(c') ops per record there (default 10)")
     p.add_argument("--profile-replay", metavar="OUT.prof", help="(c) also replay once under cProfile")
     p.add_argument("--strict", action="store_true", help="exit with code 1 when a target is missed")
@@ -645,16 +857,25 @@ def main(argv: list[str] | None = None) -> int:
             setattr(args, k, v)
 
     res = Results()
-    res.meta = dict(date=datetime.date.today().isoformat(), quick=args.quick, machine=machine_info(),
-                    sizes={k: getattr(args, k) for k in sizes}, own_broker=not args.service_url)
+    res.meta = dict(
+        date=datetime.date.today().isoformat(),
+        quick=args.quick,
+        machine=machine_info(),
+        sizes={k: getattr(args, k) for k in sizes},
+        own_broker=not args.service_url,
+    )
     load = os.getloadavg()
     res.meta["loadavg_at_start"] = load
     if load[0] > 0.5:
-        log.warning("load average is %.2f before the run: other processes compete for the CPUs and will skew "
-                    "the numbers", load[0])
+        log.warning(
+            "load average is %.2f before the run: other processes compete for the CPUs and will skew the numbers",
+            load[0],
+        )
     size = put_frame_size()
     res.meta["payload_bytes"] = size
-    log.info("payload: %d bytes per single-put frame (%d-byte header); machine %s", size, HEADER.size, res.meta["machine"])
+    log.info(
+        "payload: %d bytes per single-put frame (%d-byte header); machine %s", size, HEADER.size, res.meta["machine"]
+    )
     started = time.monotonic()
     with broker_for(args):
         config = ConnectionConfig(url=args.service_url, admin_url=args.admin_url, operation_timeout=60.0)
@@ -676,9 +897,17 @@ def main(argv: list[str] | None = None) -> int:
     print_table(res)
     log.info("done in %.0fs; main process peak RSS %.0f MB", res.meta["total_seconds"], res.meta["main_maxrss_mb"])
     if args.json:
-        Path(args.json).write_text(json.dumps({"meta": res.meta, "measurements": res.measurements,
-                                               "rows": [asdict(r) | {"verdict": r.verdict} for r in res.rows]},
-                                              indent=2) + "\n")
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "meta": res.meta,
+                    "measurements": res.measurements,
+                    "rows": [asdict(r) | {"verdict": r.verdict} for r in res.rows],
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         log.info("wrote %s", args.json)
     missed = [r.phase for r in res.rows if r.passed is False]
     if missed:

@@ -55,7 +55,6 @@ from machine import machine_info, percentile  # noqa: E402  (benchmarks/machine.
 BACKEND = "airflow_provider_pulsarstate.state_store.backend.PulsarStateStoreBackend"
 
 
-
 def _summary(values: list[float]) -> dict[str, float]:
     return {"median_ms": 1000 * statistics.median(values), "p99_ms": 1000 * percentile(values, 99), "n": len(values)}
 
@@ -80,14 +79,18 @@ def _measure(backend: Any, scope: Any, ops: int, warmup: int) -> dict[str, dict[
 
 
 def _prepare_airflow(home: Path) -> None:
-    os.environ.update({
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-        "AIRFLOW__PULSARSTATE__STATE_STORE_WRITER_IDLE_TIMEOUT": "10",
-    })
+    os.environ.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+            "AIRFLOW__PULSARSTATE__STATE_STORE_WRITER_IDLE_TIMEOUT": "10",
+        }
+    )
     airflow = str(Path(sys.executable).with_name("airflow"))
-    done = subprocess.run([airflow, "db", "migrate"], env=os.environ.copy(), capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [airflow, "db", "migrate"], env=os.environ.copy(), capture_output=True, text=True, timeout=600
+    )
     if done.returncode != 0:
         raise SystemExit(f"airflow db migrate failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
 
@@ -106,7 +109,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ops", type=int, default=500, help="timed sets and gets per backend")
     parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--backend", choices=("both", "embedded", "pulsar"), default="both", help="our back ends to run")
+    parser.add_argument(
+        "--backend", choices=("both", "embedded", "pulsar"), default="both", help="our back ends to run"
+    )
     parser.add_argument("--service-url", help="a running broker (default: start the bundled standalone)")
     parser.add_argument("--admin-url")
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -131,7 +136,9 @@ def main() -> None:
     from airflow._shared.state import TaskScope as CoreTaskScope  # the metastore matches on the core class
 
     results: dict[str, Any] = {}
-    results["metastore (SQLite)"] = _measure(MetastoreBackend(), CoreTaskScope(dag_id, run_id, "t", -1), args.ops, args.warmup)
+    results["metastore (SQLite)"] = _measure(
+        MetastoreBackend(), CoreTaskScope(dag_id, run_id, "t", -1), args.ops, args.warmup
+    )
     print("measured metastore", file=sys.stderr)
 
     broker = None
@@ -151,7 +158,9 @@ def main() -> None:
         for name, extra in targets:
             os.environ["AIRFLOW_CONN_PULSARSTATE_DEFAULT"] = json.dumps({"conn_type": "pulsarstate", "extra": extra})
             scope = TaskScope(dag_id=dag_id, run_id=f"{run_id}-{name}", task_id="t", map_index=-1)
-            results[f"PulsarStateStoreBackend ({name})"] = _measure(PulsarStateStoreBackend(), scope, args.ops, args.warmup)
+            results[f"PulsarStateStoreBackend ({name})"] = _measure(
+                PulsarStateStoreBackend(), scope, args.ops, args.warmup
+            )
             print(f"measured {name}", file=sys.stderr)
     finally:
         from airflow_provider_pulsarstate.hooks.pulsarstate import close_shared_state_maps

@@ -42,7 +42,9 @@ def write_table(rows: int) -> float:
         table = hook.get_table(TOPIC)
         view = table.create_view(view_id="bench-load")
         with table.stager(view.view_id) as stager:
-            stager.set_many((f"sku-{i:08d}", {"price": i % 1000, "currency": "EUR", "name": f"item {i}"}) for i in range(rows))
+            stager.set_many(
+                (f"sku-{i:08d}", {"price": i % 1000, "currency": "EUR", "name": f"item {i}"}) for i in range(rows)
+            )
         table.seal(view.view_id, stagers=[stager])
         table.apply(view.view_id)
         table.checkpoint()
@@ -100,7 +102,9 @@ def main() -> int:
     password = "bench-" + os.urandom(6).hex()
     (home / "passwords.json").write_text(json.dumps({"admin": password}))
     af = AirflowProcesses(
-        home=home / "airflow", dags_folder=home / "dags", components=("api-server",),
+        home=home / "airflow",
+        dags_folder=home / "dags",
+        components=("api-server",),
         env={
             "PYTHONPATH": str(ROOT),
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
@@ -113,7 +117,9 @@ def main() -> int:
     af.start()
     try:
         pid = af._procs["api-server"].pid
-        token = requests.post(af.api_url + "/auth/token", json={"username": "admin", "password": password}, timeout=30).json()["access_token"]
+        token = requests.post(
+            af.api_url + "/auth/token", json={"username": "admin", "password": password}, timeout=30
+        ).json()["access_token"]
         session = requests.Session()
         session.headers["Authorization"] = f"Bearer {token}"
         base = f"{af.api_url}/pulsarstate/api/connections/{CONN_ID}"
@@ -130,9 +136,12 @@ def main() -> int:
         results = {
             "summary": timed(session, base + "/table", {"topic": TOPIC}, args.requests),
             "first page (50 rows)": timed(session, base + "/table/rows", {"topic": TOPIC, "limit": 50}, args.requests),
-            "prefix page (50 rows)": timed(session, base + "/table/rows", {"topic": TOPIC, "prefix": mid, "limit": 50}, args.requests),
+            "prefix page (50 rows)": timed(
+                session, base + "/table/rows", {"topic": TOPIC, "prefix": mid, "limit": 50}, args.requests
+            ),
             "cursor page (500 rows)": timed(
-                session, base + "/table/rows", {"topic": TOPIC, "cursor": mid + "50", "limit": 500}, args.requests),
+                session, base + "/table/rows", {"topic": TOPIC, "cursor": mid + "50", "limit": 500}, args.requests
+            ),
         }
     finally:
         af.stop()
@@ -145,8 +154,11 @@ def main() -> int:
         "first_rows_page_seconds (key index)": round(first_page, 3),
         "api_server_rss_mb": {"before": round(rss_before), "after_load": round(rss_after)},
         "requests": {
-            name: {"median_ms": round(statistics.median(t) * 1000, 1), "p95_ms": round(percentile(t, 95) * 1000, 1),
-                   "max_ms": round(max(t) * 1000, 1)}
+            name: {
+                "median_ms": round(statistics.median(t) * 1000, 1),
+                "p95_ms": round(percentile(t, 95) * 1000, 1),
+                "max_ms": round(max(t) * 1000, 1),
+            }
             for name, t in results.items()
         },
     }

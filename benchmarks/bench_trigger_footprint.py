@@ -284,8 +284,11 @@ def _watch_turns(limit: float) -> None:
             seen = handle
             frame = sys._current_frames().get(loop_thread)
             stack = [f"{Path(fs.filename).name}:{fs.lineno} {fs.name}" for fs in traceback.extract_stack(frame)][-9:]
-            print(f"    {time.monotonic() - t_start:6.2f}s callback over {limit * 1000:.0f} ms: {' < '.join(reversed(stack))}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"    {time.monotonic() - t_start:6.2f}s callback over {limit * 1000:.0f} ms: {' < '.join(reversed(stack))}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     threading.Thread(target=watchdog, daemon=True).start()
 
@@ -310,7 +313,11 @@ def _watch_turns(limit: float) -> None:
             for d, n in turn:
                 by[n] += d
             top = ", ".join(f"{n}: {d * 1000:.0f}ms" for n, d in by.most_common(4))
-            print(f"    {time.monotonic() - t_start:6.2f}s slow turn {took * 1000:.0f} ms, {len(turn)} callbacks: {top}", file=sys.stderr, flush=True)
+            print(
+                f"    {time.monotonic() - t_start:6.2f}s slow turn {took * 1000:.0f} ms, {len(turn)} callbacks: {top}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     asyncio.events.Handle._run = run  # type: ignore[method-assign]
     asyncio.base_events.BaseEventLoop._run_once = once  # type: ignore[method-assign]
@@ -322,26 +329,38 @@ def _make_triggers(kind: str, n: int, setup: dict[str, Any]) -> list[Any]:
 
         tables = setup["tables"]
         return [
-            StateChangeTrigger(table=tables[i % len(tables)], on=["keys"], key_prefix=f"p{i}-",
-                               pulsarstate_conn_id=CONN_ID)
+            StateChangeTrigger(
+                table=tables[i % len(tables)], on=["keys"], key_prefix=f"p{i}-", pulsarstate_conn_id=CONN_ID
+            )
             for i in range(n)
         ]
     if kind == "messages":
         from airflow_provider_pulsarstate.triggers.messages import PulsarMessageTrigger
 
-        return [PulsarMessageTrigger(topics=setup["topic"], subscription=f"s{i}", pulsarstate_conn_id=CONN_ID)
-                for i in range(n)]
+        return [
+            PulsarMessageTrigger(topics=setup["topic"], subscription=f"s{i}", pulsarstate_conn_id=CONN_ID)
+            for i in range(n)
+        ]
     if kind == "offsets":
         from airflow_provider_pulsarstate.triggers.offsets import OffsetProgressTrigger
 
-        return [OffsetProgressTrigger(topic=setup["topic"], condition="end_offset", target=1, pulsarstate_conn_id=CONN_ID)
-                for _ in range(n)]
+        return [
+            OffsetProgressTrigger(topic=setup["topic"], condition="end_offset", target=1, pulsarstate_conn_id=CONN_ID)
+            for _ in range(n)
+        ]
     from airflow_provider_pulsarstate.triggers.leadership import LeadershipTrigger
 
     if kind == "lease":
         names = setup["lease_names"]
-        return [LeadershipTrigger(mode="acquire", lease_name=names[i % len(names)], lease_topic=setup["lease_topic"],
-                                  pulsarstate_conn_id=CONN_ID) for i in range(n)]
+        return [
+            LeadershipTrigger(
+                mode="acquire",
+                lease_name=names[i % len(names)],
+                lease_topic=setup["lease_topic"],
+                pulsarstate_conn_id=CONN_ID,
+            )
+            for i in range(n)
+        ]
     return [LeadershipTrigger(mode="leader", topic=setup["topic"], pulsarstate_conn_id=CONN_ID) for _ in range(n)]
 
 
@@ -373,8 +392,9 @@ def _change(kind: str, setup: dict[str, Any]) -> float:
             return time.monotonic()
         from airflow_provider_pulsarstate.engine.backends.base import AcquireMode
 
-        writer = hook.get_conn().acquire_writer(hook.get_config().topic_name(setup["topic"]), mode=AcquireMode.FENCE,
-                                                timeout=30, name="bench-leader")
+        writer = hook.get_conn().acquire_writer(
+            hook.get_config().topic_name(setup["topic"]), mode=AcquireMode.FENCE, timeout=30, name="bench-leader"
+        )
         _KEEP.extend([writer, hook])  # the leader stays until the child exits
         return time.monotonic()
     finally:
@@ -385,14 +405,14 @@ def _change(kind: str, setup: dict[str, Any]) -> float:
 _KEEP: list[Any] = []
 
 
-async def _child(kind: str, n: int, idle_seconds: float, detect_timeout: float, setup: dict[str, Any],
-                 ports: dict[str, int]) -> dict[str, Any]:
-    from airflow.triggers.shared_stream import SharedStreamManager
-
+async def _child(
+    kind: str, n: int, idle_seconds: float, detect_timeout: float, setup: dict[str, Any], ports: dict[str, int]
+) -> dict[str, Any]:
     # what a triggerer process has before it runs a trigger: its runner's modules imported (the
     # connection lookup's among them) and the secrets backends loaded
     import airflow.jobs.triggerer_job_runner  # noqa: F401
     from airflow.sdk.execution_time.supervisor import ensure_secrets_backend_loaded
+    from airflow.triggers.shared_stream import SharedStreamManager
 
     ensure_secrets_backend_loaded()
     import airflow_provider_pulsarstate.triggers.leadership  # noqa: F401  (imports before the idle figures)
@@ -492,8 +512,12 @@ async def _child(kind: str, n: int, idle_seconds: float, detect_timeout: float, 
     out["stall_start_s"] = ticker.reset()
     out["stall_start_s_raw"] = ticker.reset_raw()
     out["stall_start_s_cpu"] = ticker.reset_cpu()
-    print(f"    all running: {start_s if start_s is None else round(start_s, 2)}s ({len(RUNNING)}/{n}); "
-          f"idling {idle_seconds:.0f}s", file=sys.stderr, flush=True)
+    print(
+        f"    all running: {start_s if start_s is None else round(start_s, 2)}s ({len(RUNNING)}/{n}); "
+        f"idling {idle_seconds:.0f}s",
+        file=sys.stderr,
+        flush=True,
+    )
 
     if start_s is not None and not errors:
         cpu1, t1 = _cpu(), time.monotonic()
@@ -531,8 +555,13 @@ async def _child(kind: str, n: int, idle_seconds: float, detect_timeout: float, 
     for task in tasks:
         task.cancel()
     results = await asyncio.gather(*tasks, return_exceptions=True)
-    out["task_failures"] = sorted({f"{type(r).__name__}: {r}"[:200] for r in results
-                                   if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError)})[:3]
+    out["task_failures"] = sorted(
+        {
+            f"{type(r).__name__}: {r}"[:200]
+            for r in results
+            if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError)
+        }
+    )[:3]
     await ticker.stop()
     await asyncio.sleep(2.0)  # closes handed to the pool finish
     out["stop_s"] = time.monotonic() - stop0 - 2.0
@@ -614,7 +643,8 @@ def run_one(kind: str, backend: str, args: argparse.Namespace, service_url: str,
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         os.environ[f"AIRFLOW_CONN_{CONN_ID.upper()}"] = json.dumps(
-            {"conn_type": "pulsarstate", "extra": _conn_extra(backend, service_url, admin_url, tmp)})
+            {"conn_type": "pulsarstate", "extra": _conn_extra(backend, service_url, admin_url, tmp)}
+        )
         broker_port = int(service_url.rsplit(":", 1)[1].split("/")[0]) if backend == "pulsar" else -1
         admin_port = int(admin_url.rsplit(":", 1)[1].split("/")[0]) if backend == "pulsar" and admin_url else -1
         started = time.monotonic()
@@ -623,17 +653,34 @@ def run_one(kind: str, backend: str, args: argparse.Namespace, service_url: str,
             setup["ports"] = {"broker": broker_port, "admin": admin_port}
             setup_file = tmp / "setup.json"
             setup_file.write_text(json.dumps(setup))
-            print(f"  setup {time.monotonic() - started:.1f}s; starting {args.triggers} triggers", file=sys.stderr, flush=True)
+            print(
+                f"  setup {time.monotonic() - started:.1f}s; starting {args.triggers} triggers",
+                file=sys.stderr,
+                flush=True,
+            )
             proc = subprocess.run(
-                [sys.executable, __file__, "--child-setup", str(setup_file), "--kind", kind,
-                 "--triggers", str(args.triggers), "--idle-seconds", str(args.idle_seconds),
-                 "--detect-timeout", str(args.detect_timeout)],
-                stdout=subprocess.PIPE, text=True, timeout=args.child_timeout,
+                [
+                    sys.executable,
+                    __file__,
+                    "--child-setup",
+                    str(setup_file),
+                    "--kind",
+                    kind,
+                    "--triggers",
+                    str(args.triggers),
+                    "--idle-seconds",
+                    str(args.idle_seconds),
+                    "--detect-timeout",
+                    str(args.detect_timeout),
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+                timeout=args.child_timeout,
             )
             line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
             if line is None:
                 return {"failed": f"child exited {proc.returncode} without a result:\n{proc.stdout[-2000:]}"}
-            return json.loads(line[len("RESULT "):])
+            return json.loads(line[len("RESULT ") :])
         except subprocess.TimeoutExpired:
             return {"failed": f"child ran over {args.child_timeout}s"}
         except Exception as exc:
@@ -641,7 +688,9 @@ def run_one(kind: str, backend: str, args: argparse.Namespace, service_url: str,
         finally:
             if backend == "pulsar" and admin_url:
                 try:
-                    print(f"  cleanup: {_cleanup_pulsar(admin_url, prefix)} topics deleted", file=sys.stderr, flush=True)
+                    print(
+                        f"  cleanup: {_cleanup_pulsar(admin_url, prefix)} topics deleted", file=sys.stderr, flush=True
+                    )
                 except Exception as exc:
                     print(f"  cleanup failed: {exc}", file=sys.stderr, flush=True)
 
@@ -678,7 +727,9 @@ def _row(kind: str, backend: str, n: int, r: dict[str, Any]) -> list[str]:
     cpu = r.get("cpu_s_per_min")
     det = r.get("detect_s")
     return [
-        kind, backend, str(n),
+        kind,
+        backend,
+        str(n),
         f"{peak['threads']}{_was(kind, 'threads')}",
         f"{peak['fds']}{_was(kind, 'fds')}",
         "-" if backend != "pulsar" else str(peak.get("broker", 0)),
@@ -691,8 +742,20 @@ def _row(kind: str, backend: str, n: int, r: dict[str, Any]) -> list[str]:
     ]
 
 
-HEADERS = ["kind", "back end", "N", "threads", "fds", "broker conns", "admin conns", "start s",
-           "worst stall s", "CPU s/min idle", "detect s", "verdict"]
+HEADERS = [
+    "kind",
+    "back end",
+    "N",
+    "threads",
+    "fds",
+    "broker conns",
+    "admin conns",
+    "start s",
+    "worst stall s",
+    "CPU s/min idle",
+    "detect s",
+    "verdict",
+]
 
 
 def _print_table(rows: list[list[str]]) -> None:
@@ -710,9 +773,15 @@ def main() -> None:
     parser.add_argument("--backends", default=",".join(BACKENDS), help="pulsar, embedded")
     parser.add_argument("--idle-seconds", type=float, default=30.0, help="the CPU and steady-state window")
     parser.add_argument("--detect-timeout", type=float, default=60.0)
-    parser.add_argument("--leases", type=int, default=100, help="lease kind: leases held (trigger i waits for lease i mod L)")
-    parser.add_argument("--state-tables", choices=("one", "distinct"), default="one",
-                        help="state_change: one table with N key prefixes, or N tables")
+    parser.add_argument(
+        "--leases", type=int, default=100, help="lease kind: leases held (trigger i waits for lease i mod L)"
+    )
+    parser.add_argument(
+        "--state-tables",
+        choices=("one", "distinct"),
+        default="one",
+        help="state_change: one table with N key prefixes, or N tables",
+    )
     parser.add_argument("--child-timeout", type=float, default=1800.0)
     parser.add_argument("--service-url")
     parser.add_argument("--admin-url")
@@ -730,11 +799,16 @@ def main() -> None:
             parser.error(f"unknown {bad}; choose from {allowed}")
     print_run_header()
     if sys.dont_write_bytecode:
-        print("note: PYTHONDONTWRITEBYTECODE is set: each child compiles every module it imports late, on its loop "
-              "(a deployment has them compiled); set PYTHONPYCACHEPREFIX and unset it for deployment-like figures")
-    print(f"triggers per run: {args.triggers}; idle window {args.idle_seconds:.0f}s; default poll_interval (5 s); "
-          f"targets: threads <= {TARGET_THREADS}, fds <= {TARGET_FDS}, broker+admin conns <= {TARGET_CONNS}, "
-          f"start <= {TARGET_START:.0f}s, stall <= {TARGET_STALL}s", flush=True)
+        print(
+            "note: PYTHONDONTWRITEBYTECODE is set: each child compiles every module it imports late, on its loop "
+            "(a deployment has them compiled); set PYTHONPYCACHEPREFIX and unset it for deployment-like figures"
+        )
+    print(
+        f"triggers per run: {args.triggers}; idle window {args.idle_seconds:.0f}s; default poll_interval (5 s); "
+        f"targets: threads <= {TARGET_THREADS}, fds <= {TARGET_FDS}, broker+admin conns <= {TARGET_CONNS}, "
+        f"start <= {TARGET_START:.0f}s, stall <= {TARGET_STALL}s",
+        flush=True,
+    )
     rows, results = [], {}
     need_broker = "pulsar" in backends
     with broker_urls(args.service_url, args.admin_url) if need_broker else _no_broker() as (service_url, admin_url):
@@ -749,25 +823,31 @@ def main() -> None:
                 print(f"  {json.dumps(result)}", file=sys.stderr, flush=True)
     print()
     _print_table(rows)
-    print("\nfigures are minus the idle process; threads/fds/conns: the largest over the idle window; "
-          "(was X@200): the figure for 200 triggers before the sharing")
-    print("verdict: the targets are judged on these figures; 'worst stall' is the ticker's worst lateness minus the "
-          "time the loop's thread waited for a CPU (as the tests' LoopLag); below also raw (wall clock) and loop CPU "
-          "(the loop thread's own CPU over the worst tick: its work, not waits for the GIL or a CPU), and the same "
-          "loop with no trigger (control_stall): on a loaded machine the control alone may exceed 0.1 s")
+    print(
+        "\nfigures are minus the idle process; threads/fds/conns: the largest over the idle window; "
+        "(was X@200): the figure for 200 triggers before the sharing"
+    )
+    print(
+        "verdict: the targets are judged on these figures; 'worst stall' is the ticker's worst lateness minus the "
+        "time the loop's thread waited for a CPU (as the tests' LoopLag); below also raw (wall clock) and loop CPU "
+        "(the loop thread's own CPU over the worst tick: its work, not waits for the GIL or a CPU), and the same "
+        "loop with no trigger (control_stall): on a loaded machine the control alone may exceed 0.1 s"
+    )
     print("\ndetails (per run): after_start / steady / after_close (minus idle), stalls start/idle/detect, errors")
     for name, r in results.items():
         if "failed" in r:
             print(f"  {name}: FAILED: {r['failed']}")
             continue
-        print(f"  {name}: after_start={r.get('after_start')} steady={r.get('steady')} after_close={r.get('after_close')} "
-              f"stalls={r.get('stall_start_s', 0):.3f}/{r.get('stall_idle_s', 0):.3f}/{r.get('stall_detect_s', 0):.3f} "
-              f"(raw {r.get('stall_start_s_raw', 0):.3f}/{r.get('stall_idle_s_raw', 0):.3f}/{r.get('stall_detect_s_raw', 0):.3f}, "
-              f"loop CPU {r.get('stall_start_s_cpu', 0):.3f}/{r.get('stall_idle_s_cpu', 0):.3f}/{r.get('stall_detect_s_cpu', 0):.3f}) "
-              f"gc_pauses_at_start={ {g: round(v, 3) for g, v in (r.get('worst_gc_pause_start_s') or {}).items()} } "
-              f"control_stall={r.get('stall_control_s', 0):.3f} start_cpu={r.get('start_cpu_s', 0):.1f}s stop={r.get('stop_s', 0):.2f}s "
-              f"running={r.get('running')} errors={r.get('errors_total')} {r.get('errors') or ''} "
-              f"{r.get('task_failures') or ''} {r.get('detect_error') or ''}")
+        print(
+            f"  {name}: after_start={r.get('after_start')} steady={r.get('steady')} after_close={r.get('after_close')} "
+            f"stalls={r.get('stall_start_s', 0):.3f}/{r.get('stall_idle_s', 0):.3f}/{r.get('stall_detect_s', 0):.3f} "
+            f"(raw {r.get('stall_start_s_raw', 0):.3f}/{r.get('stall_idle_s_raw', 0):.3f}/{r.get('stall_detect_s_raw', 0):.3f}, "
+            f"loop CPU {r.get('stall_start_s_cpu', 0):.3f}/{r.get('stall_idle_s_cpu', 0):.3f}/{r.get('stall_detect_s_cpu', 0):.3f}) "
+            f"gc_pauses_at_start={ {g: round(v, 3) for g, v in (r.get('worst_gc_pause_start_s') or {}).items()} } "
+            f"control_stall={r.get('stall_control_s', 0):.3f} start_cpu={r.get('start_cpu_s', 0):.1f}s stop={r.get('stop_s', 0):.2f}s "
+            f"running={r.get('running')} errors={r.get('errors_total')} {r.get('errors') or ''} "
+            f"{r.get('task_failures') or ''} {r.get('detect_error') or ''}"
+        )
 
 
 class _no_broker:

@@ -59,7 +59,12 @@ def run_baseline(rows: int) -> dict:
     sets = [k for k, v in new.items() if old.get(k) != v]
     deletes = [k for k in old if k not in new]
     done = time.perf_counter()
-    return {"diff_s": done - built, "total_s": done - start, "ops": len(sets) + len(deletes), "peak_rss_mb": peak_rss_mb()}
+    return {
+        "diff_s": done - built,
+        "total_s": done - start,
+        "ops": len(sets) + len(deletes),
+        "peak_rss_mb": peak_rss_mb(),
+    }
 
 
 def true_diff(rows: int, version: int) -> int:
@@ -97,8 +102,14 @@ def run_ours(rows: int, config: dict, versions: list[int], topic: str = TOPIC) -
         stage_s, apply_s, result = apply_version(state, rows, version)
         out["ops"].append(result.set + result.delete)
         logging.info("version %d: staged in %.1fs, applied in %.2fs: %d ops", version, stage_s, apply_s, out["ops"][-1])
-    out.update(stage_s=stage_s, apply_s=apply_s, unchanged=result.unchanged, commit_offset=result.commit_offset,
-               peak_rss_mb=peak_rss_mb(), views_kept=len(state.views()))
+    out.update(
+        stage_s=stage_s,
+        apply_s=apply_s,
+        unchanged=result.unchanged,
+        commit_offset=result.commit_offset,
+        peak_rss_mb=peak_rss_mb(),
+        views_kept=len(state.views()),
+    )
     state.close()
     backend.close()
     return out
@@ -131,7 +142,11 @@ def main() -> int:
         print(json.dumps(run_baseline(args.rows)))
         return 0
     if args.phase == "ours":
-        print(json.dumps(run_ours(args.rows, json.loads(args.config), [int(v) for v in args.apply.split(",")], args.topic)))
+        print(
+            json.dumps(
+                run_ours(args.rows, json.loads(args.config), [int(v) for v in args.apply.split(",")], args.topic)
+            )
+        )
         return 0
     if args.start_broker and not args.service_url:
         from benchmarks.machine import broker_urls
@@ -149,7 +164,8 @@ def run_all(args: argparse.Namespace) -> int:
     tmp = tempfile.mkdtemp(prefix="bench-views-")
     config = (
         {"url": args.service_url, "admin_url": args.admin_url, "operation_timeout": 600.0}
-        if args.service_url else {"url": f"{tmp}/state.db", "operation_timeout": 600.0}
+        if args.service_url
+        else {"url": f"{tmp}/state.db", "operation_timeout": 600.0}
     )
     backend_name = "pulsar" if args.service_url else "embedded"
     topic = f"{TOPIC}-{int(time.time())}"  # a fresh table per run (a broker keeps earlier runs' tables)
@@ -167,30 +183,44 @@ def run_all(args: argparse.Namespace) -> int:
         logging.info("version %d: bootstrap + stage + apply in a fresh process", v)
         runs[v] = child(["--phase", "ours", "--apply", str(v), *common])
         done = v
-    ok_ops = all(r["ops"] == [true_diff(args.rows, v)] for v, r in runs.items()) and runs[measured[0]]["ops"][0] == base["ops"]
+    ok_ops = (
+        all(r["ops"] == [true_diff(args.rows, v)] for v, r in runs.items())
+        and runs[measured[0]]["ops"][0] == base["ops"]
+    )
 
     print(f"\nview switch of {args.rows:,} keys, 1% changed per version, {backend_name} back end")
     print(f"dict diff: {base['diff_s']:.2f}s, peak RSS {base['peak_rss_mb']:.0f} MB, {base['ops']:,} ops")
-    print(f"{'version':>7} {'bootstrap (s)':>13} {'replayed':>9} {'apply (s)':>9} {'x dict':>7} {'RSS (MB)':>9} {'x dict':>7} {'ops = diff':>10}")
+    print(
+        f"{'version':>7} {'bootstrap (s)':>13} {'replayed':>9} {'apply (s)':>9} {'x dict':>7} {'RSS (MB)':>9} {'x dict':>7} {'ops = diff':>10}"
+    )
     passed = True
     for v, r in runs.items():
         ratio, rss = r["apply_s"] / base["diff_s"], r["peak_rss_mb"] / base["peak_rss_mb"]
         ops_ok = r["ops"] == [true_diff(args.rows, v)]
-        print(f"{v:>7} {r['bootstrap_s']:>13.2f} {r['records_replayed']:>9} {r['apply_s']:>9.2f} {ratio:>6.2f}x "
-              f"{r['peak_rss_mb']:>9.0f} {rss:>6.2f}x {'yes' if ops_ok else 'NO':>10}")
+        print(
+            f"{v:>7} {r['bootstrap_s']:>13.2f} {r['records_replayed']:>9} {r['apply_s']:>9.2f} {ratio:>6.2f}x "
+            f"{r['peak_rss_mb']:>9.0f} {rss:>6.2f}x {'yes' if ops_ok else 'NO':>10}"
+        )
     last = runs[measured[-1]]
     targets = [
         ("apply <= 2x dict diff (every version)", all(r["apply_s"] <= 2 * base["diff_s"] for r in runs.values())),
-        ("peak RSS <= 1.3x dict diff (every version)", all(r["peak_rss_mb"] <= 1.3 * base["peak_rss_mb"] for r in runs.values())),
+        (
+            "peak RSS <= 1.3x dict diff (every version)",
+            all(r["peak_rss_mb"] <= 1.3 * base["peak_rss_mb"] for r in runs.values()),
+        ),
         (f"bootstrap after {measured[-1]} versions <= 1.5 s", last["bootstrap_s"] <= 1.5),
         ("published ops = true diff (every run)", ok_ops),
     ]
     for name, ok in targets:
         print(f"  {'PASS' if ok else 'FAIL'}  {name}")
         passed &= ok
-    print(f"staging: {args.rows / last['stage_s']:,.0f} rows/s from one process; views kept after {measured[-1]} versions: {last['views_kept']}")
+    print(
+        f"staging: {args.rows / last['stage_s']:,.0f} rows/s from one process; views kept after {measured[-1]} versions: {last['views_kept']}"
+    )
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"rows": args.rows, "backend": backend_name, "runs": runs, "baseline": base}, indent=2))
+        Path(args.json_out).write_text(
+            json.dumps({"rows": args.rows, "backend": backend_name, "runs": runs, "baseline": base}, indent=2)
+        )
     if not ok_ops:
         return 1
     return 1 if args.check and not passed else 0

@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from machine import broker_urls, machine_info, percentile, print_run_header  # noqa: E402  (benchmarks/machine.py, beside this script)
 
-DAG_FILE = '''
+DAG_FILE = """
 from __future__ import annotations
 
 import json
@@ -91,8 +91,7 @@ with DAG("bench_xcom", schedule=None, start_date=pendulum.datetime(2026, 1, 1, t
             json.dump(results, out)
 
     measure()
-'''
-
+"""
 
 
 def _ms(values: list[float]) -> str:
@@ -104,18 +103,25 @@ def _airflow_home(home: Path) -> None:
     dags = home / "dags"
     dags.mkdir(parents=True)
     (dags / "bench_xcom_dag.py").write_text(DAG_FILE)
-    bundles = [{"name": "bench", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-                "kwargs": {"path": str(dags), "refresh_interval": 0}}]
-    os.environ.update({
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-        "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundles),
-        "AIRFLOW__PULSARSTATE__KEY_NAMESPACE": "bench",
-        "AIRFLOW__PULSARSTATE__XCOM_TOPIC": f"bench-xcom-{int(time.time())}",
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    })
+    bundles = [
+        {
+            "name": "bench",
+            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+            "kwargs": {"path": str(dags), "refresh_interval": 0},
+        }
+    ]
+    os.environ.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+            "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundles),
+            "AIRFLOW__PULSARSTATE__KEY_NAMESPACE": "bench",
+            "AIRFLOW__PULSARSTATE__XCOM_TOPIC": f"bench-xcom-{int(time.time())}",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        }
+    )
     os.environ.pop("AIRFLOW_CONN_PULSARSTATE_DEFAULT", None)
     airflow = str(Path(sys.executable).with_name("airflow"))
     subprocess.run([airflow, "db", "migrate"], check=True, capture_output=True, timeout=600)
@@ -143,7 +149,9 @@ def _run(kind: str, conn: dict[str, Any] | None, args: argparse.Namespace, home:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--backend", choices=["both", "pulsar", "embedded"], default="both")
     p.add_argument("--ops", type=int, default=200, help="push+pull pairs per backend and size")
     p.add_argument("--sizes", type=int, nargs="+", default=[100, 65536], help="payload sizes (characters)")
@@ -171,19 +179,25 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(home, ignore_errors=True)
 
     print(f"loadavg at end: {os.getloadavg()}")
-    print("\n| map back end | value | push (ours) | pull (ours) | push+pull (ours) | push+pull (Airflow's DB backend) | ratio (medians) |")
+    print(
+        "\n| map back end | value | push (ours) | pull (ours) | push+pull (ours) | push+pull (Airflow's DB backend) | ratio (medians) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for kind, by_size in results.items():
         first = by_size.pop("first")
-        print(f"| {kind} | first push+pull of the task process (opens the map: connect, replay, writer) | - | - | "
-              f"{1000 * first['pulsarstate']:.0f} ms | {1000 * first['db']:.0f} ms | (n=1) |")
+        print(
+            f"| {kind} | first push+pull of the task process (opens the map: connect, replay, writer) | - | - | "
+            f"{1000 * first['pulsarstate']:.0f} ms | {1000 * first['db']:.0f} ms | (n=1) |"
+        )
         for size, times in by_size.items():
             ours, db = times["pulsarstate"], times["db"]
             ours_pair = [a + b for a, b in zip(ours["push"], ours["pull"])]
             db_pair = [a + b for a, b in zip(db["push"], db["pull"])]
             ratio = statistics.median(ours_pair) / statistics.median(db_pair)
-            print(f"| {kind} | {int(size):,} chars | {_ms(ours['push'])} | {_ms(ours['pull'])} | {_ms(ours_pair)} "
-                  f"| {_ms(db_pair)} | {ratio:.2f}x |")
+            print(
+                f"| {kind} | {int(size):,} chars | {_ms(ours['push'])} | {_ms(ours['pull'])} | {_ms(ours_pair)} "
+                f"| {_ms(db_pair)} | {ratio:.2f}x |"
+            )
     if args.json:
         args.json.write_text(json.dumps({"machine": machine_info(), "ops": args.ops, "results": results}))
     return 0

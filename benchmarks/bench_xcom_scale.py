@@ -118,17 +118,19 @@ class Target:
     def env(self, workload: str) -> dict[str, str]:
         """The environment of every process of one workload: its own key namespace and topics."""
         env = dict(os.environ)
-        env.update({
-            "AIRFLOW_HOME": str(self.home),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
-            "AIRFLOW__PULSARSTATE__KEY_NAMESPACE": self.namespace(workload),
-            "AIRFLOW__PULSARSTATE__XCOM_LAYOUT": self.layout,
-            "AIRFLOW__PULSARSTATE__XCOM_TOPIC": f"{self.topic_prefix()}-{workload}-xcom",
-            "AIRFLOW__PULSARSTATE__STATE_STORE_TOPIC": f"{self.topic_prefix()}-{workload}-state",
-            "AIRFLOW_CONN_PULSARSTATE_DEFAULT": json.dumps({"conn_type": "pulsarstate", "extra": self.extra}),
-            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
-        })
+        env.update(
+            {
+                "AIRFLOW_HOME": str(self.home),
+                "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+                "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
+                "AIRFLOW__PULSARSTATE__KEY_NAMESPACE": self.namespace(workload),
+                "AIRFLOW__PULSARSTATE__XCOM_LAYOUT": self.layout,
+                "AIRFLOW__PULSARSTATE__XCOM_TOPIC": f"{self.topic_prefix()}-{workload}-xcom",
+                "AIRFLOW__PULSARSTATE__STATE_STORE_TOPIC": f"{self.topic_prefix()}-{workload}-state",
+                "AIRFLOW_CONN_PULSARSTATE_DEFAULT": json.dumps({"conn_type": "pulsarstate", "extra": self.extra}),
+                "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+            }
+        )
         return env
 
     def namespace(self, workload: str) -> str:
@@ -168,7 +170,11 @@ def run_child(mode: str, spec: dict[str, Any], env: dict[str, str], log: Path, t
     with log.open("ab") as err:
         done = subprocess.run(
             [sys.executable, __file__, "--child", mode, json.dumps(spec)],
-            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, timeout=timeout,
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            timeout=timeout,
         )
     lines = done.stdout.decode(errors="replace").strip().splitlines()
     if done.returncode != 0 or not lines:
@@ -195,8 +201,9 @@ def child_rss(spec: dict[str, Any]) -> None:
     where = dict(key="return_value", task_id="t", dag_id=spec["dag_id"], run_id=spec["run_id"], map_index=-1)
     if spec.get("old"):
         store = backend.get_store()
-        map_key, _ = store.put(where["dag_id"], where["run_id"], "t", -1, "return_value", json.dumps(SMALL_VALUE),
-                               type_name="str")
+        map_key, _ = store.put(
+            where["dag_id"], where["run_id"], "t", -1, "return_value", json.dumps(SMALL_VALUE), type_name="str"
+        )
         assert store.map.get(map_key, latest=True).json_value() == SMALL_VALUE
     else:
         reference = backend.PulsarXComBackend.serialize_value(SMALL_VALUE, **where)
@@ -262,15 +269,23 @@ def _db_work(spec: dict[str, Any]) -> Callable[[int], tuple[float, float]]:
         con.execute("PRAGMA foreign_keys=ON")  # Airflow's connect hook (utils/orm_event_handlers.py)
         con.execute("PRAGMA journal_mode=WAL")
         run_pk = con.execute("SELECT id FROM dag_run WHERE dag_id = :dag_id AND run_id = :run_id", row).fetchone()[0]
-        con.execute("DELETE FROM xcom WHERE key = :key AND run_id = :run_id AND task_id = :task_id "
-                    "AND dag_id = :dag_id AND map_index = :map_index", row)
-        con.execute("INSERT INTO xcom (dag_run_id, task_id, map_index, key, dag_id, run_id, value, timestamp) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, datetime('now'))",
-                    (run_pk, row["task_id"], -1, row["key"], row["dag_id"], row["run_id"], value))
+        con.execute(
+            "DELETE FROM xcom WHERE key = :key AND run_id = :run_id AND task_id = :task_id "
+            "AND dag_id = :dag_id AND map_index = :map_index",
+            row,
+        )
+        con.execute(
+            "INSERT INTO xcom (dag_run_id, task_id, map_index, key, dag_id, run_id, value, timestamp) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, datetime('now'))",
+            (run_pk, row["task_id"], -1, row["key"], row["dag_id"], row["run_id"], value),
+        )
         con.commit()
         t1 = time.perf_counter()
-        got = con.execute("SELECT value FROM xcom WHERE dag_id = :dag_id AND task_id = :task_id AND run_id = :run_id "
-                          "AND map_index = :map_index AND key = :key", row).fetchone()[0]
+        got = con.execute(
+            "SELECT value FROM xcom WHERE dag_id = :dag_id AND task_id = :task_id AND run_id = :run_id "
+            "AND map_index = :map_index AND key = :key",
+            row,
+        ).fetchone()[0]
         t2 = time.perf_counter()
         con.close()
         if got != value:
@@ -305,8 +320,12 @@ def _fanout_task(work: Callable[[int], tuple[float, float]], i: int, go: str, re
             push, pull = work(i)
             result: dict[str, Any] = {"push": push, "pull": pull, "start": start, "end": time.time()}
         except BaseException as exc:  # noqa: BLE001  (every failure is a counted result)
-            result = {"error": f"{type(exc).__name__}: {exc}"[:400], "start": start, "end": time.time(),
-                      "trace": traceback.format_exc()[-3000:]}
+            result = {
+                "error": f"{type(exc).__name__}: {exc}"[:400],
+                "start": start,
+                "end": time.time(),
+                "trace": traceback.format_exc()[-3000:],
+            }
         (out / f"{i}.json").write_text(json.dumps(result))
     except BaseException:  # noqa: BLE001
         code = 1
@@ -363,8 +382,17 @@ CHILDREN: dict[str, Callable[[dict[str, Any]], None]] = {"rss": child_rss, "fano
 # ---------------------------------------------------------------------------------------------
 # Filling the store (this process, through the public APIs)
 # ---------------------------------------------------------------------------------------------
-def fill_run_maps(ns: str, xcom_topic: str, dag_id: str, run_ids: list[str], per_run: int, value_json: str,
-                  *, threads: int, label: str) -> None:
+def fill_run_maps(
+    ns: str,
+    xcom_topic: str,
+    dag_id: str,
+    run_ids: list[str],
+    per_run: int,
+    value_json: str,
+    *,
+    threads: int,
+    label: str,
+) -> None:
     """``per_run`` entries of ``value_json`` in each run's own map (one XComStore per run, the
     writes of a run queued with ``put_async``), ``threads`` runs at a time."""
     from airflow_provider_pulsarstate.engine.recipes.xcom_store import XComRecord, XComStore, run_topic
@@ -377,8 +405,10 @@ def fill_run_maps(ns: str, xcom_topic: str, dag_id: str, run_ids: list[str], per
     def one(run_id: str) -> None:
         with XComStore(backend, run_topic(base, ns, dag_id, run_id), namespace=ns) as store:
             futures = [
-                store.map.put_async(store.map_key(dag_id, run_id, f"t{j}", -1, "return_value"),
-                                    XComRecord(value_json, time.time(), size, "str"))
+                store.map.put_async(
+                    store.map_key(dag_id, run_id, f"t{j}", -1, "return_value"),
+                    XComRecord(value_json, time.time(), size, "str"),
+                )
                 for j in range(per_run)
             ]
             for future in futures:
@@ -388,8 +418,17 @@ def fill_run_maps(ns: str, xcom_topic: str, dag_id: str, run_ids: list[str], per
     hook.close()
 
 
-def fill_run_messages(ns: str, xcom_topic: str, dag_id: str, run_ids: list[str], per_run: int, value_json: str,
-                      *, threads: int, label: str) -> None:
+def fill_run_messages(
+    ns: str,
+    xcom_topic: str,
+    dag_id: str,
+    run_ids: list[str],
+    per_run: int,
+    value_json: str,
+    *,
+    threads: int,
+    label: str,
+) -> None:
     """``per_run`` XCom messages of ``value_json`` in each run's own topic (the messages layout;
     sent pipelined and flushed once per run), ``threads`` runs at a time."""
     from airflow_provider_pulsarstate.engine.offsets import create_topic, open_publisher
@@ -411,8 +450,11 @@ def fill_run_messages(ns: str, xcom_topic: str, dag_id: str, run_ids: list[str],
         create_topic(backend, topic)
         with open_publisher(backend, topic, batching=False) as publisher:
             for j in range(per_run):
-                message = XComMessage(XComIdentity(ns, dag_id, run_id, f"t{j}", -1, "return_value"),
-                                      uuid.uuid4().hex, XComRecord(value_json, time.time(), size, "str"))
+                message = XComMessage(
+                    XComIdentity(ns, dag_id, run_id, f"t{j}", -1, "return_value"),
+                    uuid.uuid4().hex,
+                    XComRecord(value_json, time.time(), size, "str"),
+                )
                 publisher.send(encode_message(message))
             publisher.flush(timeout=600)
 
@@ -434,8 +476,13 @@ def fill_single_map(ns: str, xcom_topic: str, dag_id: str, run_ids: list[str], p
     size, last = len(value_json.encode()), time.monotonic()
     with XComStore(hook.get_conn(), hook.topic_name(xcom_topic), namespace=ns) as store:
         for done, run_id in enumerate(run_ids, 1):
-            futures = [store.map.put_async(store.map_key(dag_id, run_id, f"t{j}", -1, "return_value"),
-                                           XComRecord(value_json, time.time(), size, "str")) for j in range(per_run)]
+            futures = [
+                store.map.put_async(
+                    store.map_key(dag_id, run_id, f"t{j}", -1, "return_value"),
+                    XComRecord(value_json, time.time(), size, "str"),
+                )
+                for j in range(per_run)
+            ]
             for future in futures:
                 future.result(timeout=600)
             if time.monotonic() - last > 5 or done == len(run_ids):
@@ -462,8 +509,10 @@ def _in_pool(fn: Callable[[Any], None], items: list[Any], threads: int, label: s
         for done, future in enumerate(as_completed([pool.submit(fn, item) for item in items]), 1):
             future.result()
             if time.monotonic() - last > 5 or done == len(items):
-                progress(f"{label}: {done}/{len(items)} ({done * bytes_each / 2**20:.1f} MiB) in "
-                         f"{time.monotonic() - t0:.0f}s")
+                progress(
+                    f"{label}: {done}/{len(items)} ({done * bytes_each / 2**20:.1f} MiB) in "
+                    f"{time.monotonic() - t0:.0f}s"
+                )
                 last = time.monotonic()
 
 
@@ -482,7 +531,9 @@ def delete_topics(target: Target) -> None:
                 backend.delete_topic(topic)
         left = backend.list_topics(hook.topic_name(target.topic_prefix()))
         hook.close()
-    progress(f"clean-up: deleted {len(topics) - len(left)} topics" + (f", {len(left)} left: {left[:3]}" if left else ""))
+    progress(
+        f"clean-up: deleted {len(topics) - len(left)} topics" + (f", {len(left)} left: {left[:3]}" if left else "")
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -516,25 +567,50 @@ def memory_workload(target: Target, args: argparse.Namespace) -> None:
     value_json = json.dumps("v" * (args.value_kib * 1024 - 2))
     run_ids = [f"other_run_{i}" for i in range(math.ceil(args.xcom_mib * 1024 / (2 * args.value_kib)))]
     with in_env(env):
-        fill_runs(target.layout, target.namespace("mem"), env["AIRFLOW__PULSARSTATE__XCOM_TOPIC"], "other_dag",
-                  run_ids, 2, value_json, threads=args.fill_threads, label="other runs' XComs")
+        fill_runs(
+            target.layout,
+            target.namespace("mem"),
+            env["AIRFLOW__PULSARSTATE__XCOM_TOPIC"],
+            "other_dag",
+            run_ids,
+            2,
+            value_json,
+            threads=args.fill_threads,
+            label="other runs' XComs",
+        )
         if args.state_mib > 0:
             fill_task_state(args.state_mib, args.value_kib)
     filled = [peak_mb(f"filled-{i}") for i in range(args.mem_repeats)]
     progress(f"memory, filled store: peak RSS {', '.join(f'{m:.0f}' for m in filled)} MB")
     base, ours = statistics.median(empty), statistics.median(filled)
     stored = f"{2 * len(run_ids) * args.value_kib / 1024:.0f} MiB XComs of {len(run_ids)} other runs + {args.state_mib:g} MiB state"
-    target.rows.append([f"memory: fresh process, 1 push+pull of 20 B, {stored} (peak RSS; baseline: empty store)",
-                        f"{ours:.0f} MB", f"{base:.0f} MB", f"{ours - base:+.0f} MB", "<= +30 MB",
-                        _verdict(ours - base <= 30)])
+    target.rows.append(
+        [
+            f"memory: fresh process, 1 push+pull of 20 B, {stored} (peak RSS; baseline: empty store)",
+            f"{ours:.0f} MB",
+            f"{base:.0f} MB",
+            f"{ours - base:+.0f} MB",
+            "<= +30 MB",
+            _verdict(ours - base <= 30),
+        ]
+    )
     target.raw["memory"] = {"empty_mb": empty, "filled_mb": filled}
     if args.old_layout:
         with in_env(env):
-            fill_single_map(target.namespace("mem"), env["AIRFLOW__PULSARSTATE__XCOM_TOPIC"], "other_dag", run_ids, 2,
-                            value_json)
+            fill_single_map(
+                target.namespace("mem"), env["AIRFLOW__PULSARSTATE__XCOM_TOPIC"], "other_dag", run_ids, 2, value_json
+            )
         old = peak_mb("old-layout", old=True)
-        target.rows.append(["memory, earlier single-map layout, same XComs (reference)", f"{old:.0f} MB",
-                            f"{base:.0f} MB", f"{old - base:+.0f} MB", "-", "-"])
+        target.rows.append(
+            [
+                "memory, earlier single-map layout, same XComs (reference)",
+                f"{old:.0f} MB",
+                f"{base:.0f} MB",
+                f"{old - base:+.0f} MB",
+                "-",
+                "-",
+            ]
+        )
         target.raw["memory"]["old_layout_mb"] = old
 
 
@@ -545,15 +621,29 @@ def fanout(kind: str, target: Target, args: argparse.Namespace, env: dict[str, s
     (work / "ready").mkdir()
     go = work / "go"
     go.touch()
-    spec = {"kind": kind, "n": args.procs, "dir": str(work), "go": str(go), "dag_id": "bench_fanout",
-            "run_id": f"fanout_{uuid.uuid4().hex[:8]}", "timeout": args.fanout_timeout, "db": str(db) if db else ""}
+    spec = {
+        "kind": kind,
+        "n": args.procs,
+        "dir": str(work),
+        "go": str(go),
+        "dag_id": "bench_fanout",
+        "run_id": f"fanout_{uuid.uuid4().hex[:8]}",
+        "timeout": args.fanout_timeout,
+        "db": str(db) if db else "",
+    }
     if db is not None:
         _make_xcom_db(db, spec["dag_id"], spec["run_id"])
     log = target.home / f"fanout-{kind}.log"
     with go.open("rb") as lock, log.open("ab") as err:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        child = subprocess.Popen([sys.executable, __file__, "--child", "fanout", json.dumps(spec)],
-                                 env=env, cwd=ROOT, stdout=err, stderr=err, start_new_session=True)
+        child = subprocess.Popen(
+            [sys.executable, __file__, "--child", "fanout", json.dumps(spec)],
+            env=env,
+            cwd=ROOT,
+            stdout=err,
+            stderr=err,
+            start_new_session=True,
+        )
         try:
             _wait_ready(work / "ready", args.procs, child, kind, args.fanout_timeout)
             released = time.time()
@@ -568,8 +658,10 @@ def fanout(kind: str, target: Target, args: argparse.Namespace, env: dict[str, s
     errors = [r["error"] for r in ok if "error" in r] + ["no result (killed or crashed)"] * (args.procs - len(ok))
     done = [r for r in ok if "push" in r]
     span = max((r["end"] for r in ok), default=released) - released
-    progress(f"fan-out {kind}: {len(done)}/{args.procs} ok in {span:.1f}s; push p50/p99 "
-             f"{_ms([r['push'] for r in done])}" + (f"; first error: {errors[0]}" if errors else ""))
+    progress(
+        f"fan-out {kind}: {len(done)}/{args.procs} ok in {span:.1f}s; push p50/p99 "
+        f"{_ms([r['push'] for r in done])}" + (f"; first error: {errors[0]}" if errors else "")
+    )
     if traces := [r["trace"] for r in ok if "trace" in r]:
         with log.open("a") as out:
             out.write(f"first of {len(traces)} failed task processes:\n{traces[0]}\n")
@@ -609,17 +701,49 @@ def fanout_workload(target: Target, args: argparse.Namespace, db_dir: Path) -> N
     ours = fanout("ours", target, args, env, None)
     target.raw["fanout"] = {"ours": ours, "db": db}
     n = args.procs
-    target.rows.append([f"fan-out: {n} task processes push+pull to one run at once: failures",
-                        f"{len(ours['errors'])}", f"{len(db['errors'])} (DB)", "-", "0", _verdict(not ours["errors"])])
+    target.rows.append(
+        [
+            f"fan-out: {n} task processes push+pull to one run at once: failures",
+            f"{len(ours['errors'])}",
+            f"{len(db['errors'])} (DB)",
+            "-",
+            "0",
+            _verdict(not ours["errors"]),
+        ]
+    )
     if ours["push"] and db["push"]:
         ratio = percentile(ours["push"], 99) / percentile(db["push"], 99)
-        target.rows.append([f"fan-out: push latency p50 / p99 ({n} at once; baseline: Airflow's DB backend, SQLite)",
-                            _ms(ours["push"]), _ms(db["push"]), f"{ratio:.2f}x (p99)", "<= 3x", _verdict(ratio <= 3)])
+        target.rows.append(
+            [
+                f"fan-out: push latency p50 / p99 ({n} at once; baseline: Airflow's DB backend, SQLite)",
+                _ms(ours["push"]),
+                _ms(db["push"]),
+                f"{ratio:.2f}x (p99)",
+                "<= 3x",
+                _verdict(ratio <= 3),
+            ]
+        )
         pull = percentile(ours["pull"], 99) / percentile(db["pull"], 99)
-        target.rows.append(["fan-out: pull latency p50 / p99 (reported)", _ms(ours["pull"]), _ms(db["pull"]),
-                            f"{pull:.2f}x (p99)", "-", "-"])
-        target.rows.append(["fan-out: wall time from go to the last task done", f"{ours['span_s']:.1f} s",
-                            f"{db['span_s']:.1f} s", "-", "-", "-"])
+        target.rows.append(
+            [
+                "fan-out: pull latency p50 / p99 (reported)",
+                _ms(ours["pull"]),
+                _ms(db["pull"]),
+                f"{pull:.2f}x (p99)",
+                "-",
+                "-",
+            ]
+        )
+        target.rows.append(
+            [
+                "fan-out: wall time from go to the last task done",
+                f"{ours['span_s']:.1f} s",
+                f"{db['span_s']:.1f} s",
+                "-",
+                "-",
+                "-",
+            ]
+        )
 
 
 def pull_workload(target: Target, args: argparse.Namespace) -> None:
@@ -628,16 +752,26 @@ def pull_workload(target: Target, args: argparse.Namespace) -> None:
     with in_env(env):
         from airflow_provider_pulsarstate.xcom.backend import PulsarXComBackend
 
-        reference = PulsarXComBackend.serialize_value(value, key="return_value", task_id="t", dag_id="bench_pull",
-                                                      run_id="target_run", map_index=-1)
+        reference = PulsarXComBackend.serialize_value(
+            value, key="return_value", task_id="t", dag_id="bench_pull", run_id="target_run", map_index=-1
+        )
     log = target.home / "pull.log"
     per_run, stored, medians = 100, 0, {}
     entry_json = json.dumps({"rows": 1, "payload": "e" * 60})
     for size in (args.entries_small, args.entries):
         runs = [f"other_run_{i}" for i in range(stored // per_run, math.ceil(size / per_run))]
         with in_env(env):
-            fill_runs(target.layout, target.namespace("pull"), env["AIRFLOW__PULSARSTATE__XCOM_TOPIC"], "other_dag",
-                      runs, per_run, entry_json, threads=args.fill_threads, label=f"other entries (to {size:,})")
+            fill_runs(
+                target.layout,
+                target.namespace("pull"),
+                env["AIRFLOW__PULSARSTATE__XCOM_TOPIC"],
+                "other_dag",
+                runs,
+                per_run,
+                entry_json,
+                threads=args.fill_threads,
+                label=f"other entries (to {size:,})",
+            )
         stored = math.ceil(size / per_run) * per_run
         spec = {"reference": reference, "value": value, "repeats": args.pull_repeats}
         samples = json.loads(run_child("pulls", spec, env, log, timeout=1800))
@@ -646,25 +780,36 @@ def pull_workload(target: Target, args: argparse.Namespace) -> None:
         target.raw.setdefault("pull", {})[str(stored)] = samples
     small, large = medians[args.entries_small], medians[args.entries]
     opened = "read 1 message by address" if target.layout == "messages" else "open run map + 1 read"
-    target.rows.append([f"pull (fresh process: {opened}), median of {args.pull_repeats}: "
-                        f"{args.entries:,} vs {args.entries_small:,} other entries",
-                        f"{1000 * large:.0f} ms", f"{1000 * small:.0f} ms", f"{large / small:.2f}x", "<= 1.5x",
-                        _verdict(large / small <= 1.5)])
+    target.rows.append(
+        [
+            f"pull (fresh process: {opened}), median of {args.pull_repeats}: "
+            f"{args.entries:,} vs {args.entries_small:,} other entries",
+            f"{1000 * large:.0f} ms",
+            f"{1000 * small:.0f} ms",
+            f"{large / small:.2f}x",
+            "<= 1.5x",
+            _verdict(large / small <= 1.5),
+        ]
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 def run_target(target: Target, args: argparse.Namespace, db_dir: Path) -> None:
     print(f"\n== {target.label} ({target.extra['service_url']}) ==", flush=True)
-    steps = {"memory": lambda: memory_workload(target, args), "fanout": lambda: fanout_workload(target, args, db_dir),
-             "pull": lambda: pull_workload(target, args)}
+    steps = {
+        "memory": lambda: memory_workload(target, args),
+        "fanout": lambda: fanout_workload(target, args, db_dir),
+        "pull": lambda: pull_workload(target, args),
+    }
     try:
         for name in args.workloads:
             t0 = time.monotonic()
             try:
                 steps[name]()
             except Exception as exc:  # a workload that breaks is a failed row, the others still run
-                target.rows.append([f"{name}: did not complete", f"{type(exc).__name__}: {str(exc)[:300]}",
-                                    "-", "-", "-", "FAIL"])
+                target.rows.append(
+                    [f"{name}: did not complete", f"{type(exc).__name__}: {str(exc)[:300]}", "-", "-", "-", "FAIL"]
+                )
                 progress(f"{name} failed: {type(exc).__name__}: {exc}")
             progress(f"{name} done in {time.monotonic() - t0:.0f}s, loadavg {os.getloadavg()}")
     finally:
@@ -681,10 +826,17 @@ def print_table(targets: list[Target]) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--backend", choices=["both", "embedded", "pulsar"], default="both")
-    p.add_argument("--layouts", nargs="+", choices=["messages", "map"], default=["messages", "map"],
-                   help="XCom layouts to measure ([pulsarstate] xcom_layout), each against the same DB baseline")
+    p.add_argument(
+        "--layouts",
+        nargs="+",
+        choices=["messages", "map"],
+        default=["messages", "map"],
+        help="XCom layouts to measure ([pulsarstate] xcom_layout), each against the same DB baseline",
+    )
     p.add_argument("--service-url", help="a running broker (default: start the bundled standalone)")
     p.add_argument("--admin-url")
     p.add_argument("--workloads", nargs="+", choices=["memory", "fanout", "pull"], default=["memory", "fanout", "pull"])
@@ -712,8 +864,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print_run_header()
     if sys.dont_write_bytecode:
-        print("note: PYTHONDONTWRITEBYTECODE is set: every task process compiles the modules it imports "
-              "(a deployment has them compiled); set PYTHONPYCACHEPREFIX and unset it for deployment-like figures")
+        print(
+            "note: PYTHONDONTWRITEBYTECODE is set: every task process compiles the modules it imports "
+            "(a deployment has them compiled); set PYTHONPYCACHEPREFIX and unset it for deployment-like figures"
+        )
     run_tag = uuid.uuid4().hex[:8]
     home = Path(tempfile.mkdtemp(prefix="bench-xcom-scale-"))
     os.environ.update(Target("setup", {}, home, run_tag).env("setup"))  # before airflow is imported here
@@ -731,8 +885,15 @@ def main(argv: list[str] | None = None) -> int:
                         service_url, admin_url = stack.enter_context(broker_urls(args.service_url, args.admin_url))
                     where = home / f"pulsar-{layout}"
                     where.mkdir()
-                    targets.append(Target("pulsar", {"service_url": service_url, "admin_url": admin_url,
-                                                     "operation_timeout": 30}, where, run_tag, layout))
+                    targets.append(
+                        Target(
+                            "pulsar",
+                            {"service_url": service_url, "admin_url": admin_url, "operation_timeout": 30},
+                            where,
+                            run_tag,
+                            layout,
+                        )
+                    )
             for target in targets:
                 run_target(target, args, home)
     finally:
@@ -743,8 +904,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nloadavg at end: {os.getloadavg()}")
     print_table(targets)
     if args.json:
-        args.json.write_text(json.dumps({"machine": machine_info(), "args": {k: str(v) for k, v in vars(args).items()},
-                                         "results": {t.label: t.raw for t in targets}}, indent=1))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": machine_info(),
+                    "args": {k: str(v) for k, v in vars(args).items()},
+                    "results": {t.label: t.raw for t in targets},
+                },
+                indent=1,
+            )
+        )
     failed = any(row[-1] == "FAIL" for t in targets for row in t.rows)
     return 1 if failed else 0
 

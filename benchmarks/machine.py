@@ -13,10 +13,16 @@ from typing import Any
 
 def machine_info() -> dict[str, Any]:
     """Python, CPU count and model, memory, platform, and the pulsar-client / Airflow versions installed."""
-    info: dict[str, Any] = {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()}
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+    }
     with contextlib.suppress(Exception):
         info["cpu"] = next(
-            ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
         )
     with contextlib.suppress(Exception):
         info["mem_gb"] = round(int(Path("/proc/meminfo").read_text().split()[1]) / 1024 / 1024, 1)

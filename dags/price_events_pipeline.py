@@ -97,7 +97,12 @@ def price_events_pipeline() -> None:
             publisher.flush(timeout=120.0)
             end = hook.get_pull_consumer(topic).end_offsets()
         log.info("published batch %d: %d events to %s, end offsets %s", params["batch"], len(events), topic, end)
-        return {"topic": topic, "batch": params["batch"], "published": len(events), "end_offsets": {str(p): o for p, o in end.items()}}
+        return {
+            "topic": topic,
+            "batch": params["batch"],
+            "published": len(events),
+            "end_offsets": {str(p): o for p, o in end.items()},
+        }
 
     wait = OffsetProgressSensor(
         task_id="wait_for_events",

@@ -34,7 +34,9 @@ price_table_applies = Asset(
     watchers=[
         AssetWatcher(
             name="price-table-view-apply",
-            trigger=StateChangeTrigger(table=TABLE_TOPIC, on=["view_apply"], key_prefix="sku-", poll_interval=POLL_INTERVAL),
+            trigger=StateChangeTrigger(
+                table=TABLE_TOPIC, on=["view_apply"], key_prefix="sku-", poll_interval=POLL_INTERVAL
+            ),
         )
     ],
 )

@@ -29,7 +29,8 @@ def _standalone(tmp_path_factory: pytest.TempPathFactory, name: str, **conf_over
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     broker = PulsarStandalone(
-        data_dir=tmp_path_factory.mktemp(f"{name}-data"), log_file=ARTIFACTS / f"{name}-broker.log",
+        data_dir=tmp_path_factory.mktemp(f"{name}-data"),
+        log_file=ARTIFACTS / f"{name}-broker.log",
         conf_overrides=conf_overrides or None,
     )
     broker.start()
@@ -67,8 +68,10 @@ def pulsar_noindex_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     """A broker WITHOUT the entry-index interceptor (Pulsar's default): no offsets to give.
     Started only by the tests that ask for it."""
     yield from _standalone(
-        tmp_path_factory, "pulsar-noindex",
-        brokerEntryMetadataInterceptors="", exposingBrokerEntryMetadataToClientEnabled="false",
+        tmp_path_factory,
+        "pulsar-noindex",
+        brokerEntryMetadataInterceptors="",
+        exposingBrokerEntryMetadataToClientEnabled="false",
     )
 
 

@@ -41,10 +41,22 @@ LAYERS = "Layers:"
         ("xcom/backend.py", "import airflow_provider_pulsarstate.cli.commands\n", LAYERS),
         ("operators/views.py", "from airflow_provider_pulsarstate.engine.recipes.table import StateTable\n", ENGINE),
         ("triggers/offsets.py", "from airflow_provider_pulsarstate.engine.offsets import open_async_probe\n", ENGINE),
-        ("sensors/offsets.py", "from airflow_provider_pulsarstate.engine.offsets.consumer import PullConsumer\n", ENGINE),
-        ("triggers/leadership.py", "from airflow_provider_pulsarstate.engine.leadership import read_leadership\n", ENGINE),
+        (
+            "sensors/offsets.py",
+            "from airflow_provider_pulsarstate.engine.offsets.consumer import PullConsumer\n",
+            ENGINE,
+        ),
+        (
+            "triggers/leadership.py",
+            "from airflow_provider_pulsarstate.engine.leadership import read_leadership\n",
+            ENGINE,
+        ),
         ("sensors/leadership.py", "from airflow_provider_pulsarstate.engine.recipes.lease import Leases\n", ENGINE),
-        ("triggers/messages.py", "from airflow_provider_pulsarstate.engine.backends.pulsar import client_options\n", ENGINE),
+        (
+            "triggers/messages.py",
+            "from airflow_provider_pulsarstate.engine.backends.pulsar import client_options\n",
+            ENGINE,
+        ),
         ("triggers/messages.py", "from airflow_provider_pulsarstate.engine.topic_stream import TopicStream\n", ENGINE),
         ("queues/pulsar.py", "from airflow_provider_pulsarstate.engine.backends import open_backend\n", ENGINE),
         ("xcom/backend.py", "import airflow_provider_pulsarstate.engine\n", ENGINE),
@@ -72,8 +84,11 @@ def test_a_new_subpackage_must_take_a_layer(tmp_path: Path) -> None:
 def _copy(tmp_path: Path) -> Path:
     package = tmp_path / "airflow_provider_pulsarstate"
     if not package.exists():
-        shutil.copytree(ROOT / "airflow_provider_pulsarstate", package,
-                        ignore=shutil.ignore_patterns("__pycache__", "pulsar_standalone"))
+        shutil.copytree(
+            ROOT / "airflow_provider_pulsarstate",
+            package,
+            ignore=shutil.ignore_patterns("__pycache__", "pulsar_standalone"),
+        )
         shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     return package
 

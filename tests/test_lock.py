@@ -38,7 +38,11 @@ def _canonical(name: str) -> str:
 
 def test_the_lock_satisfies_every_declared_requirement() -> None:
     pins = _pins()
-    declared = [*PROJECT["dependencies"], *PROJECT["optional-dependencies"]["spark"], *PROJECT["optional-dependencies"]["test"]]
+    declared = [
+        *PROJECT["dependencies"],
+        *PROJECT["optional-dependencies"]["spark"],
+        *PROJECT["optional-dependencies"]["test"],
+    ]
     unmet = []
     for text in declared:
         req = Requirement(text)
@@ -53,7 +57,7 @@ def test_the_lock_satisfies_every_declared_requirement() -> None:
 def test_the_python_classifiers_are_the_locked_python() -> None:
     (locked,) = re.findall(r"--python-version (\d+\.\d+)", (ROOT / "dev" / "lock").read_text())
     prefix = "Programming Language :: Python :: "
-    versions = {c[len(prefix):] for c in PROJECT["classifiers"] if c.startswith(prefix) and "." in c[len(prefix):]}
+    versions = {c[len(prefix) :] for c in PROJECT["classifiers"] if c.startswith(prefix) and "." in c[len(prefix) :]}
     assert versions == {locked}
 
 
@@ -77,10 +81,12 @@ def test_bootstrap_reinstalls_when_the_lock_changes(tmp_path: Path) -> None:
 
     def bootstrap() -> list[str]:
         before = calls.read_text().splitlines() if calls.exists() else []
-        result = subprocess.run(["bash", "dev/bootstrap.sh"], cwd=repo, env=env, capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            ["bash", "dev/bootstrap.sh"], cwd=repo, env=env, capture_output=True, text=True, timeout=60
+        )
         assert result.returncode == 0, result.stdout + result.stderr
         after = calls.read_text().splitlines() if calls.exists() else []
-        return after[len(before):]
+        return after[len(before) :]
 
     first = bootstrap()
     assert any(c.startswith("pip sync") and c.endswith("requirements/test.lock") for c in first), first

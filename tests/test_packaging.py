@@ -60,8 +60,10 @@ def test_the_wheel_carries_every_package_file(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         shipped = {n for n in zf.namelist() if n.startswith(f"{PACKAGE}/")}
     assert expected - shipped == set(), "missing from the wheel (package-data in pyproject.toml?)"
-    assert {"airflow_provider_pulsarstate/testing/pulsar_standalone/pom.xml",
-            "airflow_provider_pulsarstate/testing/pulsar_standalone/standalone.conf"} <= shipped
+    assert {
+        "airflow_provider_pulsarstate/testing/pulsar_standalone/pom.xml",
+        "airflow_provider_pulsarstate/testing/pulsar_standalone/standalone.conf",
+    } <= shipped
 
 
 def test_the_wheel_carries_the_licence_and_project_metadata(wheel: Path) -> None:

@@ -102,9 +102,12 @@ def find_reaches(package: Path, extra: dict[str, str] | None = None) -> list[str
                 elif node.attr not in own:
                     found.append(f"{where} reads {ast.unparse(node)} (no class here defines {node.attr})")
             elif (
-                isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                and node.func.id in {"getattr", "hasattr", "setattr", "delattr"} and len(node.args) >= 2
-                and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in {"getattr", "hasattr", "setattr", "delattr"}
+                and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant)
+                and isinstance(node.args[1].value, str)
                 and _private(node.args[1].value)
                 and not (isinstance(node.args[0], ast.Name) and node.args[0].id in {"self", "cls"})
             ):

@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 __all__ = ["convert_asset_to_openlineage", "create_asset", "sanitize_uri"]
 
 
-def create_asset(*, topic: str, tenant: str = "public", namespace: str = "default", extra: dict[str, Any] | None = None) -> Asset:
+def create_asset(
+    *, topic: str, tenant: str = "public", namespace: str = "default", extra: dict[str, Any] | None = None
+) -> Asset:
     """The asset of a topic or state table: ``create_asset(topic="prices")`` is
     ``Asset("pulsar://public/default/prices")``.
 
@@ -38,7 +40,7 @@ def create_asset(*, topic: str, tenant: str = "public", namespace: str = "defaul
     return Asset(uri=topic_asset_uri(full), extra=extra or {})
 
 
-def convert_asset_to_openlineage(asset: Asset, lineage_context: Any = None) -> "Dataset":
+def convert_asset_to_openlineage(asset: Asset, lineage_context: Any = None) -> Dataset:
     """The OpenLineage dataset of a ``pulsar://`` asset, on the broker of ``pulsarstate_default``.
 
     Namespace ``pulsar://{host}:{port}`` and name ``persistent://{tenant}/{namespace}/{topic}``
@@ -51,7 +53,7 @@ def convert_asset_to_openlineage(asset: Asset, lineage_context: Any = None) -> "
 
     topic = asset_topic(asset.uri)
     namespace = (asset.extra or {}).get(LINEAGE_NAMESPACE_EXTRA)
-    if not namespace:
+    if not isinstance(namespace, str) or not namespace:
         from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 
         namespace, _ = dataset_identity(PulsarStateHook().get_config(), topic)

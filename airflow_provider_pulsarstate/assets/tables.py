@@ -10,7 +10,8 @@ a diff with nothing to publish wakes no downstream DAG.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from airflow.sdk import Asset, AssetAlias
 
@@ -42,7 +43,9 @@ def apply_event_extra(table: str, result: Mapping[str, Any]) -> dict[str, Any] |
     }
 
 
-def emit_apply_event(context: Mapping[str, Any], alias: AssetAlias, *, table: str, result: Mapping[str, Any]) -> Asset | None:
+def emit_apply_event(
+    context: Mapping[str, Any], alias: AssetAlias, *, table: str, result: Mapping[str, Any]
+) -> Asset | None:
     """Attach the table's asset to ``alias`` with the event of this apply; returns it (None: no event).
 
     Does nothing outside a task run (a context without ``outlet_events``).

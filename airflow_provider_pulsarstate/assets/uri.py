@@ -76,7 +76,7 @@ def topic_asset_uri(topic: str) -> str:
             "(resolve short names with the hook's topic_name first)",
             uri=topic,
         )
-    uri = f"{SCHEME}://{topic[len(_PERSISTENT):]}"
+    uri = f"{SCHEME}://{topic[len(_PERSISTENT) :]}"
     return sanitize_uri(urlsplit(uri)).geturl()
 
 
@@ -109,4 +109,3 @@ def lineage_namespace(config: ConnectionConfig) -> str:
 def dataset_identity(config: ConnectionConfig, topic: str) -> tuple[str, str]:
     """``(namespace, name)`` of a topic as an OpenLineage dataset: the name is the full topic name."""
     return lineage_namespace(config), config.topic_name(topic) if not topic.startswith(_PERSISTENT) else topic
-

@@ -25,17 +25,37 @@ from airflow_provider_pulsarstate.cli import (
 )
 
 _COMMANDS: list[tuple[str, str, ModuleType, Callable[..., None]]] = [
-    ("xcom-cleanup", "Remove the XCom maps of runs no longer in the metadata DB or finished longer ago than a retention",
-     xcom_cleanup, xcom_cleanup.xcom_cleanup),
-    ("state-store-cleanup", "Remove expired task and asset state (Airflow's own clean-up skips custom backends)",
-     state_store_cleanup, state_store_cleanup.state_store_cleanup),
-    ("state-store-migrate", "Move task and asset state of the earlier single-map layout into the per-run and per-asset maps",
-     state_store_migrate, state_store_migrate.state_store_migrate),
-    ("reset-fence", "Remove a lease fence from a table, with a record in its log (after a forged token)",
-     fence_reset, fence_reset.reset_fence),
+    (
+        "xcom-cleanup",
+        "Remove the XCom maps of runs no longer in the metadata DB or finished longer ago than a retention",
+        xcom_cleanup,
+        xcom_cleanup.xcom_cleanup,
+    ),
+    (
+        "state-store-cleanup",
+        "Remove expired task and asset state (Airflow's own clean-up skips custom backends)",
+        state_store_cleanup,
+        state_store_cleanup.state_store_cleanup,
+    ),
+    (
+        "state-store-migrate",
+        "Move task and asset state of the earlier single-map layout into the per-run and per-asset maps",
+        state_store_migrate,
+        state_store_migrate.state_store_migrate,
+    ),
+    (
+        "reset-fence",
+        "Remove a lease fence from a table, with a record in its log (after a forged token)",
+        fence_reset,
+        fence_reset.reset_fence,
+    ),
     ("table-show", "Print a table's committed rows as JSON (read-only)", table_show, table_show.table_show),
-    ("xcom-show", "Print the XCom values of one DAG run from the provider's store as JSON (read-only)",
-     xcom_show, xcom_show.xcom_show),
+    (
+        "xcom-show",
+        "Print the XCom values of one DAG run from the provider's store as JSON (read-only)",
+        xcom_show,
+        xcom_show.xcom_show,
+    ),
 ]
 
 
@@ -66,7 +86,11 @@ def get_cli_commands() -> list[GroupCommand]:
             help="Pulsar State provider commands",
             subcommands=[
                 ActionCommand(
-                    name=name, help=help_text, func=server_side(name, func), args=module.ARGS, description=module.__doc__
+                    name=name,
+                    help=help_text,
+                    func=server_side(name, func),
+                    args=module.ARGS,
+                    description=module.__doc__,
                 )
                 for name, help_text, module, func in _COMMANDS
             ],

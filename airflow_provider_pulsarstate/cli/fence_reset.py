@@ -36,5 +36,7 @@ ARGS = (
     Arg(("--topic",), required=True, help="The table or map whose fence to reset (short name or persistent://...)"),
     Arg(("--lease",), required=True, help="The lease name"),
     Arg(("--lease-log",), default=None, help="Only the fence of this lease log (default: of every lease log)"),
-    Arg(("--conn-id",), default="pulsarstate_default", help="The pulsarstate connection (default: pulsarstate_default)"),
+    Arg(
+        ("--conn-id",), default="pulsarstate_default", help="The pulsarstate connection (default: pulsarstate_default)"
+    ),
 )

@@ -30,7 +30,9 @@ def state_store_migrate(args: argparse.Namespace) -> None:
     current = settings()
     with PulsarStateHook(current.conn_id) as hook:
         report = migrate_legacy_state(
-            hook, from_namespaces=args.from_namespace or None, dry_run=args.dry_run,
+            hook,
+            from_namespaces=args.from_namespace or None,
+            dry_run=args.dry_run,
         )
     verb = "would move" if args.dry_run else "moved"
     print(
@@ -41,7 +43,11 @@ def state_store_migrate(args: argparse.Namespace) -> None:
 
 
 ARGS = (
-    Arg(("--from-namespace",), action="append", default=None,
-        help="Key namespace to move (repeatable; default: this deployment's key_namespace and 'airflow')"),
+    Arg(
+        ("--from-namespace",),
+        action="append",
+        default=None,
+        help="Key namespace to move (repeatable; default: this deployment's key_namespace and 'airflow')",
+    ),
     Arg(("--dry-run",), action="store_true", help="Report what would be moved, move nothing"),
 )

@@ -29,5 +29,7 @@ def table_show(args: argparse.Namespace) -> None:
 ARGS = (
     Arg(("--topic",), required=True, help="The table (short name or persistent://...)"),
     Arg(("--prefix",), default=None, help="Only the rows whose key starts with this"),
-    Arg(("--conn-id",), default="pulsarstate_default", help="The pulsarstate connection (default: pulsarstate_default)"),
+    Arg(
+        ("--conn-id",), default="pulsarstate_default", help="The pulsarstate connection (default: pulsarstate_default)"
+    ),
 )

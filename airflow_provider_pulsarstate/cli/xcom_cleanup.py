@@ -37,7 +37,12 @@ def xcom_cleanup(args: argparse.Namespace) -> None:
 
 
 ARGS = (
-    Arg(("--older-than-days",), type=float, default=None, help="Also delete finished runs that ended more than this many days ago"),
+    Arg(
+        ("--older-than-days",),
+        type=float,
+        default=None,
+        help="Also delete finished runs that ended more than this many days ago",
+    ),
     Arg(("--keep-missing",), action="store_true", help="Do not delete runs that are no longer in the metadata DB"),
     Arg(("--dag-id",), default=None, help="Only this DAG's entries"),
     Arg(("--dry-run",), action="store_true", help="Report what would be deleted, delete nothing"),

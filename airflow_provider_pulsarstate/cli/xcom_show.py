@@ -29,12 +29,18 @@ def xcom_show(args: argparse.Namespace) -> None:
     hook = PulsarStateHook(settings.conn_id)
     rows: dict[tuple[str, int, str], str] = {}
     with hook.xcom_run_store(
-        settings.xcom_topic, namespace=settings.key_namespace, dag_id=args.dag_id, run_id=args.run_id,
+        settings.xcom_topic,
+        namespace=settings.key_namespace,
+        dag_id=args.dag_id,
+        run_id=args.run_id,
     ) as store:
         for e in store.list_run(args.dag_id, args.run_id, latest=True):
             rows[(e.task_id, e.map_index, e.key)] = e.record.json_value()
     with hook.xcom_message_log(
-        settings.xcom_topic, namespace=settings.key_namespace, dag_id=args.dag_id, run_id=args.run_id,
+        settings.xcom_topic,
+        namespace=settings.key_namespace,
+        dag_id=args.dag_id,
+        run_id=args.run_id,
     ) as messages:
         for found in messages.scan().messages:  # in push order: the last push of a row wins
             message = found.message

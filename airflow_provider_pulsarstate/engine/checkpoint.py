@@ -117,7 +117,8 @@ class CheckpointStore:
         """Whether ``name`` is exactly an image topic of this log (never the log, the manifest
         topic or another table's topic): the only topics a checkpoint may delete."""
         return (
-            isinstance(name, str) and name.startswith(self.topic)
+            isinstance(name, str)
+            and name.startswith(self.topic)
             and _IMAGE_SUFFIX.fullmatch(name, len(self.topic)) is not None
         )
 
@@ -158,10 +159,18 @@ class CheckpointStore:
             except Exception as exc:  # noqa: BLE001 - whatever the back end's decoder raises on foreign bytes
                 raise ValueError(f"position does not decode: {type(exc).__name__}: {exc}") from exc
             return CheckpointInfo(
-                topic=self.topic, offset=offset, epoch=epoch, position=position, data_topic=data_topic,
-                checkpoint_id=ckpt_id, size=_field(m, "size", int, minimum=0),
-                crc32=_field(m, "crc32", int, minimum=0), created=float(_field(m, "created", (int, float))),
-                previous=previous, log_id=log_id, fences=fences,
+                topic=self.topic,
+                offset=offset,
+                epoch=epoch,
+                position=position,
+                data_topic=data_topic,
+                checkpoint_id=ckpt_id,
+                size=_field(m, "size", int, minimum=0),
+                crc32=_field(m, "crc32", int, minimum=0),
+                created=float(_field(m, "created", (int, float))),
+                previous=previous,
+                log_id=log_id,
+                fences=fences,
             )
         except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise self._error(f"the last manifest in {self.index_topic} does not decode: {exc}") from exc
@@ -181,9 +190,14 @@ class CheckpointStore:
         try:
             frame = decode_frame(entry.payload)
         except FrameError as exc:
-            raise self._error(f"the log entry at the manifest's position {info.position} does not decode: {exc}") from exc
+            raise self._error(
+                f"the log entry at the manifest's position {info.position} does not decode: {exc}"
+            ) from exc
         if (frame.kind, frame.offset, frame.epoch, frame.part_index + 1) != (
-            RecordKind.DATA, info.offset, info.epoch, frame.part_count
+            RecordKind.DATA,
+            info.offset,
+            info.epoch,
+            frame.part_count,
         ):
             raise self._error(
                 f"the log entry at the manifest's position {info.position} is {frame.kind.name} offset {frame.offset} "
@@ -194,7 +208,9 @@ class CheckpointStore:
     def load(self, info: CheckpointInfo) -> bytes:
         """The image ``info`` names, checked against its id, offset, epoch, length and CRC-32."""
         try:
-            reader = LogReader(self.backend, info.data_topic, epoch_topic=self.topic)  # its frames carry the log's epoch
+            reader = LogReader(
+                self.backend, info.data_topic, epoch_topic=self.topic
+            )  # its frames carry the log's epoch
             try:
                 record = reader.read_next(timeout=self.timeout, drain=True)
             finally:
@@ -220,7 +236,13 @@ class CheckpointStore:
 
     # ------------------------------------------------------------------ writing
     def save(
-        self, *, offset: int, epoch: int, position: Any, data: bytes, log_id: str | None = None,
+        self,
+        *,
+        offset: int,
+        epoch: int,
+        position: Any,
+        data: bytes,
+        log_id: str | None = None,
         fences: dict[tuple[str, str], int] | None = None,
     ) -> CheckpointInfo:
         """Store ``data`` as the image at ``offset``, then publish its manifest.
@@ -241,23 +263,45 @@ class CheckpointStore:
         ckpt_id = uuid.uuid4().bytes
         data_topic = self.image_topic(offset, ckpt_id.hex())
         frames = encode_frames(
-            kind=RecordKind.CHECKPOINT, epoch=epoch, offset=offset, writer_id=ckpt_id, body=data,
+            kind=RecordKind.CHECKPOINT,
+            epoch=epoch,
+            offset=offset,
+            writer_id=ckpt_id,
+            body=data,
             max_frame_bytes=self.max_frame_bytes,
         )
         info = CheckpointInfo(
-            topic=self.topic, offset=offset, epoch=epoch, position=position, data_topic=data_topic,
-            checkpoint_id=ckpt_id.hex(), size=len(data), crc32=zlib.crc32(data), created=time.time(),
-            previous=previous.data_topic if previous is not None else None, log_id=log_id,
+            topic=self.topic,
+            offset=offset,
+            epoch=epoch,
+            position=position,
+            data_topic=data_topic,
+            checkpoint_id=ckpt_id.hex(),
+            size=len(data),
+            crc32=zlib.crc32(data),
+            created=time.time(),
+            previous=previous.data_topic if previous is not None else None,
+            log_id=log_id,
             fences=dict(fences or {}),
         )
-        manifest = json.dumps({
-            "format": FORMAT, "topic": self.topic, "offset": offset, "epoch": epoch,
-            "position": base64.b64encode(self.backend.encode_position(position)).decode(),
-            "data_topic": data_topic, "id": info.checkpoint_id, "size": info.size, "crc32": info.crc32,
-            "created": info.created, "previous": info.previous, "log_id": log_id,
-            "fences": {name: t for (ref, name), t in info.fences.items() if ref == ""},
-            "lease_fences": sorted([ref, name, t] for (ref, name), t in info.fences.items() if ref != ""),
-        }).encode()
+        manifest = json.dumps(
+            {
+                "format": FORMAT,
+                "topic": self.topic,
+                "offset": offset,
+                "epoch": epoch,
+                "position": base64.b64encode(self.backend.encode_position(position)).decode(),
+                "data_topic": data_topic,
+                "id": info.checkpoint_id,
+                "size": info.size,
+                "crc32": info.crc32,
+                "created": info.created,
+                "previous": info.previous,
+                "log_id": log_id,
+                "fences": {name: t for (ref, name), t in info.fences.items() if ref == ""},
+                "lease_fences": sorted([ref, name, t] for (ref, name), t in info.fences.items() if ref != ""),
+            }
+        ).encode()
         try:
             # Kept like the log: the manifests witness that the table existed (a deleted log is then
             # noticed), and an image the broker deletes while idle would make checkpoints useless.
@@ -276,7 +320,12 @@ class CheckpointStore:
         elapsed = time.monotonic() - started
         log.info(
             "%s: checkpoint at offset %d written: %s bytes in %d frames, %.2fs (%.1f MB/s)",
-            self.topic, offset, f"{len(data):,}", len(frames), elapsed, len(data) / 1e6 / max(elapsed, 1e-9),
+            self.topic,
+            offset,
+            f"{len(data):,}",
+            len(frames),
+            elapsed,
+            len(data) / 1e6 / max(elapsed, 1e-9),
         )
         return info
 

@@ -211,9 +211,7 @@ class ConnectionConfig:
                 )
             return topic
         if "/" in topic:
-            raise ConfigurationError(
-                f"topic {topic!r}: give a short name or a full persistent://tenant/namespace/name"
-            )
+            raise ConfigurationError(f"topic {topic!r}: give a short name or a full persistent://tenant/namespace/name")
         return f"persistent://{self.tenant}/{self.namespace}/{topic}"
 
     def with_options(self, **changes: object) -> ConnectionConfig:

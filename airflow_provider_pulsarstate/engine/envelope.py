@@ -84,8 +84,7 @@ def encode_frames(
     count = max(1, -(-len(body) // room))
     view = memoryview(body)
     return [
-        HEADER.pack(MAGIC, VERSION, kind, epoch, offset, writer_id, i, count)
-        + bytes(view[i * room : (i + 1) * room])
+        HEADER.pack(MAGIC, VERSION, kind, epoch, offset, writer_id, i, count) + bytes(view[i * room : (i + 1) * room])
         for i in range(count)
     ]
 
@@ -112,7 +111,9 @@ FenceTag = tuple[str, str, int]
 """What a write carries about its lease: ``(lease log, lease name, token)``; token 0 is a reset."""
 
 
-def encode_writes(writes: Iterable[tuple[int, Sequence[bytes]] | tuple[int, Sequence[bytes], tuple[Any, ...] | None]]) -> bytes:
+def encode_writes(
+    writes: Iterable[tuple[int, Sequence[bytes]] | tuple[int, Sequence[bytes], tuple[Any, ...] | None]],
+) -> bytes:
     """Encode ``[(seq, [op bytes, ...]), ...]`` as a DATA record body; a third item marks a write
     made under a lease: ``(lease log, lease name, token)`` (see :func:`encode_write`)."""
     return b"".join(encode_write(seq, ops, rest[0] if rest else None) for seq, ops, *rest in writes)
@@ -151,7 +152,7 @@ def _encode_fence(fence: tuple[Any, ...]) -> bytes:
     if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < 2**64:
         raise FrameError(f"fencing token {token!r} of lease {texts[-1]!r} is not a u64")
     out = bytearray()
-    for field, text in zip(("lease log", "lease name")[-len(texts):], texts):
+    for field, text in zip(("lease log", "lease name")[-len(texts) :], texts):
         try:
             data = text.encode()
         except (UnicodeEncodeError, AttributeError) as exc:

@@ -70,7 +70,9 @@ def check_lease_name(name: object, *, field: str = "name") -> str:
 def check_token(token: object, *, name: str) -> int:
     """``token`` if it is a valid fencing token (an int in 1 .. 2**64 - 1), else ConfigurationError."""
     if isinstance(token, bool) or not isinstance(token, int) or token < 1:
-        raise ConfigurationError(f"fencing token (field 'token') of lease {name!r} must be a positive integer, got {token!r}")
+        raise ConfigurationError(
+            f"fencing token (field 'token') of lease {name!r} must be a positive integer, got {token!r}"
+        )
     if token > MAX_TOKEN:
         raise ConfigurationError(
             f"fencing token (field 'token') of lease {name!r} must be below 2**64 (the log stores a u64), got {token}"

@@ -54,7 +54,9 @@ def parse_genesis(record: LogRecord, topic: str) -> Genesis:
         if not isinstance(created, (int, float)) or isinstance(created, bool):
             raise ValueError(f"created {created!r} is not a time")
     except (ValueError, KeyError, TypeError) as exc:
-        raise CorruptEntryError(topic=topic, position=record.position, cause=f"GENESIS record does not decode: {exc}") from exc
+        raise CorruptEntryError(
+            topic=topic, position=record.position, cause=f"GENESIS record does not decode: {exc}"
+        ) from exc
     return Genesis(log_id, float(created))
 
 

@@ -49,14 +49,18 @@ class LeaseGrants:
         :raises ConfigurationError: ``lease_log`` is the state log itself.
         """
         if lease_log == self.topic:
-            raise ConfigurationError(f"lease {name!r}: {lease_log} cannot be both the lease log and the state log it guards")
+            raise ConfigurationError(
+                f"lease {name!r}: {lease_log} cannot be both the lease log and the state log it guards"
+            )
         with self._lock:
             leases = self._replica(lease_log, fresh=fresh)
             granted = _last_token(leases, name, latest=False)
             if granted < token:
                 granted = _last_token(leases, name, latest=True)
             if granted < token:
-                raise LeaseNotGrantedError(topic=self.topic, lease=name, token=token, lease_log=lease_log, granted=granted)
+                raise LeaseNotGrantedError(
+                    topic=self.topic, lease=name, token=token, lease_log=lease_log, granted=granted
+                )
             return lease_log_ref(lease_log, leases.manager.log_id)
 
     def close(self) -> None:

@@ -29,7 +29,11 @@ from airflow_provider_pulsarstate.engine.backends.base import Backend, partition
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, LeadershipError
 from airflow_provider_pulsarstate.engine.turns import take_turn
-from airflow_provider_pulsarstate.engine.worker_thread import WorkerThread, close_on_shared_backend, open_on_shared_backend
+from airflow_provider_pulsarstate.engine.worker_thread import (
+    WorkerThread,
+    close_on_shared_backend,
+    open_on_shared_backend,
+)
 
 EXCLUSIVE_MODES = ("Exclusive", "ExclusiveWithFencing", "WaitForExclusive")
 """Access modes of a producer that holds the topic alone (a promoted WaitForExclusive one included)."""
@@ -89,8 +93,12 @@ class Leadership:
         """Inverse of :meth:`as_json` (types checked: a malformed value raises ValueError/TypeError/KeyError)."""
         partition, epoch = value["partition"], value["epoch"]
         leader, mode = value.get("leader"), value.get("access_mode")
-        for field, v, kind in (("partition", partition, int), ("epoch", epoch, int), ("leader", leader, str),
-                               ("access_mode", mode, str)):
+        for field, v, kind in (
+            ("partition", partition, int),
+            ("epoch", epoch, int),
+            ("leader", leader, str),
+            ("access_mode", mode, str),
+        ):
             if v is not None and (not isinstance(v, kind) or isinstance(v, bool)):
                 raise TypeError(f"{field} must be {kind.__name__} or None, got {v!r}")
         others = value.get("other_producers") or []
@@ -114,8 +122,13 @@ def leadership_from_stats(topic: str, partition: int | None, stats: Mapping[str,
             others.append(str(name))
     epoch = stats.get("topicEpoch")
     return Leadership(
-        topic, partition, leader, mode, None if epoch is None else int(epoch),
-        int(stats.get("waitingPublishers") or 0), tuple(others),
+        topic,
+        partition,
+        leader,
+        mode,
+        None if epoch is None else int(epoch),
+        int(stats.get("waitingPublishers") or 0),
+        tuple(others),
     )
 
 
@@ -167,10 +180,15 @@ def _embedded_leadership(backend: Any, topic: str) -> list[Leadership]:
     found = []
     for partition, stored in parts:
         epoch, holder, mode, held = backend.writer_lock(stored)
-        found.append(Leadership(
-            topic, partition, holder if held else None, (mode or "Exclusive") if held else None,
-            epoch if epoch > 0 else None,
-        ))
+        found.append(
+            Leadership(
+                topic,
+                partition,
+                holder if held else None,
+                (mode or "Exclusive") if held else None,
+                epoch if epoch > 0 else None,
+            )
+        )
     return found
 
 
@@ -231,7 +249,9 @@ class EmbeddedAsyncLeadershipProbe(AsyncLeadershipProbe):
 
         self._worker: WorkerThread[Any] = WorkerThread(
             lambda: EmbeddedBackend(config.embedded_path, busy_timeout=config.operation_timeout),
-            lambda backend: backend.close(), name="pulsarstate-leadership-probe", what="this leadership probe",
+            lambda backend: backend.close(),
+            name="pulsarstate-leadership-probe",
+            what="this leadership probe",
             share_key=("leadership-probe", config),  # the back end opens a connection per read: thread-safe
         )
 
@@ -267,8 +287,10 @@ class AsyncLeaseObserver:
         self._key = ("lease-observer", config, topic)
         self._freshness = max(0.0, float(freshness))
         self._worker: WorkerThread[Any] = WorkerThread(
-            lambda: _open_leases(config, topic), close_on_shared_backend,
-            name="pulsarstate-lease-observer", what="this lease observer",
+            lambda: _open_leases(config, topic),
+            close_on_shared_backend,
+            name="pulsarstate-lease-observer",
+            what="this lease observer",
             share_key=self._key,  # one replica of the lease log per process
         )
 
@@ -308,12 +330,12 @@ class AsyncLeaseObserver:
 
 
 # event loop -> observer share key -> (loop time the read started, None before; the read)
-_LEASE_READS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Any, tuple[float | None, asyncio.Task[None]]]]" = (
-    weakref.WeakKeyDictionary()
-)
+_LEASE_READS: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[Any, tuple[float | None, asyncio.Task[None]]]
+] = weakref.WeakKeyDictionary()
 
 
-def _retrieve(task: "asyncio.Task[Any]") -> None:
+def _retrieve(task: asyncio.Task[Any]) -> None:
     if not task.cancelled():
         task.exception()  # retrieved: its waiters raise it (or were all cancelled)
 

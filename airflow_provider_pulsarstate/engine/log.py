@@ -82,7 +82,11 @@ class LogWriter:
     def append(self, kind: RecordKind, body: bytes = b"", *, offset: int = NO_OFFSET, timeout: float) -> Any:
         """Append one record (all frames) and wait for it; returns the last frame's position."""
         frames = encode_frames(
-            kind=kind, epoch=self.raw.epoch, offset=offset, writer_id=self.writer_id, body=body,
+            kind=kind,
+            epoch=self.raw.epoch,
+            offset=offset,
+            writer_id=self.writer_id,
+            body=body,
             max_frame_bytes=self.max_frame_bytes,
         )
         return self.raw.append(frames, timeout=timeout)[-1]
@@ -96,8 +100,14 @@ class LogWriter:
 
 
 def open_writer(
-    backend: Backend, topic: str, *, writer_id: bytes, mode: AcquireMode, timeout: float,
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, name: str | None = None,
+    backend: Backend,
+    topic: str,
+    *,
+    writer_id: bytes,
+    mode: AcquireMode,
+    timeout: float,
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    name: str | None = None,
 ) -> LogWriter:
     """Take the exclusive writer of ``topic`` and announce the new epoch with an EPOCH record.
 
@@ -121,9 +131,17 @@ class LogReader:
     """Turns a :class:`RawReader`'s frames into records, enforcing the reading rules above."""
 
     def __init__(
-        self, backend: Backend, topic: str, *, start: Any = EARLIEST, on_corrupt: CorruptPolicy = "raise",
-        next_offset: int | None = None, max_epoch: int = -1, epoch_topic: Any = _SAME_TOPIC,
-        on_forged_epoch: CorruptPolicy | None = None, on_skip: Callable[[CorruptEntryError], None] | None = None,
+        self,
+        backend: Backend,
+        topic: str,
+        *,
+        start: Any = EARLIEST,
+        on_corrupt: CorruptPolicy = "raise",
+        next_offset: int | None = None,
+        max_epoch: int = -1,
+        epoch_topic: Any = _SAME_TOPIC,
+        on_forged_epoch: CorruptPolicy | None = None,
+        on_skip: Callable[[CorruptEntryError], None] | None = None,
     ) -> None:
         """
         :param start: EARLIEST, or the position of an entry to resume after.
@@ -219,7 +237,10 @@ class LogReader:
             if frame.epoch < self.max_epoch:
                 log.warning(
                     "%s: ignoring a late frame of fenced epoch %d (current epoch %d) at %s",
-                    self.topic, frame.epoch, self.max_epoch, entry.position,
+                    self.topic,
+                    frame.epoch,
+                    self.max_epoch,
+                    entry.position,
                 )
                 continue
             if frame.epoch > self.max_epoch:
@@ -240,11 +261,15 @@ class LogReader:
                 self._parts = [frame]
             elif head is None:
                 return None  # the reader started inside a record; its head is behind us
-            elif (frame.writer_id, frame.offset, frame.part_count) != (head.writer_id, head.offset, head.part_count) or (
-                frame.part_index != len(self._parts)
-            ):
+            elif (frame.writer_id, frame.offset, frame.part_count) != (
+                head.writer_id,
+                head.offset,
+                head.part_count,
+            ) or (frame.part_index != len(self._parts)):
                 self._parts = []
-                self._corrupt(self._where(position), f"frame {frame.part_index} does not continue the record in progress")
+                self._corrupt(
+                    self._where(position), f"frame {frame.part_index} does not continue the record in progress"
+                )
                 return None
             else:
                 self._parts.append(frame)
@@ -261,7 +286,9 @@ class LogReader:
             if self.next_offset is None:
                 self.next_offset = frame.offset
             if frame.offset < self.next_offset:
-                self._corrupt(self._where(position), f"record offset {frame.offset} repeats (expected {self.next_offset})")
+                self._corrupt(
+                    self._where(position), f"record offset {frame.offset} repeats (expected {self.next_offset})"
+                )
                 return None
             if frame.offset > self.next_offset:
                 # Records are missing. With on_corrupt="skip" the gap is logged and reading goes on.

@@ -248,7 +248,9 @@ class SharedStateManager(Generic[S, O]):
         writer_name: str | None = None,
     ) -> None:
         if handover_check_interval is not None and handover_check_interval <= 0:
-            raise ConfigurationError(f"handover_check_interval must be positive or None, got {handover_check_interval!r}")
+            raise ConfigurationError(
+                f"handover_check_interval must be positive or None, got {handover_check_interval!r}"
+            )
         if checkpoint_after_bytes is not None and (state_serializer is None or checkpoint_after_bytes <= 0):
             raise ConfigurationError(
                 "checkpoint_after_bytes needs a state_serializer and a positive size, got "
@@ -311,10 +313,21 @@ class SharedStateManager(Generic[S, O]):
         self._last_checkpoint_size = 0
         self._checkpointer: threading.Thread | None = None
         self.stats = {
-            "records_appended": 0, "writes_committed": 0, "acquisitions": 0, "rebuilds": 0, "retries": 0,
-            "records_replayed": 0, "checkpoints_written": 0, "checkpoint_loaded_offset": -1,
-            "corrupt_skipped": 0, "fenced_skipped": 0, "unknown_outcomes": 0, "listener_errors": 0, "follower_errors": 0,
-            "committer_errors": 0, "handovers": 0,
+            "records_appended": 0,
+            "writes_committed": 0,
+            "acquisitions": 0,
+            "rebuilds": 0,
+            "retries": 0,
+            "records_replayed": 0,
+            "checkpoints_written": 0,
+            "checkpoint_loaded_offset": -1,
+            "corrupt_skipped": 0,
+            "fenced_skipped": 0,
+            "unknown_outcomes": 0,
+            "listener_errors": 0,
+            "follower_errors": 0,
+            "committer_errors": 0,
+            "handovers": 0,
         }
 
     # ------------------------------------------------------------------ lifecycle
@@ -411,7 +424,12 @@ class SharedStateManager(Generic[S, O]):
 
     # ------------------------------------------------------------------ reads
     def read(
-        self, reader: Callable[[S], R], *, latest: bool = False, linearizable: bool = False, timeout: float | None = None
+        self,
+        reader: Callable[[S], R],
+        *,
+        latest: bool = False,
+        linearizable: bool = False,
+        timeout: float | None = None,
     ) -> R:
         """Run ``reader`` on the state and return its result.
 
@@ -441,7 +459,9 @@ class SharedStateManager(Generic[S, O]):
             )
         left = _left(deadline)
         if not self._lock.acquire(timeout=-1 if left is None else left):
-            raise OperationTimeoutError(f"{self.topic}: the local state stayed busy (an append or a catch-up) for {timeout:.1f}s")
+            raise OperationTimeoutError(
+                f"{self.topic}: the local state stayed busy (an append or a catch-up) for {timeout:.1f}s"
+            )
         try:
             self._ensure_state(deadline=deadline)
             if latest:
@@ -517,7 +537,9 @@ class SharedStateManager(Generic[S, O]):
         with self._lock:
             return dict(self._fences)
 
-    def reset_fence(self, name: str, *, lease_log: str | None = None, timeout: float | None = None) -> dict[FenceKey, int]:
+    def reset_fence(
+        self, name: str, *, lease_log: str | None = None, timeout: float | None = None
+    ) -> dict[FenceKey, int]:
         """Remove the fence of lease ``name`` with a record of its own in the log (an administrator's tool).
 
         For a fence raised by a token no lease log granted: a frame forged with a writer of its
@@ -619,8 +641,15 @@ class SharedStateManager(Generic[S, O]):
         return self._outcomes.known(seq)
 
     def _enqueue(
-        self, generator: Any, reader: Any, *, retry: bool, barrier: bool = False, probe: bool = False,
-        lease: Fence | None = None, fence_tag: FenceTag | None = None,
+        self,
+        generator: Any,
+        reader: Any,
+        *,
+        retry: bool,
+        barrier: bool = False,
+        probe: bool = False,
+        lease: Fence | None = None,
+        fence_tag: FenceTag | None = None,
     ) -> PendingWrite:
         fence = self._resolve_fence(lease) if lease is not None else fence_tag
         w = PendingWrite(next(self._seq), generator, reader, retry, barrier, probe, fence=fence)
@@ -664,7 +693,8 @@ class SharedStateManager(Generic[S, O]):
         raise UnknownOutcomeError(
             f"{self.topic}: write {w.seq} was being sent when the {timeout:.1f}s timeout ran out; it may or may "
             "not land: ask outcome(write_id) before sending it again",
-            writer_id=self.writer_id, seq=w.seq,
+            writer_id=self.writer_id,
+            seq=w.seq,
         )
 
     # ------------------------------------------------------------------ committer
@@ -733,7 +763,9 @@ class SharedStateManager(Generic[S, O]):
     def _commit_thread_failed(self, exc: BaseException, batch: list[PendingWrite]) -> None:
         """Fail the batch and every queued write with ``exc``; the next write starts a new thread."""
         self.stats["committer_errors"] += 1
-        log.error("%s: the commit thread failed (%s); failing the pending writes", self.topic, _describe(exc), exc_info=exc)
+        log.error(
+            "%s: the commit thread failed (%s); failing the pending writes", self.topic, _describe(exc), exc_info=exc
+        )
         err = exc
         if not isinstance(exc, PulsarStateError):
             err = PulsarStateError(f"{self.topic}: the commit thread failed: {_describe(exc)}")
@@ -757,7 +789,9 @@ class SharedStateManager(Generic[S, O]):
                 if self._queue:
                     return  # work arrived meanwhile: keep the writer
             if handover:
-                log.debug("%s: handing the writer (epoch %d) over to a waiting instance", self.topic, self._writer.epoch)
+                log.debug(
+                    "%s: handing the writer (epoch %d) over to a waiting instance", self.topic, self._writer.epoch
+                )
                 self.stats["handovers"] += 1
             else:
                 log.info("%s: releasing the idle writer (epoch %d)", self.topic, self._writer.epoch)
@@ -771,7 +805,9 @@ class SharedStateManager(Generic[S, O]):
                 return
             if self._closed:
                 for w in batch:
-                    self._give_up(w, ClosedError(f"state manager of {self.topic} closed before the write was committed"))
+                    self._give_up(
+                        w, ClosedError(f"state manager of {self.topic} closed before the write was committed")
+                    )
                 return
             try:
                 self._commit_once(batch)
@@ -819,7 +855,8 @@ class SharedStateManager(Generic[S, O]):
                 err: BaseException = UnknownOutcomeError(
                     f"{self.topic}: write {w.seq} was sent at epoch {w.epoch} and may or may not have landed; "
                     f"it could not be looked up ({_describe(exc)}). Ask outcome(write_id) before sending it again",
-                    writer_id=self.writer_id, seq=w.seq,
+                    writer_id=self.writer_id,
+                    seq=w.seq,
                 )
                 err.__cause__ = exc
             elif isinstance(exc, UnknownOutcomeError):  # e.g. the EPOCH record's: this write was never sent
@@ -842,8 +879,13 @@ class SharedStateManager(Generic[S, O]):
             self._ensure_durable(strict=True)
             # Without the state lock: local reads go on while another instance holds the writer.
             writer = open_writer(
-                self.backend, self.topic, writer_id=self.writer_id, mode=self.acquire_mode,
-                timeout=self.acquire_timeout, max_frame_bytes=self.max_frame_bytes, name=self.writer_name,
+                self.backend,
+                self.topic,
+                writer_id=self.writer_id,
+                mode=self.acquire_mode,
+                timeout=self.acquire_timeout,
+                max_frame_bytes=self.max_frame_bytes,
+                name=self.writer_name,
             )
         with self._lock:
             try:
@@ -904,7 +946,11 @@ class SharedStateManager(Generic[S, O]):
             self._inflight.pop(w.seq, None)  # from an earlier attempt, proven absent: sent again below or failed
         for w in batch:
             if w.abandoned and not w.unknown:  # its caller gave up before it was sent: never send it
-                w.fail(OperationTimeoutError(f"{self.topic}: write {w.seq} timed out before it was sent; nothing was appended"))
+                w.fail(
+                    OperationTimeoutError(
+                        f"{self.topic}: write {w.seq} timed out before it was sent; nothing was appended"
+                    )
+                )
                 continue
             if not w.claim():
                 continue  # cancelled by its caller's timeout, or done
@@ -916,7 +962,9 @@ class SharedStateManager(Generic[S, O]):
                 else:
                     ops, payloads = self._generate(w)
                 encoded = self._encode(w, payloads) if ops or new_token else b""
-            except Exception as exc:  # a stale lease, the caller's generator or serializer, an unencodable write: fail it only
+            except (
+                Exception
+            ) as exc:  # a stale lease, the caller's generator or serializer, an unencodable write: fail it only
                 w.fail(exc)
                 continue
             if ops or new_token:
@@ -958,7 +1006,9 @@ class SharedStateManager(Generic[S, O]):
                         w.unknown, w.epoch = True, writer.epoch
                 if isinstance(exc, UnknownOutcomeError) or not isinstance(exc, Exception):
                     raise
-                raise UnknownOutcomeError(f"{self.topic}: append failed ({_describe(exc)}); it may or may not have landed") from exc
+                raise UnknownOutcomeError(
+                    f"{self.topic}: append failed ({_describe(exc)}); it may or may not have landed"
+                ) from exc
             self._advance(offset, position, writer.epoch, len(body))
             self._broken = False
             self.stats["records_appended"] += 1
@@ -1052,7 +1102,11 @@ class SharedStateManager(Generic[S, O]):
     def _open_reader(self, **options: Any) -> LogReader:
         """A reader of the log with this manager's policies (see the class docstring on forged epochs)."""
         return LogReader(
-            self.backend, self.topic, on_corrupt=self.on_corrupt, on_forged_epoch="skip", on_skip=self._count_skip,
+            self.backend,
+            self.topic,
+            on_corrupt=self.on_corrupt,
+            on_forged_epoch="skip",
+            on_skip=self._count_skip,
             **options,
         )
 
@@ -1075,7 +1129,9 @@ class SharedStateManager(Generic[S, O]):
         try:
             entry = self.backend.read_last(index, timeout=self.operation_timeout)
         except PulsarStateError as exc:
-            log.warning("%s: the log is empty and %s cannot be read (%s); treating it as a new table", self.topic, index, exc)
+            log.warning(
+                "%s: the log is empty and %s cannot be read (%s); treating it as a new table", self.topic, index, exc
+            )
             return
         if entry is not None:
             raise LogLostError(
@@ -1114,7 +1170,10 @@ class SharedStateManager(Generic[S, O]):
         if limit is not None and info.offset > limit:
             log.info(
                 "%s: not loading the checkpoint at offset %d: a write of unknown outcome may lie after offset %d; "
-                "replaying the whole log to find it", self.topic, info.offset, limit,
+                "replaying the whole log to find it",
+                self.topic,
+                info.offset,
+                limit,
             )
             return False
         try:
@@ -1138,7 +1197,11 @@ class SharedStateManager(Generic[S, O]):
         elapsed = time.monotonic() - started
         log.info(
             "%s: loaded the checkpoint at offset %d (%s bytes, %.1f MB/s) in %.2fs; replaying the records after it",
-            self.topic, info.offset, f"{info.size:,}", info.size / 1e6 / max(elapsed, 1e-9), elapsed,
+            self.topic,
+            info.offset,
+            f"{info.size:,}",
+            info.size / 1e6 / max(elapsed, 1e-9),
+            elapsed,
         )
         return True
 
@@ -1212,8 +1275,13 @@ class SharedStateManager(Generic[S, O]):
             try:
                 self._store_image(image)
             except Exception as exc:  # noqa: BLE001 - derived data: the log is unaffected
-                log.warning("%s: automatic checkpoint at offset %d failed: %s", self.topic, image[0], _describe(exc),
-                            exc_info=not isinstance(exc, PulsarStateError))
+                log.warning(
+                    "%s: automatic checkpoint at offset %d failed: %s",
+                    self.topic,
+                    image[0],
+                    _describe(exc),
+                    exc_info=not isinstance(exc, PulsarStateError),
+                )
 
         self._checkpointer = threading.Thread(target=store, name=f"pulsarstate-checkpoint-{self.topic}", daemon=True)
         self._checkpointer.start()
@@ -1267,8 +1335,11 @@ class SharedStateManager(Generic[S, O]):
         reader = self._reader
         assert reader is not None
         progress = Progress(
-            log, f"replaying {self.topic}" if bootstrap else f"catching up {self.topic}",
-            interval=self.progress_interval, unit="records", quiet=not bootstrap,
+            log,
+            f"replaying {self.topic}" if bootstrap else f"catching up {self.topic}",
+            interval=self.progress_interval,
+            unit="records",
+            quiet=not bootstrap,
         )
         wait_s = self.operation_timeout
         while True:
@@ -1304,7 +1375,12 @@ class SharedStateManager(Generic[S, O]):
                 w.unknown = False  # proven absent: it may be generated and sent again
         if self._outcomes:
             for seq in self._outcomes.epoch_began(epoch):
-                log.info("%s: write %d did not land (epoch %d began without it); it is safe to send again", self.topic, seq, epoch)
+                log.info(
+                    "%s: write %d did not land (epoch %d began without it); it is safe to send again",
+                    self.topic,
+                    seq,
+                    epoch,
+                )
 
     def _apply_record(self, record: LogRecord) -> None:
         if record.kind is RecordKind.GENESIS and self._log_id is None and self._applied_offset < 0:
@@ -1314,7 +1390,8 @@ class SharedStateManager(Generic[S, O]):
             return
         try:
             writes = [
-                (seq, [self._deserialize_op(p) for p in ops], fence) for seq, ops, fence in decode_fenced_writes(record.body)
+                (seq, [self._deserialize_op(p) for p in ops], fence)
+                for seq, ops, fence in decode_fenced_writes(record.body)
             ]
         except Exception as exc:  # FrameError or the op deserializer rejecting the entry
             err = CorruptEntryError(topic=self.topic, position=f"offset {record.offset}", cause=_describe(exc))
@@ -1344,7 +1421,9 @@ class SharedStateManager(Generic[S, O]):
                 continue
             w = self._inflight.pop(seq, None)
             if w is not None:  # our own write whose acknowledgement was lost: it did land
-                log.info("%s: write %d found in the log at offset %d; not sending it again", self.topic, seq, record.offset)
+                log.info(
+                    "%s: write %d found in the log at offset %d; not sending it again", self.topic, seq, record.offset
+                )
                 if refused is not None:
                     w.fail(refused)
                     continue
@@ -1383,14 +1462,20 @@ class SharedStateManager(Generic[S, O]):
                 except Exception as exc:
                     self.stats["listener_errors"] += 1
                     log.error(
-                        "%s: change listener %r failed at offset %d: %s", self.topic, listener, offset, _describe(exc),
+                        "%s: change listener %r failed at offset %d: %s",
+                        self.topic,
+                        listener,
+                        offset,
+                        _describe(exc),
                         exc_info=exc,
                     )
                     if on_error is not None:
                         try:
                             on_error(exc, change)
                         except Exception:
-                            log.exception("%s: the error handler of listener %r failed at offset %d", self.topic, listener, offset)
+                            log.exception(
+                                "%s: the error handler of listener %r failed at offset %d", self.topic, listener, offset
+                            )
 
     # ------------------------------------------------------------------ follower
     def _start_follower(self) -> None:
@@ -1423,7 +1508,10 @@ class SharedStateManager(Generic[S, O]):
                 self.stats["follower_errors"] += 1
                 delay = min(max(2 * delay, interval), 5.0)
                 log.warning(
-                    "%s: follower could not catch up (%s); trying again in %.1fs", self.topic, _describe(exc), delay,
+                    "%s: follower could not catch up (%s); trying again in %.1fs",
+                    self.topic,
+                    _describe(exc),
+                    delay,
                     exc_info=exc if not isinstance(exc, PulsarStateError) else None,
                 )
 

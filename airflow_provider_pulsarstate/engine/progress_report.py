@@ -13,7 +13,9 @@ class Progress:
         stay silent; a long bootstrap always reports).
     """
 
-    def __init__(self, logger: logging.Logger, what: str, *, interval: float = 5.0, unit: str = "records", quiet: bool = False) -> None:
+    def __init__(
+        self, logger: logging.Logger, what: str, *, interval: float = 5.0, unit: str = "records", quiet: bool = False
+    ) -> None:
         self._log = logger
         self.what = what
         self.unit = unit

@@ -51,9 +51,9 @@ import logging
 import time
 import weakref
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig, redact_url
 from airflow_provider_pulsarstate.engine.errors import (
@@ -153,7 +153,9 @@ class TopicMessage:
         :raises PayloadDecodeError: the payload does not decode (names topic and message).
         """
         if encoding not in PAYLOAD_ENCODINGS:
-            raise ConfigurationError(f"payload_encoding must be one of {', '.join(PAYLOAD_ENCODINGS)}, got {encoding!r}")
+            raise ConfigurationError(
+                f"payload_encoding must be one of {', '.join(PAYLOAD_ENCODINGS)}, got {encoding!r}"
+            )
         if encoding == "base64":
             return "base64", base64.b64encode(self.payload).decode("ascii")
         try:
@@ -166,7 +168,9 @@ class TopicMessage:
             try:
                 return "json", json.loads(text)
             except ValueError as exc:
-                raise PayloadDecodeError(f"message {self.id_text} of {self.topic}: payload is not JSON ({exc})") from None
+                raise PayloadDecodeError(
+                    f"message {self.id_text} of {self.topic}: payload is not JSON ({exc})"
+                ) from None
         return "text", text
 
     def as_json(self, payload_encoding: str = "auto", *, max_payload_bytes: int | None = None) -> dict[str, Any]:
@@ -276,7 +280,7 @@ class TopicStreamOptions:
 def _check_full_topic(name: str, topic: Any) -> None:
     if not isinstance(topic, str) or not topic.startswith("persistent://"):
         raise ConfigurationError(f"{name}: {topic!r} is not a full persistent://tenant/namespace/name topic")
-    parts = topic[len("persistent://"):].split("/")
+    parts = topic[len("persistent://") :].split("/")
     if len(parts) != 3 or not all(parts):
         raise ConfigurationError(f"{name}: {topic!r} is not persistent://tenant/namespace/name")
 
@@ -402,9 +406,17 @@ class TopicStream:
         self._lanes: dict[str, _Lane] = defaultdict(_Lane)
         self._failures: dict[tuple[str, Position], int] = {}
         self._closed = False
-        self.stats = {"received": 0, "duplicates_dropped": 0, "acknowledged": 0, "cumulative_acks": 0,
-                      "individual_acks": 0, "negative_acks": 0, "dead_lettered": 0, "dropped": 0,
-                      "dead_letter_failures": 0}
+        self.stats = {
+            "received": 0,
+            "duplicates_dropped": 0,
+            "acknowledged": 0,
+            "cumulative_acks": 0,
+            "individual_acks": 0,
+            "negative_acks": 0,
+            "dead_lettered": 0,
+            "dropped": 0,
+            "dead_letter_failures": 0,
+        }
 
     def __repr__(self) -> str:
         return f"TopicStream({list(self.options.topics)}, subscription={self.options.subscription!r}, {redact_url(self.config.url)})"
@@ -439,7 +451,8 @@ class TopicStream:
                     receiver_queue_size=opts.receiver_queue_size,
                     negative_ack_redelivery_delay_ms=max(1, int(opts.redelivery_delay * 1000)),
                     initial_position=(
-                        pulsar.InitialPosition.Earliest if opts.initial_position == "earliest"
+                        pulsar.InitialPosition.Earliest
+                        if opts.initial_position == "earliest"
                         else pulsar.InitialPosition.Latest
                     ),
                     consumer_name=opts.consumer_name,
@@ -463,7 +476,9 @@ class TopicStream:
                 f"{type(exc).__name__}: {exc}"
             ) from exc
         self._queue = asyncio.Queue(maxsize=opts.receiver_queue_size)
-        self._pump = asyncio.get_running_loop().create_task(self._receive_forever(), name=f"receive[{opts.subscription}]")
+        self._pump = asyncio.get_running_loop().create_task(
+            self._receive_forever(), name=f"receive[{opts.subscription}]"
+        )
         return self
 
     async def _require_topic(self, topic: str) -> None:
@@ -569,7 +584,11 @@ class TopicStream:
                 item = self._due.popleft()
             else:
                 try:
-                    item = await asyncio.wait_for(self._queue.get(), remaining) if remaining is not None else await self._queue.get()
+                    item = (
+                        await asyncio.wait_for(self._queue.get(), remaining)
+                        if remaining is not None
+                        else await self._queue.get()
+                    )
                 except asyncio.TimeoutError:
                     return None
             message = self._admit(item)
@@ -706,7 +725,9 @@ class TopicStream:
             self._lane_of(message)
         for message in batch:
             if self.options.dead_letter_topic is None:
-                log.error("dropping message %s of %s (no dead-letter topic): %s", message.id_text, message.topic, reason)
+                log.error(
+                    "dropping message %s of %s (no dead-letter topic): %s", message.id_text, message.topic, reason
+                )
                 self.stats["dropped"] += 1
             elif await self._send_dead_letter(message, reason):
                 self.stats["dead_lettered"] += 1
@@ -744,13 +765,26 @@ class TopicStream:
                 if attempt == attempts:
                     log.error(
                         "skipping message %s of %s: dead-lettering it to %s failed %d times (last: %s: %s); reason "
-                        "it was given up: %s", message.id_text, message.topic, target, attempts, type(exc).__name__,
-                        exc, reason,
+                        "it was given up: %s",
+                        message.id_text,
+                        message.topic,
+                        target,
+                        attempts,
+                        type(exc).__name__,
+                        exc,
+                        reason,
                     )
                     return False
                 delay = backoff.next_delay()
-                log.warning("dead-lettering message %s of %s to %s failed (%s: %s); retrying in %.1fs",
-                            message.id_text, message.topic, target, type(exc).__name__, exc, delay)
+                log.warning(
+                    "dead-lettering message %s of %s to %s failed (%s: %s); retrying in %.1fs",
+                    message.id_text,
+                    message.topic,
+                    target,
+                    type(exc).__name__,
+                    exc,
+                    delay,
+                )
                 await asyncio.sleep(delay)
             else:
                 log.warning("dead-lettered message %s of %s to %s: %s", message.id_text, message.topic, target, reason)
@@ -787,7 +821,8 @@ class TopicStream:
         """Per partition: positions in flight and failed (awaiting redelivery); for tests and logs."""
         return {
             name: {"inflight": sorted(lane.inflight), "failed": sorted(lane.failed)}
-            for name, lane in self._lanes.items() if lane.inflight or lane.failed
+            for name, lane in self._lanes.items()
+            if lane.inflight or lane.failed
         }
 
 
@@ -798,9 +833,9 @@ TOPIC_CHECK_TTL = 30.0
 _TOPICS_FOUND: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[ConnectionConfig, str], float]] = (
     weakref.WeakKeyDictionary()
 )
-_TOPIC_CHECKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[ConnectionConfig, str], asyncio.Task[None]]] = (
-    weakref.WeakKeyDictionary()
-)
+_TOPIC_CHECKS: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[tuple[ConnectionConfig, str], asyncio.Task[None]]
+] = weakref.WeakKeyDictionary()
 
 
 def _forget_check(checks: dict[Any, Any], key: Any, done: asyncio.Task[None]) -> None:
@@ -838,7 +873,7 @@ _CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[ConnectionCo
 
 
 # event loop -> connection -> the client being made (the first stream's, awaited by the others)
-_MAKING: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[ConnectionConfig, asyncio.Future[Any]]]" = (
+_MAKING: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[ConnectionConfig, asyncio.Future[Any]]] = (
     weakref.WeakKeyDictionary()
 )
 

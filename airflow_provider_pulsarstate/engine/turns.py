@@ -53,7 +53,7 @@ class _Turns:
             self._schedule_refill()
 
 
-_turns: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Turns]" = weakref.WeakKeyDictionary()
+_turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Turns] = weakref.WeakKeyDictionary()
 
 
 async def take_turn() -> None:

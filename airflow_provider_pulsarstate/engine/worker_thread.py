@@ -110,7 +110,12 @@ class WorkerThread(Generic[R]):
     """
 
     def __init__(
-        self, opener: Callable[[], R], closer: Callable[[R], None], *, name: str, what: str,
+        self,
+        opener: Callable[[], R],
+        closer: Callable[[R], None],
+        *,
+        name: str,
+        what: str,
         share_key: Hashable | None = None,
     ) -> None:
         self._opener = opener

@@ -38,7 +38,11 @@ CONN_FIELDS: Final[dict[str, dict[str, Any]]] = {
         ),
         "schema": {
             "type": _OPTIONAL_STRING,
-            "examples": ["pulsar://localhost:6650", "pulsar+ssl://localhost:6651", "file:///var/lib/pulsarstate/state.db"],
+            "examples": [
+                "pulsar://localhost:6650",
+                "pulsar+ssl://localhost:6651",
+                "file:///var/lib/pulsarstate/state.db",
+            ],
         },
     },
     "admin_url": {
@@ -106,7 +110,9 @@ UI_FIELD_BEHAVIOUR: Final[dict[str, Any]] = {
 }
 """``ui-field-behaviour`` of the connection type (provider-info, kebab-case keys)."""
 
-SECRET_FIELDS: Final = frozenset(name for name, spec in CONN_FIELDS.items() if spec["schema"].get("format") == "password")
+SECRET_FIELDS: Final = frozenset(
+    name for name, spec in CONN_FIELDS.items() if spec["schema"].get("format") == "password"
+)
 """Fields whose value is a secret (the form masks them, and so does Airflow by their name)."""
 
 RENAMED_FIELDS: Final[dict[str, str]] = {"allow_insecure_token": "allow_plaintext_auth"}

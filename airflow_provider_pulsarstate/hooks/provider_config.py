@@ -23,7 +23,9 @@ LEGACY_KEY_NAMESPACE = "airflow"
 OPTIONS: dict[str, dict[str, Any]] = {
     "conn_id": {
         "description": "The pulsarstate connection the XCom and state-store backends use.\n",
-        "type": "string", "example": "pulsarstate_default", "default": "pulsarstate_default",
+        "type": "string",
+        "example": "pulsarstate_default",
+        "default": "pulsarstate_default",
     },
     "key_namespace": {
         "description": "Name of this deployment's XCom and state entries (part of every key and run-map\n"
@@ -31,52 +33,72 @@ OPTIONS: dict[str, dict[str, Any]] = {
         "cleaning up each other's entries. Empty (the default): derived from the metadata DB's address\n"
         "([database] sql_alchemy_conn), which every component of one deployment shares; set it\n"
         "explicitly (the same everywhere) where workers do not see that address.\n",
-        "type": "string", "example": "prod", "default": "",
+        "type": "string",
+        "example": "prod",
+        "default": "",
     },
     "xcom_topic": {
         "description": "Topic of the PulsarMap that holds XCom values (a short name uses the connection's\n"
         "tenant and namespace).\n",
-        "type": "string", "example": "airflow-xcom", "default": "airflow-xcom",
+        "type": "string",
+        "example": "airflow-xcom",
+        "default": "airflow-xcom",
     },
     "xcom_max_value_bytes": {
         "description": "Largest serialized XCom value kept in Pulsar. Larger ones follow xcom_oversize.\n",
-        "type": "integer", "example": "1048576", "default": "1048576",
+        "type": "integer",
+        "example": "1048576",
+        "default": "1048576",
     },
     "xcom_oversize": {
         "description": "What happens to a value over xcom_max_value_bytes: 'db' keeps it in the metadata\n"
         "DB as Airflow's own backend does; 'error' fails the task with an error naming the limit.\n",
-        "type": "string", "example": "error", "default": "db",
+        "type": "string",
+        "example": "error",
+        "default": "db",
     },
     "xcom_layout": {
         "description": "Where XCom values live: 'messages' (the default) appends each value as one immutable\n"
         "message to its run's topic and reads it back by the address kept in the metadata DB (no exclusive\n"
         "writer, no replay); 'map' keeps one PulsarMap per DAG run (every push takes the run map's writer).\n"
         "References of either layout stay readable whatever this says.\n",
-        "type": "string", "example": "map", "default": "messages",
+        "type": "string",
+        "example": "map",
+        "default": "messages",
     },
     "xcom_preview_chars": {
         "description": "Characters of a small value shown in the reference the metadata DB (and UI) keep;\n"
         "0 (the default) keeps no value text in the metadata DB.\n",
-        "type": "integer", "example": "80", "default": "0",
+        "type": "integer",
+        "example": "80",
+        "default": "0",
     },
     "state_store_topic": {
         "description": "Topic of the PulsarMap that holds task and asset state.\n",
-        "type": "string", "example": "airflow-state-store", "default": "airflow-state-store",
+        "type": "string",
+        "example": "airflow-state-store",
+        "default": "airflow-state-store",
     },
     "state_store_max_value_bytes": {
         "description": "Largest serialized state value; a larger one fails with an error naming the limit.\n",
-        "type": "integer", "example": "1048576", "default": "1048576",
+        "type": "integer",
+        "example": "1048576",
+        "default": "1048576",
     },
     "state_store_writer_idle_timeout": {
         "description": "Seconds a process keeps the state-store map's writer after its last write. Every\n"
         "task process writes state, so a short hold lets the next one take the writer at once.\n",
-        "type": "float", "example": "0.2", "default": "0.2",
+        "type": "float",
+        "example": "0.2",
+        "default": "0.2",
     },
     "teams": {
         "description": "With [core] multi_team: the teams, comma-separated, for processes that cannot read them\n"
         "from the metadata DB (task processes). Each team needs its own key_namespace, state_store_topic and\n"
         "xcom_topic (section <team>=pulsarstate), or the backends refuse to start.\n",
-        "type": "string", "example": "team_a,team_b", "default": "",
+        "type": "string",
+        "example": "team_a,team_b",
+        "default": "",
     },
 }
 

@@ -25,7 +25,6 @@ from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow_provider_pulsarstate.engine.backends import Backend, open_backend
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig, redact_url, url_secrets
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError
-from airflow_provider_pulsarstate.lineage.hook import report_topic
 from airflow_provider_pulsarstate.engine.leadership import (
     AsyncLeadershipProbe,
     AsyncLeaseObserver,
@@ -87,6 +86,7 @@ from airflow_provider_pulsarstate.engine.topic_stream import (
     open_topic_stream,
     read_topic_message,
 )
+from airflow_provider_pulsarstate.engine.turns import STARTS_PER_TURN, take_turn
 from airflow_provider_pulsarstate.hooks import shared_objects
 from airflow_provider_pulsarstate.hooks.airflow_internals import in_server_context
 from airflow_provider_pulsarstate.hooks.connection_form import (
@@ -97,6 +97,7 @@ from airflow_provider_pulsarstate.hooks.connection_form import (
     RENAMED_FIELDS,
 )
 from airflow_provider_pulsarstate.hooks.embedded_check import check_embedded_file
+from airflow_provider_pulsarstate.lineage.hook import report_topic
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,7 @@ __all__ = [
     "KEEP",
     "PAYLOAD_ENCODINGS",
     "REFERENCE_ENCODING",
+    "STARTS_PER_TURN",
     "AssetStateScope",
     "Lease",
     "LeaseKeeper",
@@ -142,6 +144,7 @@ __all__ = [
     "run_topic",
     "run_topic_prefix",
     "state_scope",
+    "take_turn",
 ]
 
 _STRING_FIELDS = ("service_url", "admin_url", "tenant", "namespace", "auth_token", "tls_trust_certs_file_path")
@@ -453,7 +456,8 @@ class PulsarStateHook(BaseHook):
         key = ("xcom-messages", full_topic, namespace, tuple(sorted(options.items())))
         http = self._http_messages(config)
         with shared_objects.borrow(
-            config, key,
+            config,
+            key,
             lambda backend: XComMessageLog(backend, full_topic, namespace=namespace, http=http, **options),
             lazy_backend=http is not None,
         ) as messages:
@@ -548,7 +552,9 @@ class PulsarStateHook(BaseHook):
         _create_topic(backend, name, partitions=partitions)
         return name
 
-    def get_async_offset_probe(self, *, config: ConnectionConfig | None = None, freshness: float = 0.0) -> AsyncOffsetProbe:
+    def get_async_offset_probe(
+        self, *, config: ConnectionConfig | None = None, freshness: float = 0.0
+    ) -> AsyncOffsetProbe:
         """An :class:`~airflow_provider_pulsarstate.engine.offsets.base.AsyncOffsetProbe` for this
         connection: end and committed offsets read without blocking an event loop (no I/O here).
 
@@ -669,13 +675,23 @@ class PulsarStateHook(BaseHook):
         :param key_prefix: also count the rows set and deleted under this prefix.
         """
         config, backend = self._open()
-        return self._own(TableFeed(
-            backend, config.topic_name(topic), after=after, key_prefix=key_prefix,
-            operation_timeout=config.operation_timeout,
-        ))
+        return self._own(
+            TableFeed(
+                backend,
+                config.topic_name(topic),
+                after=after,
+                key_prefix=key_prefix,
+                operation_timeout=config.operation_timeout,
+            )
+        )
 
     def get_async_table_feed(
-        self, topic: str, *, after: int | None, key_prefix: str | None = None, freshness: float = 0.0,
+        self,
+        topic: str,
+        *,
+        after: int | None,
+        key_prefix: str | None = None,
+        freshness: float = 0.0,
         config: ConnectionConfig | None = None,
     ) -> AsyncTableFeed:
         """:meth:`get_table_feed` for a trigger: never blocking an event loop, and through one
@@ -690,7 +706,12 @@ class PulsarStateHook(BaseHook):
         return AsyncTableFeed(config, config.topic_name(topic), after=after, key_prefix=key_prefix, freshness=freshness)
 
     def get_table_changes(
-        self, topic: str, offset: int, *, key_prefix: str | None = None, timeout: float | None = None,
+        self,
+        topic: str,
+        offset: int,
+        *,
+        key_prefix: str | None = None,
+        timeout: float | None = None,
     ) -> CommitChanges:
         """The row changes of table ``topic``'s commit at ``offset`` (e.g. an asset event's
         ``extra["offset"]`` from ``StateChangeTrigger``), under the table's acceptance rules.
@@ -701,8 +722,12 @@ class PulsarStateHook(BaseHook):
         """
         config, backend = self._open()
         return read_commit(
-            backend, config.topic_name(topic), offset, key_prefix=key_prefix,
-            operation_timeout=config.operation_timeout, timeout=timeout,
+            backend,
+            config.topic_name(topic),
+            offset,
+            key_prefix=key_prefix,
+            operation_timeout=config.operation_timeout,
+            timeout=timeout,
         )
 
     # ------------------------------------------------------------------ end of table feeds
@@ -721,11 +746,14 @@ class PulsarStateHook(BaseHook):
         settings = _settings()
         config = self.cached_config()
         base = config.topic_name(topic or settings.state_store_topic)
-        maps = _PooledStateMaps(config, {
-            "max_value_bytes": settings.state_store_max_value_bytes,
-            "operation_timeout": config.operation_timeout,
-            "writer_idle_timeout": settings.state_store_writer_idle_timeout,
-        })
+        maps = _PooledStateMaps(
+            config,
+            {
+                "max_value_bytes": settings.state_store_max_value_bytes,
+                "operation_timeout": config.operation_timeout,
+                "writer_idle_timeout": settings.state_store_writer_idle_timeout,
+            },
+        )
         return StateStore(maps, base, namespace=namespace or settings.key_namespace)
 
     def get_state(self, scope: Any, key: str, default: Any = None, **store: Any) -> Any:
@@ -733,9 +761,7 @@ class PulsarStateHook(BaseHook):
         of the log, or ``default`` when absent or expired."""
         return self.get_state_store(**store).get(state_scope(scope), key, default)
 
-    def update_state(
-        self, scope: Any, key: str, fn: Any, *, expires_at: Any = KEEP, **store: Any
-    ) -> Any:
+    def update_state(self, scope: Any, key: str, fn: Any, *, expires_at: Any = KEEP, **store: Any) -> Any:
         """Atomically replace a state value with ``fn(current)`` and return the new value.
 
         Airflow's state-store API has only get/set, and its own example
@@ -804,7 +830,9 @@ class PulsarStateHook(BaseHook):
             assert isinstance(backend, PulsarBackend)
             topics = backend.admin.namespace_topics(config.tenant, config.namespace)
             persistent = sorted(t for t in topics if t.startswith("persistent://"))
-            probe = persistent[0] if persistent else f"persistent://{config.tenant}/{config.namespace}/{HEALTHCHECK_TOPIC}"
+            probe = (
+                persistent[0] if persistent else f"persistent://{config.tenant}/{config.namespace}/{HEALTHCHECK_TOPIC}"
+            )
             field = "service_url"
             backend.client.get_topic_partitions(probe)
         except Exception as exc:
@@ -923,7 +951,7 @@ def how_to_define(conn_id: str) -> str:
     """How to define the connection ``conn_id`` (for error messages)."""
     return (
         f"define it with `airflow connections add {conn_id} --conn-type {CONN_TYPE} --conn-extra "
-        f"'{{\"service_url\": \"pulsar://broker:6650\"}}'` (an empty extra selects the embedded state log "
+        f'\'{{"service_url": "pulsar://broker:6650"}}\'` (an empty extra selects the embedded state log '
         f"under $AIRFLOW_HOME/pulsarstate/state.db), or set AIRFLOW_CONN_{conn_id.upper()}"
     )
 
@@ -941,7 +969,8 @@ def refuse_multi_host_executor(conn_id: str) -> None:
 
     configured = conf.get("core", "executor", fallback="LocalExecutor") or "LocalExecutor"
     remote = [
-        name.strip() for name in configured.split(",")
+        name.strip()
+        for name in configured.split(",")
         if name.strip() and name.strip().rpartition(":")[2].rpartition(".")[2] not in LOCAL_EXECUTORS
     ]
     if remote:

@@ -135,8 +135,11 @@ def discard_topic(topic: str) -> int:
     is deleted, so that none of them reconnects and re-creates it); returns how many."""
     pid = os.getpid()
     with _lock:
-        doomed = [k for k, h in _objects.items()
-                  if not h.pinned and h.pid == pid and not h.users and len(k[1]) > 1 and k[1][1] == topic]
+        doomed = [
+            k
+            for k, h in _objects.items()
+            if not h.pinned and h.pid == pid and not h.users and len(k[1]) > 1 and k[1][1] == topic
+        ]
         objects = [_objects.pop(k).obj for k in doomed]
     _close_all_of(objects)
     return len(objects)

@@ -43,7 +43,9 @@ def teams_from_db() -> set[str] | None:
 
 
 def refuse_shared_team_settings(
-    conf: Any = None, *, list_teams: Callable[[], Iterable[str] | None] = teams_from_db,
+    conf: Any = None,
+    *,
+    list_teams: Callable[[], Iterable[str] | None] = teams_from_db,
 ) -> None:
     """Return when ``[core] multi_team`` is off or every team has its own namespace and topics.
 

@@ -12,8 +12,9 @@ A failed run reports the table as output without counts.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_pulsarstate.assets.uri import dataset_identity
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
@@ -61,7 +62,7 @@ class RunLineage:
                 {"partition": int(source["partition"]), "start": int(source["start"]), "next": int(source["next"])}
             )
 
-    def to_openlineage(self, *, failed: bool = False) -> "OperatorLineage":
+    def to_openlineage(self, *, failed: bool = False) -> OperatorLineage:
         """The task's :class:`OperatorLineage`; ``failed``: outputs without statistics or counts."""
         from airflow.providers.openlineage.extractors import OperatorLineage
         from openlineage.client.event_v2 import InputDataset, OutputDataset
@@ -75,8 +76,15 @@ class RunLineage:
         inputs: list[InputDataset] = []
         for topic, ranges in sorted(self.consumed.items()):
             namespace, name = dataset_identity(self.config, topic)
-            facets = {} if failed else {"pulsarOffsetRanges": PulsarOffsetRangesInputDatasetFacet(
-                ranges=sorted(ranges, key=lambda r: r["partition"]))}
+            facets: dict[str, Any] = (
+                {}
+                if failed
+                else {
+                    "pulsarOffsetRanges": PulsarOffsetRangesInputDatasetFacet(
+                        ranges=sorted(ranges, key=lambda r: r["partition"])
+                    )
+                }
+            )
             inputs.append(InputDataset(namespace=namespace, name=name, inputFacets=facets))
         for topic in self.reads:
             namespace, name = dataset_identity(self.config, topic)
@@ -89,12 +97,14 @@ class RunLineage:
             commit = self.commit.get(topic)
             if not failed and commit is not None:
                 if topic in self.rows:
-                    out_facets["outputStatistics"] = output_statistics_output_dataset.OutputStatisticsOutputDatasetFacet(
-                        rowCount=self.rows[topic]
+                    out_facets["outputStatistics"] = (
+                        output_statistics_output_dataset.OutputStatisticsOutputDatasetFacet(rowCount=self.rows[topic])
                     )
                 out_facets["pulsarTableCommit"] = PulsarTableCommitOutputDatasetFacet(
-                    commitOffset=commit.get("commit_offset"), viewId=commit.get("view_id"),
-                    set=int(commit.get("set", 0)), delete=int(commit.get("delete", 0)),
+                    commitOffset=commit.get("commit_offset"),
+                    viewId=commit.get("view_id"),
+                    set=int(commit.get("set", 0)),
+                    delete=int(commit.get("delete", 0)),
                     unchanged=int(commit.get("unchanged", 0)),
                 )
             outputs.append(OutputDataset(namespace=namespace, name=name, outputFacets=out_facets))

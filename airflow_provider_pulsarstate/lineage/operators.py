@@ -8,7 +8,8 @@ no extra read is made); the OpenLineage listener, in the same task process, then
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.lineage.facets import RunLineage, openlineage_available
@@ -27,11 +28,11 @@ class TaskLineageMixin:
         self._run_lineage = RunLineage(config=config) if openlineage_available() else None
         return self._run_lineage
 
-    def get_openlineage_facets_on_complete(self, task_instance: Any) -> "OperatorLineage | None":
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> OperatorLineage | None:
         """Inputs and outputs of the run, with offsets consumed and counts published."""
         return self._run_lineage.to_openlineage() if self._run_lineage is not None else None
 
-    def get_openlineage_facets_on_failure(self, task_instance: Any) -> "OperatorLineage | None":
+    def get_openlineage_facets_on_failure(self, task_instance: Any) -> OperatorLineage | None:
         """What the run was reading and writing when it failed, without counts."""
         return self._run_lineage.to_openlineage(failed=True) if self._run_lineage is not None else None
 

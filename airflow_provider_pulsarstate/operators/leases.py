@@ -117,7 +117,9 @@ class AcquireLeaseOperator(BaseOperator):
         try:
             return float(self.timeout)
         except (TypeError, ValueError):
-            raise AirflowFailException(f"lease {self.lease_name!r}: timeout must be seconds, got {self.timeout!r}") from None
+            raise AirflowFailException(
+                f"lease {self.lease_name!r}: timeout must be seconds, got {self.timeout!r}"
+            ) from None
 
     def execute(self, context: Context) -> dict[str, Any]:
         self.timeout = self._timeout()
@@ -125,10 +127,16 @@ class AcquireLeaseOperator(BaseOperator):
             leases = hook.get_leases(self.lease_topic or None)
             self.log.info(
                 "acquiring lease %r for %r (ttl %ss, timeout %s, steal=%s)",
-                self.lease_name, self.holder, self.ttl, self.timeout, self.steal,
+                self.lease_name,
+                self.holder,
+                self.ttl,
+                self.timeout,
+                self.steal,
             )
             try:
-                lease = leases.acquire(self.lease_name, self.holder, ttl=self.ttl, timeout=self.timeout, steal=self.steal)
+                lease = leases.acquire(
+                    self.lease_name, self.holder, ttl=self.ttl, timeout=self.timeout, steal=self.steal
+                )
             except LeaseTimeoutError as exc:
                 current = exc.current
                 raise AirflowException(
@@ -137,7 +145,9 @@ class AcquireLeaseOperator(BaseOperator):
                 ) from exc
             except ConfigurationError as exc:
                 raise AirflowFailException(f"cannot acquire lease {self.lease_name!r}: {exc}") from exc
-        self.log.info("lease %r acquired by %r with fencing token %d (log %s)", lease.name, lease.holder, lease.token, lease.topic)
+        self.log.info(
+            "lease %r acquired by %r with fencing token %d (log %s)", lease.name, lease.holder, lease.token, lease.topic
+        )
         return lease.to_json()
 
 
@@ -181,7 +191,10 @@ class ReleaseLeaseOperator(BaseOperator):
         else:
             self.log.info(
                 "lease %r (token %d, holder %r) was not held under that token any more (released earlier or "
-                "taken over): nothing released", lease.name, lease.token, lease.holder,
+                "taken over): nothing released",
+                lease.name,
+                lease.token,
+                lease.holder,
             )
         return {"name": lease.name, "token": lease.token, "released": released}
 
@@ -258,8 +271,13 @@ def hold_lease(
         except LeaseLostError as exc:
             raise AirflowFailException(describe_loss(lease, exc)) from exc
         if log is not None:
-            log.info("holding lease %r (token %d, holder %r); renewing every %.1fs", lease.name, lease.token,
-                     lease.holder, renew_interval or lease.ttl / 3.0)
+            log.info(
+                "holding lease %r (token %d, holder %r); renewing every %.1fs",
+                lease.name,
+                lease.token,
+                lease.holder,
+                renew_interval or lease.ttl / 3.0,
+            )
         renewer = LeaseRenewer(leases, lease, interval=renew_interval, on_lost=on_lost, log=log).start()
         try:
             yield renewer
@@ -306,8 +324,12 @@ class LeaseGuardMixin:
             yield None
             return
         with hold_lease(
-            context, lease_task_id=self.lease_task_id, pulsarstate_conn_id=getattr(self, "pulsarstate_conn_id", DEFAULT_CONN_ID),
-            renew_interval=self.lease_renew_interval, on_lost=self.on_lease_lost, log=getattr(self, "log", None),
+            context,
+            lease_task_id=self.lease_task_id,
+            pulsarstate_conn_id=getattr(self, "pulsarstate_conn_id", DEFAULT_CONN_ID),
+            renew_interval=self.lease_renew_interval,
+            on_lost=self.on_lease_lost,
+            log=getattr(self, "log", None),
         ) as renewer:
             self._lease_renewer = renewer
             try:
@@ -403,10 +425,18 @@ def lease_task_group(
     """
     with LeaseTaskGroup(group_id=group_id) as group:
         acquire = AcquireLeaseOperator(
-            task_id="acquire", lease_name=lease_name, ttl=ttl, timeout=timeout, holder=holder,
-            lease_topic=lease_topic, steal=steal, pulsarstate_conn_id=pulsarstate_conn_id,
+            task_id="acquire",
+            lease_name=lease_name,
+            ttl=ttl,
+            timeout=timeout,
+            holder=holder,
+            lease_topic=lease_topic,
+            steal=steal,
+            pulsarstate_conn_id=pulsarstate_conn_id,
         )
-        release = ReleaseLeaseOperator(task_id="release", lease_task_id=acquire.task_id, pulsarstate_conn_id=pulsarstate_conn_id)
+        release = ReleaseLeaseOperator(
+            task_id="release", lease_task_id=acquire.task_id, pulsarstate_conn_id=pulsarstate_conn_id
+        )
         release.as_teardown(setups=acquire)
     group.acquire, group.release = acquire, release
     items = list(guard)

@@ -76,7 +76,12 @@ class CommitSourceOffsetsOperator(TaskLineageMixin, LeaseGuardMixin, BaseOperato
                     if previous[partition] is not None and previous[partition] > offset:  # type: ignore[operator]
                         self.log.warning(
                             "%s partition %d: subscription %s was at %s, ahead of the table's record %d; "
-                            "moving it back to the record", source, partition, self.subscription, previous[partition], offset,
+                            "moving it back to the record",
+                            source,
+                            partition,
+                            self.subscription,
+                            previous[partition],
+                            offset,
                         )
                     consumer.commit(offset, partition=partition)
             except OffsetError as exc:
@@ -90,7 +95,10 @@ class CommitSourceOffsetsOperator(TaskLineageMixin, LeaseGuardMixin, BaseOperato
             self.log.info("%s records no offsets of %s yet: nothing to commit", table.topic, source)
         else:
             self.log.info(
-                "subscription %s on %s committed to %s's record:\n%s", self.subscription, source, table.topic,
+                "subscription %s on %s committed to %s's record:\n%s",
+                self.subscription,
+                source,
+                table.topic,
                 "\n".join(f"  partition {p:>4}: {previous[p]} -> {o}" for p, o in sorted(recorded.items())),
             )
         return {

@@ -108,7 +108,9 @@ class ViewSparkSubmitOperator(TaskLineageMixin, LeaseGuardMixin, SparkSubmitOper
             env.setdefault("PYSPARK_PYTHON", sys.executable)
             bin_dir = os.path.dirname(sys.executable)
             path = env.get("PATH", os.environ.get("PATH", ""))
-            if shutil.which("spark-submit", path=path) is None and os.path.exists(os.path.join(bin_dir, "spark-submit")):
+            if shutil.which("spark-submit", path=path) is None and os.path.exists(
+                os.path.join(bin_dir, "spark-submit")
+            ):
                 env["PATH"] = os.pathsep.join([bin_dir, path]) if path else bin_dir
         self.env_vars = env or None
         self._hook = None  # rebuilt with the environment above

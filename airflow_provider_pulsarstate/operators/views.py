@@ -124,8 +124,10 @@ class CreateTempViewOperator(TaskLineageMixin, LeaseGuardMixin, BaseOperator):
             if lineage := self.start_lineage(config):
                 lineage.reads.append(table.topic)
             info = table.create_view(
-                view_id=view_id, scope_prefix=self.scope_prefix or None,
-                scope_predicate=self.scope_predicate or None, ttl=self.ttl,
+                view_id=view_id,
+                scope_prefix=self.scope_prefix or None,
+                scope_predicate=self.scope_predicate or None,
+                ttl=self.ttl,
                 **({"lease": lease} if lease is not None else {}),
             )
         if info.status != "open":
@@ -135,7 +137,12 @@ class CreateTempViewOperator(TaskLineageMixin, LeaseGuardMixin, BaseOperator):
         ti.xcom_push(key=CONFIG_XCOM_KEY, value=dump_config(config))
         self.log.info(
             "view %s open on %s (baseline offset %d, scope: %s, staging topic %s, %s back end)",
-            info.view_id, info.table, info.baseline, info.describe_scope(), info.staging_topic, config.kind,
+            info.view_id,
+            info.table,
+            info.baseline,
+            info.describe_scope(),
+            info.staging_topic,
+            config.kind,
         )
         return {
             "view_id": info.view_id,
@@ -201,7 +208,9 @@ class ApplyTempViewOperator(TaskLineageMixin, LeaseGuardMixin, BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.table_alias = table_alias(self.dag.dag_id if self.has_dag() else None, self.task_id) if table_outlet else None
+        self.table_alias = (
+            table_alias(self.dag.dag_id if self.has_dag() else None, self.task_id) if table_outlet else None
+        )
         if self.table_alias is not None:
             self.outlets = [*self.outlets, self.table_alias]
         self.table_topic = table_topic
@@ -235,8 +244,12 @@ class ApplyTempViewOperator(TaskLineageMixin, LeaseGuardMixin, BaseOperator):
                     self.log.info("%s", format_counts(plan, title=title))
                     return plan
                 result = table.apply(
-                    self.view_id, overwrite=self.overwrite, max_deletes=self.max_deletes,
-                    max_delete_fraction=self.max_delete_fraction, sample=self.sample, **fence,
+                    self.view_id,
+                    overwrite=self.overwrite,
+                    max_deletes=self.max_deletes,
+                    max_delete_fraction=self.max_delete_fraction,
+                    sample=self.sample,
+                    **fence,
                 ).as_dict()
             except LeaseFencedError as exc:
                 raise AirflowFailException(
@@ -245,12 +258,16 @@ class ApplyTempViewOperator(TaskLineageMixin, LeaseGuardMixin, BaseOperator):
                 ) from exc
             except ViewConflictError as exc:
                 self.log.error(
-                    "%s", format_counts({"conflicts": exc.keys}, title=f"view {self.view_id} conflicts on {table.topic}")
+                    "%s",
+                    format_counts({"conflicts": exc.keys}, title=f"view {self.view_id} conflicts on {table.topic}"),
                 )
                 raise AirflowFailException(
                     f"{exc} -- re-run with overwrite=True to publish anyway, or recompute the view"
                 ) from exc
-            except (ViewError, UnknownScopePredicateError) as exc:  # not found, closed, scope, guard, unsealed, bad rows
+            except (
+                ViewError,
+                UnknownScopePredicateError,
+            ) as exc:  # not found, closed, scope, guard, unsealed, bad rows
                 raise AirflowFailException(str(exc)) from exc
             if lineage is not None:
                 record_apply(lineage, table, result)
@@ -437,9 +454,12 @@ def temp_view_spark_task_group(
             task_id="spark_job",
             application=application,
             application_args=[
-                "--view-id", "{{ %s['view_id'] }}" % pull,
-                "--table-topic", "{{ %s['table'] }}" % pull,
-                "--config-json", "{{ ti.xcom_pull(task_ids=%r, key=%r) }}" % (create.task_id, CONFIG_XCOM_KEY),
+                "--view-id",
+                "{{ %s['view_id'] }}" % pull,
+                "--table-topic",
+                "{{ %s['table'] }}" % pull,
+                "--config-json",
+                "{{ ti.xcom_pull(task_ids=%r, key=%r) }}" % (create.task_id, CONFIG_XCOM_KEY),
                 *extra,
             ],
             conn_id=spark_conn_id,

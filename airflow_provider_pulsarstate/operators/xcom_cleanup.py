@@ -60,8 +60,11 @@ class XComCleanupOperator(BaseOperator):
         days = None if self.older_than_days in (None, "", "None") else float(self.older_than_days)
         report = run_cleanup(
             run_statuses=_run_statuses_via_api(ti.get_dr_count, ti.get_dagrun_state),
-            remove_missing_runs=self.remove_missing_runs, older_than_days=days,
-            dry_run=str(self.dry_run) == "True", dag_id=self.dag_id_filter or None, log=self.log,
+            remove_missing_runs=self.remove_missing_runs,
+            older_than_days=days,
+            dry_run=str(self.dry_run) == "True",
+            dag_id=self.dag_id_filter or None,
+            log=self.log,
         )
         return report.as_dict()
 

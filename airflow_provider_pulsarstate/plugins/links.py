@@ -42,8 +42,12 @@ class PulsarStateViewLink(BaseOperatorLink):
     name = "Pulsar State: view"
 
     def get_link(self, operator: Any, *, ti_key: Any) -> str:
-        return page_url(conn=_conn(operator), tab="views", topic=_str(getattr(operator, "table_topic", None)),
-                        view=_str(getattr(operator, "view_id", None)))
+        return page_url(
+            conn=_conn(operator),
+            tab="views",
+            topic=_str(getattr(operator, "table_topic", None)),
+            view=_str(getattr(operator, "view_id", None)),
+        )
 
 
 class PulsarStateTableLink(BaseOperatorLink):
@@ -61,8 +65,12 @@ class PulsarStateLeaseLink(BaseOperatorLink):
     name = "Pulsar State: lease"
 
     def get_link(self, operator: Any, *, ti_key: Any) -> str:
-        return page_url(conn=_conn(operator), tab="leases", lease=_str(getattr(operator, "lease_name", None)),
-                        lease_topic=_str(getattr(operator, "lease_topic", None)))
+        return page_url(
+            conn=_conn(operator),
+            tab="leases",
+            lease=_str(getattr(operator, "lease_name", None)),
+            lease_topic=_str(getattr(operator, "lease_topic", None)),
+        )
 
 
 class PulsarStateSubscriptionLink(BaseOperatorLink):
@@ -72,8 +80,12 @@ class PulsarStateSubscriptionLink(BaseOperatorLink):
 
     def get_link(self, operator: Any, *, ti_key: Any) -> str:
         topic = _str(getattr(operator, "source_topic", None)) or _str(getattr(operator, "topic", None))
-        return page_url(conn=_conn(operator), tab="subscriptions", topic=topic,
-                        subscription=_str(getattr(operator, "subscription", None)))
+        return page_url(
+            conn=_conn(operator),
+            tab="subscriptions",
+            topic=topic,
+            subscription=_str(getattr(operator, "subscription", None)),
+        )
 
 
 ALL_LINKS = (PulsarStateViewLink, PulsarStateTableLink, PulsarStateLeaseLink, PulsarStateSubscriptionLink)

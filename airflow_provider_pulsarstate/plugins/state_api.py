@@ -13,8 +13,9 @@ the embedded log. Bad input is a 400 whose ``detail`` starts with the field at f
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from importlib import resources
-from typing import Any, Iterator
+from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse, Response
@@ -100,8 +101,11 @@ def _topic(topic: str) -> str:
 def create_app() -> FastAPI:
     """The FastAPI app (no I/O here; the routes open connections per request)."""
     app = FastAPI(
-        title="Pulsar State", description="Read-only view of the provider's shared state.",
-        docs_url=None, redoc_url=None, openapi_url=None,
+        title="Pulsar State",
+        description="Read-only view of the provider's shared state.",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
     )
     access = [_connection_access()]
     base = "/api/connections/{connection_id}"
@@ -133,7 +137,11 @@ def create_app() -> FastAPI:
 
     @app.get(base + "/table/rows", dependencies=access)
     def rows(
-        connection_id: str, topic: str, prefix: str = "", cursor: str | None = None, limit: int = 50,
+        connection_id: str,
+        topic: str,
+        prefix: str = "",
+        cursor: str | None = None,
+        limit: int = 50,
     ) -> dict[str, Any]:
         """One page of rows whose key starts with ``prefix``, after ``cursor`` (at most ``limit``)."""
         _check_text("prefix", prefix, MAX_PREFIX_CHARS)

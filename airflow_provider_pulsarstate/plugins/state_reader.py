@@ -75,7 +75,9 @@ def table_summary(hook: PulsarStateHook, topic: str) -> dict[str, Any]:
         "log_length": last_offset + 1,
         "last_commit_offset": last_offset,
         "last_commit_time": last_time,
-        "checkpoint": None if checkpoint is None else {
+        "checkpoint": None
+        if checkpoint is None
+        else {
             "offset": checkpoint.offset,
             "created": checkpoint.created,
             "age_seconds": round(max(0.0, now - checkpoint.created), 3),
@@ -139,9 +141,13 @@ def table_views(hook: PulsarStateHook, topic: str, *, plans: bool = True) -> dic
                     item["plan_error"] = str(exc)
                 else:
                     item["plan"] = {
-                        "set": plan.set, "delete": plan.delete, "unchanged": plan.unchanged,
-                        "sample_set": plan.sample_set, "sample_delete": plan.sample_delete,
-                        "conflicts": plan.conflicts, "source_conflicts": plan.source_conflicts,
+                        "set": plan.set,
+                        "delete": plan.delete,
+                        "unchanged": plan.unchanged,
+                        "sample_set": plan.sample_set,
+                        "sample_delete": plan.sample_delete,
+                        "conflicts": plan.conflicts,
+                        "source_conflicts": plan.source_conflicts,
                     }
             out.append(item)
     return {"topic": full, "views": out}
@@ -176,12 +182,14 @@ def subscription(hook: PulsarStateHook, topic: str, subscription: str) -> dict[s
         partitions = []
         lags = consumer.lag()
         for partition in sorted(ends):
-            partitions.append({
-                "partition": partition,
-                "committed": consumer.committed(partition=partition),
-                "end": ends[partition],
-                "lag": lags.get(partition, 0),
-            })
+            partitions.append(
+                {
+                    "partition": partition,
+                    "committed": consumer.committed(partition=partition),
+                    "end": ends[partition],
+                    "lag": lags.get(partition, 0),
+                }
+            )
     finally:
         consumer.close()
     return {
@@ -191,4 +199,3 @@ def subscription(hook: PulsarStateHook, topic: str, subscription: str) -> dict[s
         "total_lag": sum(p["lag"] for p in partitions),
         "sampled_at": time.time(),
     }
-

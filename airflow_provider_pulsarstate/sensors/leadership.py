@@ -155,13 +155,19 @@ class LeadershipSensor(BaseSensorOperator):
         if mode != "acquire" and not topic:
             raise LeadershipConditionError(f"mode {mode!r} needs a topic")
         if mode == "acquire" and topic is not None:
-            raise LeadershipConditionError("mode 'acquire' waits for a lease, not a topic: give lease_name (and lease_topic)")
+            raise LeadershipConditionError(
+                "mode 'acquire' waits for a lease, not a topic: give lease_name (and lease_topic)"
+            )
         if mode != "acquire" and (holder is not None or lease_topic is not None or ttl != _DEFAULT_TTL):
             raise LeadershipConditionError(f"holder, ttl and lease_topic apply to mode 'acquire' only, not {mode!r}")
         if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0:
             raise LeadershipConditionError(f"ttl must be a positive number of seconds, got {ttl!r}")
-        if (mode == "changed" and isinstance(since_epoch, (int, str)) and not _is_xcom_arg(since_epoch)
-                and "{{" not in str(since_epoch)):
+        if (
+            mode == "changed"
+            and isinstance(since_epoch, (int, str))
+            and not _is_xcom_arg(since_epoch)
+            and "{{" not in str(since_epoch)
+        ):
             parse_since_epoch(since_epoch)  # a literal that can never work fails at parse time
         if start_from_trigger and not deferrable:
             raise LeadershipConditionError("start_from_trigger needs deferrable=True")
@@ -286,8 +292,12 @@ class LeadershipSensor(BaseSensorOperator):
             pulsarstate_conn_id=self.pulsarstate_conn_id,
         )
         self.log.info("deferring for up to %.0fs until %s", remaining, self._what())
-        self.defer(trigger=trigger, method_name="execute_complete", kwargs={"deadline": deadline},
-                   timeout=timedelta(seconds=remaining))
+        self.defer(
+            trigger=trigger,
+            method_name="execute_complete",
+            kwargs={"deadline": deadline},
+            timeout=timedelta(seconds=remaining),
+        )
 
     def _what(self) -> str:
         if self.leadership_mode == "acquire":
@@ -309,8 +319,11 @@ class LeadershipSensor(BaseSensorOperator):
         topic = hook.topic_name(str(self.topic).strip())
         leader_name = (str(self.leader_name).strip() or None) if self.leader_name is not None else None
         result = evaluate(
-            topic, self.leadership_mode, [p.as_json() for p in hook.get_leadership(topic)],
-            leader_name=leader_name, since_epoch=self.since_epoch,
+            topic,
+            self.leadership_mode,
+            [p.as_json() for p in hook.get_leadership(topic)],
+            leader_name=leader_name,
+            since_epoch=self.since_epoch,
         )
         shown = [(p["leader"], p["epoch"]) for p in result["partitions"]]
         if not result["met"] and shown != self._logged:

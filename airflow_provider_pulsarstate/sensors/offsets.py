@@ -253,7 +253,9 @@ class OffsetProgressSensor(TaskLineageMixin, BaseSensorOperator):
         if not isinstance(event, Mapping) or event.get("status") not in ("success", "timeout", "error"):
             raise PulsarStateError(f"unexpected event from the offset trigger: {event!r}")
         if event["status"] == "timeout":
-            raise AirflowSensorTimeout(f"Sensor has timed out: {event.get('message')}; last seen: {event.get('progress')}")
+            raise AirflowSensorTimeout(
+                f"Sensor has timed out: {event.get('message')}; last seen: {event.get('progress')}"
+            )
         if event["status"] == "error":
             raise PulsarStateError(f"{event.get('error_type', 'error')}: {event.get('message')}")
         seen = event.get("progress")
@@ -295,8 +297,13 @@ class OffsetProgressSensor(TaskLineageMixin, BaseSensorOperator):
         end = consumer.end_offsets()
         committed = {p: consumer.committed(partition=p) for p in end} if subscription else None
         progress = evaluate(
-            topic=consumer.topic, condition=self.condition, target=target, end_offsets=end,
-            committed=committed, watermark=watermark, per_partition=self.per_partition,
+            topic=consumer.topic,
+            condition=self.condition,
+            target=target,
+            end_offsets=end,
+            committed=committed,
+            watermark=watermark,
+            per_partition=self.per_partition,
         )
         if progress.total != self._logged_total and not progress.met:
             self._logged_total = progress.total
@@ -307,12 +314,17 @@ class OffsetProgressSensor(TaskLineageMixin, BaseSensorOperator):
         result = progress.as_xcom()
         if self.condition == "new_messages" and self.advance_watermark:
             advanced = advance_watermark(
-                self._watermark_map(), self._watermark_key(context), topic=progress.topic,
-                offsets=progress.end_offsets, advanced_by=_identity(context),
+                self._watermark_map(),
+                self._watermark_key(context),
+                topic=progress.topic,
+                offsets=progress.end_offsets,
+                advanced_by=_identity(context),
             )
             result["watermark_advanced_to"] = offsets_json(advanced)
         if lineage := self.start_lineage(self._get_hook().get_config()):
-            record_ranges(lineage, progress.topic, start=progress.watermark or progress.committed, end=progress.end_offsets)
+            record_ranges(
+                lineage, progress.topic, start=progress.watermark or progress.committed, end=progress.end_offsets
+            )
         self.log.info("%s", progress.table())
         return result
 
@@ -349,7 +361,8 @@ def _progress_from_xcom(seen: Any) -> Progress:
         end_offsets=parse_offsets(seen["end_offsets"], "end_offsets"),
         committed=(
             {int(p): (None if c is None else int(c)) for p, c in seen["committed"].items()}
-            if seen.get("committed") is not None else None
+            if seen.get("committed") is not None
+            else None
         ),
         watermark=parse_offsets(seen["watermark"], "watermark") if seen.get("watermark") is not None else None,
         per_partition=bool(seen.get("per_partition", False)),

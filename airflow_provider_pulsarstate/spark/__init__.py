@@ -31,6 +31,15 @@ from airflow_provider_pulsarstate.spark.views import (
 )
 
 __all__ = [
-    "AUTH_TOKEN_ENV", "dump_config", "ingestion_range", "load_config", "message_schema", "plan_splits",
-    "portable_config", "read_offset_range", "read_table", "table_snapshot", "write_view",
+    "AUTH_TOKEN_ENV",
+    "dump_config",
+    "ingestion_range",
+    "load_config",
+    "message_schema",
+    "plan_splits",
+    "portable_config",
+    "read_offset_range",
+    "read_table",
+    "table_snapshot",
+    "write_view",
 ]

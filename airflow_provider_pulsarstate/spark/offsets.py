@@ -161,7 +161,10 @@ def _pull_split(
                     if m.offset >= hi:
                         return
                     yield (
-                        partition, m.offset, m.key, bytes(m.value),
+                        partition,
+                        m.offset,
+                        m.key,
+                        bytes(m.value),
                         _dt.datetime.fromtimestamp(m.publish_time, tz=_dt.timezone.utc) if m.publish_time else None,
                         dict(m.properties),
                     )
@@ -221,7 +224,9 @@ def ingestion_range(
             for name, mapping in (("recorded", recorded), ("end", end or {})):
                 unknown = sorted(set(map(int, mapping)) - set(partitions))
                 if unknown:
-                    raise ConfigurationError(f"{name} offsets name partition(s) {unknown} that {full_topic} does not have")
+                    raise ConfigurationError(
+                        f"{name} offsets name partition(s) {unknown} that {full_topic} does not have"
+                    )
             beginning = consumer.beginning_offsets()
             now = consumer.end_offsets() if end is None else {int(p): int(o) for p, o in end.items()}
         start = {}
@@ -231,7 +236,11 @@ def ingestion_range(
                 raise OffsetOutOfRangeError(
                     f"{full_topic} partition {p}: the table's recorded offset {first} is below the retained "
                     f"beginning {beginning[p]}: messages [{first}, {beginning[p]}) were trimmed before they were consumed",
-                    topic=full_topic, partition=p, offset=first, beginning=beginning[p], end=now.get(p, beginning[p]),
+                    topic=full_topic,
+                    partition=p,
+                    offset=first,
+                    beginning=beginning[p],
+                    end=now.get(p, beginning[p]),
                 )
             start[p] = beginning[p] if first is None else int(first)
         stop = {p: max(start[p], now.get(p, start[p])) for p in partitions}

@@ -201,9 +201,7 @@ def write_view(
     return sum(counts.values())
 
 
-def _seal(
-    cfg: ConnectionConfig, topic: str, view_id: str, counts: dict[str, int], sources: list[SourceRange]
-) -> None:
+def _seal(cfg: ConnectionConfig, topic: str, view_id: str, counts: dict[str, int], sources: list[SourceRange]) -> None:
     """Seal the view from the driver with the per-stager counts the executors returned."""
     from airflow_provider_pulsarstate.engine.backends import open_backend
     from airflow_provider_pulsarstate.engine.recipes.table import StateTable
@@ -242,14 +240,21 @@ def _stage_batches(
     try:
         with ViewStager(backend, topic, view_id, batch_rows=batch_rows) as stager:
             for batch in itertools.chain((first,), filled):
-                _stage_batch(stager, batch, view_id=view_id, key_column=key_column, key_index=key_index, field_plan=field_plan)
+                _stage_batch(
+                    stager, batch, view_id=view_id, key_column=key_column, key_index=key_index, field_plan=field_plan
+                )
         return stager.stager_id, stager.rows_staged
     finally:
         backend.close()
 
 
 def _stage_batch(
-    stager: Any, batch: Any, *, view_id: str, key_column: str, key_index: int,
+    stager: Any,
+    batch: Any,
+    *,
+    view_id: str,
+    key_column: str,
+    key_index: int,
     field_plan: list[tuple[str, int, Callable[[Any], Any] | None]],
 ) -> None:
     """Stage the rows of one Arrow record batch, column by column (the fields converted as in :func:`_converter`)."""
@@ -416,7 +421,9 @@ def read_table(
         raise ConfigurationError(f"table {table_topic!r} has a field named {key_column!r}; pick another key_column")
     columns = sorted(kinds)
     spark_types = {name: _spark_type(kinds[name] - {"null"}, T) for name in columns}
-    as_text = {name for name in columns if isinstance(spark_types[name], T.StringType) and kinds[name] - {"null", "str"}}
+    as_text = {
+        name for name in columns if isinstance(spark_types[name], T.StringType) and kinds[name] - {"null", "str"}
+    }
     schema = T.StructType(
         [T.StructField(key_column, T.StringType(), nullable=False)]
         + [T.StructField(name, spark_types[name], nullable=True) for name in columns]

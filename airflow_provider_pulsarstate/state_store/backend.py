@@ -362,10 +362,17 @@ class PulsarStateStoreBackend(*_BASES):  # type: ignore[misc]
         from airflow_provider_pulsarstate.state_store.cleanup import run_state_cleanup
         from airflow_provider_pulsarstate.xcom.metadata_db import db_now, run_statuses_in_db
 
-        report = self._run("cleanup", lambda store: run_state_cleanup(
-            store, run_statuses=run_statuses_in_db, now=db_now(), dry_run=dry_run,
-            timeout=max(30.0, self._hook.cached_config().operation_timeout), log=log_to,
-        ))
+        report = self._run(
+            "cleanup",
+            lambda store: run_state_cleanup(
+                store,
+                run_statuses=run_statuses_in_db,
+                now=db_now(),
+                dry_run=dry_run,
+                timeout=max(30.0, self._hook.cached_config().operation_timeout),
+                log=log_to,
+            ),
+        )
         log.info("PulsarStateStoreBackend.cleanup: %s", report)
         return report
 

@@ -53,7 +53,13 @@ class StateCleanupReport:
 
 
 def run_state_cleanup(
-    store: StateStore, *, run_statuses: RunStatuses, now: float, timeout: float, dry_run: bool = False, log: Any = None,
+    store: StateStore,
+    *,
+    run_statuses: RunStatuses,
+    now: float,
+    timeout: float,
+    dry_run: bool = False,
+    log: Any = None,
 ) -> StateCleanupReport:
     """Clean this namespace's state maps (see the module docstring) and report.
 
@@ -96,16 +102,31 @@ def run_state_cleanup(
         else:
             deleted += store.remove_expired_in(m.topic, now=now)
     report = StateCleanupReport(
-        maps_scanned=len(maps), runs_live=live, runs_missing=missing, maps_dropped=dropped, maps_changed=changed,
-        maps_foreign=len(foreign), entries_deleted=deleted, dry_run=dry_run,
+        maps_scanned=len(maps),
+        runs_live=live,
+        runs_missing=missing,
+        maps_dropped=dropped,
+        maps_changed=changed,
+        maps_foreign=len(foreign),
+        entries_deleted=deleted,
+        dry_run=dry_run,
     )
     if log is not None:
         log.info(
             "state-store clean-up of %s (namespace %r)%s: scanned %d maps; kept %d runs not finished, %d maps changed "
             "during the clean-up, %d maps of another namespace; %s %d maps whole (%d runs missing from the metadata DB) "
-            "and %d entries in all", store.base_topic, store.namespace, " [dry run]" if dry_run else "",
-            report.maps_scanned, live, changed, len(foreign), "would delete" if dry_run else "deleted", dropped,
-            missing, deleted,
+            "and %d entries in all",
+            store.base_topic,
+            store.namespace,
+            " [dry run]" if dry_run else "",
+            report.maps_scanned,
+            live,
+            changed,
+            len(foreign),
+            "would delete" if dry_run else "deleted",
+            dropped,
+            missing,
+            deleted,
         )
     return report
 

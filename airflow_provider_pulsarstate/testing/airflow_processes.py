@@ -214,7 +214,8 @@ class AirflowProcesses:
             dead = [c for c in self._procs if not self.alive(c)]
             if dead:
                 raise AirflowProcessError(
-                    f"waiting for {what}: {', '.join(dead)} died\n" + "\n".join(f"--- {c}:\n{self.tail(c)}" for c in dead)
+                    f"waiting for {what}: {', '.join(dead)} died\n"
+                    + "\n".join(f"--- {c}:\n{self.tail(c)}" for c in dead)
                 )
             if time.monotonic() >= deadline:
                 raise AirflowProcessError(f"timed out waiting for {what}")
@@ -242,7 +243,9 @@ class AirflowProcesses:
 
     def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> Any:
         """A task's XCom value as the API returns it (None when absent)."""
-        data = self._get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/{key}?deserialize=true")
+        data = self._get(
+            f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/{key}?deserialize=true"
+        )
         return None if data is None else data.get("value")
 
     def run_state(self, dag_id: str, run_id: str) -> str | None:
@@ -251,12 +254,17 @@ class AirflowProcesses:
 
     def wait_for_run(self, dag_id: str, run_id: str, *, timeout: float = 300.0) -> str:
         """Wait until the run finished; returns ``success`` or ``failed``."""
-        return str(self._wait(
-            lambda: (s if (s := self.run_state(dag_id, run_id)) in _TERMINAL else None),
-            f"run {run_id} of {dag_id} to finish", timeout,
-        ))
+        return str(
+            self._wait(
+                lambda: s if (s := self.run_state(dag_id, run_id)) in _TERMINAL else None,
+                f"run {run_id} of {dag_id} to finish",
+                timeout,
+            )
+        )
 
-    def wait_for_task_state(self, dag_id: str, run_id: str, task_id: str, states: Iterable[str], *, timeout: float = 300.0) -> str:
+    def wait_for_task_state(
+        self, dag_id: str, run_id: str, task_id: str, states: Iterable[str], *, timeout: float = 300.0
+    ) -> str:
         """Wait until a task instance is in one of ``states``; returns the state."""
         wanted = set(states)
 

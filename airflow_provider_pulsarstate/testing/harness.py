@@ -22,7 +22,9 @@ from airflow_provider_pulsarstate.engine.errors import (
 )
 
 
-def wait_until(predicate: Callable[[], Any], *, timeout: float = 10.0, interval: float = 0.05, what: str = "condition") -> Any:
+def wait_until(
+    predicate: Callable[[], Any], *, timeout: float = 10.0, interval: float = 0.05, what: str = "condition"
+) -> Any:
     """Poll ``predicate`` until it returns a truthy value (returned); OperationTimeoutError after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
@@ -167,7 +169,9 @@ class FaultInjectingBackend(ForwardingBackend):
             return False
 
     # -- outages ------------------------------------------------------------------------------
-    def start_outage(self, *, duration: float | None = None, error: Callable[[str], BaseException] | None = None) -> None:
+    def start_outage(
+        self, *, duration: float | None = None, error: Callable[[str], BaseException] | None = None
+    ) -> None:
         """From now on (for ``duration`` seconds, or until :meth:`end_outage`), taking a writer,
         appending, creating readers and reading fail: with BackendUnavailableError, or with
         ``error(message)`` (e.g. a raw driver exception). Appends fail without writing anything."""
@@ -192,8 +196,10 @@ class FaultInjectingBackend(ForwardingBackend):
 
     # -- the Backend contract -----------------------------------------------------------------
     _OUTAGE_CHECKED: ClassVar[dict[str, str]] = {
-        "acquire_writer": "taking the writer of", "current_epoch": "reading the epoch of",
-        "create_reader": "creating a reader of", "read_last": "reading the last entry of",
+        "acquire_writer": "taking the writer of",
+        "current_epoch": "reading the epoch of",
+        "create_reader": "creating a reader of",
+        "read_last": "reading the last entry of",
     }
 
     def check(self, operation: str, topic: str) -> None:

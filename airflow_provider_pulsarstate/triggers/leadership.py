@@ -128,7 +128,11 @@ class LeadershipTrigger(PollingTrigger):
             return probe, f"lease {self._lease!r} in {probe.topic}", self.mode
         self._topic = config.topic_name(str(self.topic).strip())
         self._since = parse_since_epoch(self.since_epoch) if self.mode == "changed" else None
-        return hook.get_async_leadership_probe(config=config, freshness=self._freshness()), f"topic {self._topic}", self.mode
+        return (
+            hook.get_async_leadership_probe(config=config, freshness=self._freshness()),
+            f"topic {self._topic}",
+            self.mode,
+        )
 
     async def _observe(self, probe: Any, bound: float) -> Observation:
         if self.mode == "acquire":
@@ -139,8 +143,13 @@ class LeadershipTrigger(PollingTrigger):
             shown = None if info is None else (info.holder, info.token, info.expired)
             return Observation(value, met, shown, f"lease {self._lease!r}: {value}")
         observed = await within(probe.leadership(self._topic), bound)
-        value = evaluate(self._topic, self.mode, [p.as_json() for p in observed],
-                         leader_name=self._leader_name, since_epoch=self._since)
+        value = evaluate(
+            self._topic,
+            self.mode,
+            [p.as_json() for p in observed],
+            leader_name=self._leader_name,
+            since_epoch=self._since,
+        )
         return Observation(value, value["met"], [(p["leader"], p["epoch"]) for p in value["partitions"]], table(value))
 
     def _met_event(self, observation: Observation, deadline: float | None) -> TriggerEvent:

@@ -55,7 +55,9 @@ def parse_since_epoch(value: Any) -> int:
     return value
 
 
-def partition_met(seen: Mapping[str, Any], mode: str, *, leader_name: str | None = None, since_epoch: int | None = None) -> bool:
+def partition_met(
+    seen: Mapping[str, Any], mode: str, *, leader_name: str | None = None, since_epoch: int | None = None
+) -> bool:
     """Whether one partition's observation (``Leadership.as_json()``) satisfies ``mode``."""
     held = seen.get("access_mode") is not None
     if mode == "leader":
@@ -93,7 +95,14 @@ def evaluate(
         raise LeadershipConditionError(f"{topic}: no partition observed")
     seen = [dict(p) for p in partitions]
     met = all(partition_met(p, mode, leader_name=leader_name, since_epoch=since) for p in seen)
-    return {"topic": topic, "mode": mode, "leader_name": leader_name, "since_epoch": since, "met": met, "partitions": seen}
+    return {
+        "topic": topic,
+        "mode": mode,
+        "leader_name": leader_name,
+        "since_epoch": since,
+        "met": met,
+        "partitions": seen,
+    }
 
 
 def check_result(result: Any) -> dict[str, Any]:
@@ -113,17 +122,25 @@ def check_result(result: Any) -> dict[str, Any]:
             if v is not None and (isinstance(v, bool) or not isinstance(v, kind)):
                 raise LeadershipConditionError(f"field {field!r} must be {kind.__name__} or null, got {v!r}")
     return evaluate(
-        str(result.get("topic")), str(result.get("mode")), partitions,
-        leader_name=result.get("leader_name"), since_epoch=result.get("since_epoch"),
+        str(result.get("topic")),
+        str(result.get("mode")),
+        partitions,
+        leader_name=result.get("leader_name"),
+        since_epoch=result.get("since_epoch"),
     )
 
 
 def table(result: Mapping[str, Any]) -> str:
     """The result as a small table for task logs."""
-    want = result["mode"] + (f" {result['leader_name']!r}" if result.get("leader_name") else "") + (
-        f" since epoch {result['since_epoch']}" if result.get("since_epoch") is not None else "")
-    lines = [f"{result['topic']}: {want}: {'met' if result['met'] else 'not met'}",
-             f"{'partition':>9}  {'leader':<32} {'access mode':<20} {'epoch':>6}  others"]
+    want = (
+        result["mode"]
+        + (f" {result['leader_name']!r}" if result.get("leader_name") else "")
+        + (f" since epoch {result['since_epoch']}" if result.get("since_epoch") is not None else "")
+    )
+    lines = [
+        f"{result['topic']}: {want}: {'met' if result['met'] else 'not met'}",
+        f"{'partition':>9}  {'leader':<32} {'access mode':<20} {'epoch':>6}  others",
+    ]
     for p in result["partitions"]:
         part = "-" if p.get("partition") is None else str(p["partition"])
         lines.append(

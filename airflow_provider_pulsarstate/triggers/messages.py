@@ -207,7 +207,9 @@ class PulsarMessageTrigger(BaseEventTrigger):
         self.payload_encoding = payload_encoding
         self.max_payload_bytes = _number("max_payload_bytes", max_payload_bytes, integer=True, minimum=0)
         if oversized_payloads not in OVERSIZED_PAYLOADS:
-            raise _fail("oversized_payloads", f"must be one of {', '.join(OVERSIZED_PAYLOADS)}, got {oversized_payloads!r}")
+            raise _fail(
+                "oversized_payloads", f"must be one of {', '.join(OVERSIZED_PAYLOADS)}, got {oversized_payloads!r}"
+            )
         self.oversized_payloads = oversized_payloads
         self.max_event_bytes = _number("max_event_bytes", max_event_bytes, integer=True, minimum=1024)
         if dead_letter_topic is not None and (not isinstance(dead_letter_topic, str) or not dead_letter_topic.strip()):
@@ -248,8 +250,15 @@ class PulsarMessageTrigger(BaseEventTrigger):
     # ------------------------------------------------------------------ the consumer
     def _stream_key_fields(self) -> tuple[Any, ...]:
         return (
-            self.pulsarstate_conn_id, tuple(self.topics), self.subscription, self.batch_size, self.batch_wait,
-            self.dead_letter_topic, self.max_redeliveries, self.redelivery_delay, self.initial_position,
+            self.pulsarstate_conn_id,
+            tuple(self.topics),
+            self.subscription,
+            self.batch_size,
+            self.batch_wait,
+            self.dead_letter_topic,
+            self.max_redeliveries,
+            self.redelivery_delay,
+            self.initial_position,
         )
 
     def shared_stream_key(self) -> Hashable | None:
@@ -268,9 +277,13 @@ class PulsarMessageTrigger(BaseEventTrigger):
             await start_turn()  # a thousand watchers subscribing together take turns
             config = await shared_config(hook)
             stream = hook.get_async_topic_stream(
-                self.topics, self.subscription, config=config,
-                dead_letter_topic=self.dead_letter_topic, max_redeliveries=self.max_redeliveries,
-                redelivery_delay=self.redelivery_delay, initial_position=self.initial_position,
+                self.topics,
+                self.subscription,
+                config=config,
+                dead_letter_topic=self.dead_letter_topic,
+                max_redeliveries=self.max_redeliveries,
+                redelivery_delay=self.redelivery_delay,
+                initial_position=self.initial_position,
             )
             try:
                 return await stream.open()
@@ -330,7 +343,9 @@ class PulsarMessageTrigger(BaseEventTrigger):
                 f"max_payload_bytes={self.max_payload_bytes}"
             )
         if min(message.payload_size, self.max_payload_bytes) > DECODE_OFF_LOOP_BYTES:
-            return await asyncio.to_thread(message.as_json, self.payload_encoding, max_payload_bytes=self.max_payload_bytes)
+            return await asyncio.to_thread(
+                message.as_json, self.payload_encoding, max_payload_bytes=self.max_payload_bytes
+            )
         return message.as_json(self.payload_encoding, max_payload_bytes=self.max_payload_bytes)
 
     async def _fit(
@@ -369,7 +384,10 @@ class PulsarMessageTrigger(BaseEventTrigger):
             except Exception as exc:
                 log.warning(
                     "rejecting message(s) %s of %s: %s: %s",
-                    ", ".join(m.id_text for m in raw), raw[0].topic if raw else "?", type(exc).__name__, exc,
+                    ", ".join(m.id_text for m in raw),
+                    raw[0].topic if raw else "?",
+                    type(exc).__name__,
+                    exc,
                 )
                 reject_shared_stream_event()
                 continue

@@ -42,7 +42,9 @@ def check_condition(condition: str, *, subscription: str | None, per_partition: 
     if condition in NEEDS_SUBSCRIPTION and not subscription:
         raise ProgressError(f"condition {condition!r} needs a subscription")
     if condition == "new_messages" and per_partition:
-        raise ProgressError("condition 'new_messages' counts messages over all partitions: per_partition is not supported")
+        raise ProgressError(
+            "condition 'new_messages' counts messages over all partitions: per_partition is not supported"
+        )
 
 
 def _non_negative_int(value: Any, what: str) -> int:
@@ -92,7 +94,9 @@ def parse_target(value: Any, *, what: str = "target") -> Target:
             try:
                 value = ast.literal_eval(text)
             except (ValueError, SyntaxError, MemoryError, RecursionError):
-                raise ProgressError(f"{what} {value!r} is neither an integer nor a dict of partition -> offset") from None
+                raise ProgressError(
+                    f"{what} {value!r} is neither an integer nor a dict of partition -> offset"
+                ) from None
     if isinstance(value, Mapping):
         parsed = parse_offsets(value, what)
         if not parsed:
@@ -165,7 +169,9 @@ class Progress:
                 target = self.target.get(p)
             else:
                 target = self.target if self.per_partition else None
-            lines.append(f"  {p:<10}{self.end_offsets[p]:>12}{cell(committed):>12}{self.values[p]:>14}{cell(target):>10}")
+            lines.append(
+                f"  {p:<10}{self.end_offsets[p]:>12}{cell(committed):>12}{self.values[p]:>14}{cell(target):>10}"
+            )
         if not self.per_partition:
             lines.append(f"  {'total':<10}{'':>12}{'':>12}{self.total:>14}{cell(self.target):>10}")  # type: ignore[arg-type]
         return "\n".join(lines)
@@ -230,9 +236,14 @@ def evaluate(
     else:
         met = holds(total, target)
     return Progress(
-        topic=topic, condition=condition, target=target, per_partition=per_partition, met=met,
+        topic=topic,
+        condition=condition,
+        target=target,
+        per_partition=per_partition,
+        met=met,
         end_offsets=dict(end_offsets),
         committed=dict(committed) if committed is not None else None,
         watermark=dict(watermark) if watermark is not None else None,
-        values=values, total=total,
+        values=values,
+        total=total,
     )

@@ -125,10 +125,16 @@ class OffsetProgressTrigger(PollingTrigger):
         end = await within(probe.end_offsets(self._topic), bound)
         committed = (
             await within(probe.committed(self._topic, self._subscription), bound)
-            if self._subscription is not None else None
+            if self._subscription is not None
+            else None
         )
         progress = evaluate(
-            topic=self._topic, condition=self.condition, target=self._target, end_offsets=end,
-            committed=committed, watermark=self._watermark, per_partition=self.per_partition,
+            topic=self._topic,
+            condition=self.condition,
+            target=self._target,
+            end_offsets=end,
+            committed=committed,
+            watermark=self._watermark,
+            per_partition=self.per_partition,
         )
         return Observation(progress.as_xcom(), progress.met, progress.total, progress.table())

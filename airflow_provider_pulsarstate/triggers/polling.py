@@ -143,18 +143,22 @@ class PollingTrigger(BaseTrigger):
             while True:
                 remaining = None if deadline is None else deadline - time.time()
                 if remaining is not None and remaining <= 0:
-                    yield TriggerEvent({
-                        "status": "timeout",
-                        "message": f"{goal} on {where} not met before the sensor's timeout",
-                        self.result_key: last.value if last is not None else None,
-                    })
+                    yield TriggerEvent(
+                        {
+                            "status": "timeout",
+                            "message": f"{goal} on {where} not met before the sensor's timeout",
+                            self.result_key: last.value if last is not None else None,
+                        }
+                    )
                     return
                 bound = call_timeout if remaining is None else max(0.001, min(call_timeout, remaining))
                 try:
                     last = await self._observe(probe, bound)
                 except TRANSIENT as exc:
                     delay = backoff.next_delay()
-                    self.log.warning("polling %s failed (%s: %s); retrying in %.1fs", where, type(exc).__name__, exc, delay)
+                    self.log.warning(
+                        "polling %s failed (%s: %s); retrying in %.1fs", where, type(exc).__name__, exc, delay
+                    )
                     await asyncio.sleep(delay if remaining is None else min(delay, max(0.0, remaining)))
                     continue
                 except Exception as exc:

@@ -22,9 +22,9 @@ SHARED_CONFIG_SECONDS = 30.0
 """Seconds a connection's settings, once read, serve the triggers of the loop that read them."""
 
 # event loop -> connection id -> (when the lookup started, the lookup)
-_lookups: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, tuple[float, asyncio.Task[ConnectionConfig]]]]" = (
-    weakref.WeakKeyDictionary()
-)
+_lookups: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[str, tuple[float, asyncio.Task[ConnectionConfig]]]
+] = weakref.WeakKeyDictionary()
 
 
 async def shared_config(hook: PulsarStateHook) -> ConnectionConfig:
@@ -42,8 +42,9 @@ async def shared_config(hook: PulsarStateHook) -> ConnectionConfig:
     return await asyncio.shield(held[1])
 
 
-def _forget_failed(by_id: dict[str, tuple[float, "asyncio.Task[ConnectionConfig]"]], conn_id: str,
-                   task: "asyncio.Task[ConnectionConfig]") -> None:
+def _forget_failed(
+    by_id: dict[str, tuple[float, asyncio.Task[ConnectionConfig]]], conn_id: str, task: asyncio.Task[ConnectionConfig]
+) -> None:
     if task.cancelled() or task.exception() is not None:  # retrieves it: no "never retrieved" warning
         held = by_id.get(conn_id)
         if held is not None and held[1] is task:

@@ -12,7 +12,7 @@ the broker never keeps another from starting.
 
 from __future__ import annotations
 
-from airflow_provider_pulsarstate.engine.turns import STARTS_PER_TURN, take_turn
+from airflow_provider_pulsarstate.hooks.pulsarstate import STARTS_PER_TURN, take_turn
 
 __all__ = ["STARTS_PER_TURN", "start_turn"]
 

@@ -173,8 +173,10 @@ class StateChangeTrigger(BaseEventTrigger):
         if "keys" in on and key_prefix is None:
             raise ConfigurationError('StateChangeTrigger: on "keys" needs a key_prefix ("" for any key)')
         check_timing(poll_interval, None, ConfigurationError)
-        if isinstance(max_commits_per_batch, bool) or not isinstance(max_commits_per_batch, int) or not (
-            1 <= max_commits_per_batch <= 100_000
+        if (
+            isinstance(max_commits_per_batch, bool)
+            or not isinstance(max_commits_per_batch, int)
+            or not (1 <= max_commits_per_batch <= 100_000)
         ):
             raise ConfigurationError(
                 f"StateChangeTrigger: max_commits_per_batch must be an int from 1 to 100000, got {max_commits_per_batch!r}"
@@ -182,7 +184,9 @@ class StateChangeTrigger(BaseEventTrigger):
         if not isinstance(coalesce, bool):
             raise ConfigurationError(f"StateChangeTrigger: coalesce must be true or false, got {coalesce!r}")
         if not isinstance(pulsarstate_conn_id, str) or not pulsarstate_conn_id:
-            raise ConfigurationError(f"StateChangeTrigger: pulsarstate_conn_id must be a str, got {pulsarstate_conn_id!r}")
+            raise ConfigurationError(
+                f"StateChangeTrigger: pulsarstate_conn_id must be a str, got {pulsarstate_conn_id!r}"
+            )
         self.table = table.strip()
         self.on = sorted(set(on))
         self.key_prefix = key_prefix
@@ -266,10 +270,14 @@ def _coalesced(table: str, matching: list[tuple[dict[str, Any], list[str]]]) -> 
     commits = [c for c, _ in matching]
     view_ids = [c["view_id"] for c in commits if c.get("view_id")]
     payload: dict[str, Any] = {
-        "table": table, "coalesced": True, "commits": len(commits),
-        "first_offset": commits[0]["offset"], "last_offset": commits[-1]["offset"],
+        "table": table,
+        "coalesced": True,
+        "commits": len(commits),
+        "first_offset": commits[0]["offset"],
+        "last_offset": commits[-1]["offset"],
         "publish_time": commits[-1]["publish_time"],
-        "view_ids": view_ids[:MAX_COALESCED_VIEW_IDS], "view_ids_total": len(view_ids),
+        "view_ids": view_ids[:MAX_COALESCED_VIEW_IDS],
+        "view_ids_total": len(view_ids),
         "matched": sorted({m for _, matched in matching for m in matched}),
     }
     for field in ("sets", "deletes", "prefix_sets", "prefix_deletes"):
@@ -305,7 +313,11 @@ class _Watermark:
             stored = await accessor.aget(self.key)
             if stored is None:
                 continue
-            if not isinstance(stored, dict) or isinstance(stored.get("offset"), bool) or not isinstance(stored.get("offset"), int):
+            if (
+                not isinstance(stored, dict)
+                or isinstance(stored.get("offset"), bool)
+                or not isinstance(stored.get("offset"), int)
+            ):
                 raise ConfigurationError(
                     f"asset state {self.key!r} of {accessor!r} holds {stored!r}, not a StateChangeTrigger watermark "
                     '{"offset": int, "table": str}: delete it to start again from the table\'s tail'
@@ -359,7 +371,10 @@ class StateChangeProducer(SharedStreamProducer):
             try:
                 if self._feed is None:
                     self._feed = hook.get_async_table_feed(
-                        topic, after=start, key_prefix=kw["key_prefix"], config=config,
+                        topic,
+                        after=start,
+                        key_prefix=kw["key_prefix"],
+                        config=config,
                         freshness=min(poll_interval / 2, MAX_FRESHNESS),
                     )
                 if sent is None:
@@ -372,7 +387,9 @@ class StateChangeProducer(SharedStreamProducer):
                 commits, upto, more = await self._feed.poll(limit=batch_size)
             except (*TRANSIENT, TableNotFoundError) as exc:
                 delay = backoff.next_delay()
-                _log.warning("reading table %s failed (%s: %s); retrying in %.1fs", topic, type(exc).__name__, exc, delay)
+                _log.warning(
+                    "reading table %s failed (%s: %s); retrying in %.1fs", topic, type(exc).__name__, exc, delay
+                )
                 if isinstance(exc, TableNotFoundError) and start is None:
                     # nothing committed yet: the table's first commits are changes too
                     start = -1

@@ -89,7 +89,6 @@ from airflow_provider_pulsarstate.engine.errors import (
     XComStoreUnavailableError,
     XComValueTooLargeError,
 )
-from airflow_provider_pulsarstate.hooks.teams import refuse_shared_team_settings
 from airflow_provider_pulsarstate.hooks.airflow_internals import caller_frames
 from airflow_provider_pulsarstate.hooks.provider_config import (
     LEGACY_KEY_NAMESPACE,
@@ -106,6 +105,7 @@ from airflow_provider_pulsarstate.hooks.pulsarstate import (
     message_topic,
     run_topic,
 )
+from airflow_provider_pulsarstate.hooks.teams import refuse_shared_team_settings
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +138,11 @@ class _Row:
 
     def mismatch(self, dag_id: str, run_id: str, task_id: str, map_index: int, key: str) -> str | None:
         for name, want, got in (
-            ("dag_id", self.dag_id, dag_id), ("run_id", self.run_id, run_id), ("task_id", self.task_id, task_id),
-            ("map_index", self.map_index, map_index), ("key", self.key, key),
+            ("dag_id", self.dag_id, dag_id),
+            ("run_id", self.run_id, run_id),
+            ("task_id", self.task_id, task_id),
+            ("map_index", self.map_index, map_index),
+            ("key", self.key, key),
         ):
             if want is not None and want != got:
                 return f"{name} {got!r} (the row is {name} {want!r})"
@@ -164,10 +167,16 @@ def _opened(settings: ProviderSettings, dag_id: str, run_id: str, what: str, ope
     :class:`XComStoreUnavailableError` naming ``what``, the run, the connection and the topic."""
     with contextlib.ExitStack() as stack:
         try:
-            opened = stack.enter_context(open_it(
-                PulsarStateHook(settings.conn_id), settings.xcom_topic, namespace=settings.key_namespace,
-                dag_id=dag_id, run_id=run_id, max_value_bytes=settings.xcom_max_value_bytes,
-            ))
+            opened = stack.enter_context(
+                open_it(
+                    PulsarStateHook(settings.conn_id),
+                    settings.xcom_topic,
+                    namespace=settings.key_namespace,
+                    dag_id=dag_id,
+                    run_id=run_id,
+                    max_value_bytes=settings.xcom_max_value_bytes,
+                )
+            )
         except XComError:
             raise
         except Exception as exc:
@@ -222,7 +231,9 @@ def get_store(settings: ProviderSettings | None = None) -> Any:
     settings = settings or provider_settings()
     try:
         return PulsarStateHook(settings.conn_id).get_xcom_store(
-            settings.xcom_topic, namespace=settings.key_namespace, shared=True,
+            settings.xcom_topic,
+            namespace=settings.key_namespace,
+            shared=True,
             max_value_bytes=settings.xcom_max_value_bytes,
         )
     except Exception as exc:
@@ -340,31 +351,62 @@ class PulsarXComBackend(BaseXCom):
 
     # -------------------------------------------------------------- the row Airflow was asked for
     @classmethod
-    def get_one(cls, *, key: str, dag_id: str, task_id: str, run_id: str, map_index: int | None = None,
-                include_prior_dates: bool = False) -> Any | None:
+    def get_one(
+        cls,
+        *,
+        key: str,
+        dag_id: str,
+        task_id: str,
+        run_id: str,
+        map_index: int | None = None,
+        include_prior_dates: bool = False,
+    ) -> Any | None:
         with _asking(_Row(dag_id, None if include_prior_dates else run_id, task_id, map_index, key)):
-            return super().get_one(key=key, dag_id=dag_id, task_id=task_id, run_id=run_id, map_index=map_index,
-                                   include_prior_dates=include_prior_dates)
+            return super().get_one(
+                key=key,
+                dag_id=dag_id,
+                task_id=task_id,
+                run_id=run_id,
+                map_index=map_index,
+                include_prior_dates=include_prior_dates,
+            )
 
     @classmethod
-    async def aget_one(cls, *, key: str, dag_id: str, task_id: str, run_id: str, map_index: int | None = None,
-                       include_prior_dates: bool = False) -> Any | None:
+    async def aget_one(
+        cls,
+        *,
+        key: str,
+        dag_id: str,
+        task_id: str,
+        run_id: str,
+        map_index: int | None = None,
+        include_prior_dates: bool = False,
+    ) -> Any | None:
         with _asking(_Row(dag_id, None if include_prior_dates else run_id, task_id, map_index, key)):
-            return await super().aget_one(key=key, dag_id=dag_id, task_id=task_id, run_id=run_id,
-                                          map_index=map_index, include_prior_dates=include_prior_dates)
+            return await super().aget_one(
+                key=key,
+                dag_id=dag_id,
+                task_id=task_id,
+                run_id=run_id,
+                map_index=map_index,
+                include_prior_dates=include_prior_dates,
+            )
 
     @classmethod
     def get_all(cls, *, key: str, dag_id: str, task_id: str, run_id: str, include_prior_dates: bool = False) -> Any:
         with _asking(_Row(dag_id, None if include_prior_dates else run_id, task_id, None, key)):
-            return super().get_all(key=key, dag_id=dag_id, task_id=task_id, run_id=run_id,
-                                   include_prior_dates=include_prior_dates)
+            return super().get_all(
+                key=key, dag_id=dag_id, task_id=task_id, run_id=run_id, include_prior_dates=include_prior_dates
+            )
 
     @classmethod
-    async def aget_all(cls, *, key: str, dag_id: str, task_id: str, run_id: str,
-                       include_prior_dates: bool = False) -> Any:
+    async def aget_all(
+        cls, *, key: str, dag_id: str, task_id: str, run_id: str, include_prior_dates: bool = False
+    ) -> Any:
         with _asking(_Row(dag_id, None if include_prior_dates else run_id, task_id, None, key)):
-            return await super().aget_all(key=key, dag_id=dag_id, task_id=task_id, run_id=run_id,
-                                          include_prior_dates=include_prior_dates)
+            return await super().aget_all(
+                key=key, dag_id=dag_id, task_id=task_id, run_id=run_id, include_prior_dates=include_prior_dates
+            )
 
     @classmethod
     def delete(cls, key: str, task_id: str, dag_id: str, run_id: str, map_index: int | None = None) -> None:
@@ -406,9 +448,12 @@ class PulsarXComBackend(BaseXCom):
                 raise XComValueTooLargeError(
                     f"{where} is {size:,} bytes serialized, over the {limit:,}-byte limit "
                     f"([pulsarstate] xcom_max_value_bytes; xcom_oversize = error)",
-                    size=size, limit=limit,
+                    size=size,
+                    limit=limit,
                 )
-            log.info("%s is %s bytes, over the %s-byte limit: kept in the metadata DB", where, f"{size:,}", f"{limit:,}")
+            log.info(
+                "%s is %s bytes, over the %s-byte limit: kept in the metadata DB", where, f"{size:,}", f"{limit:,}"
+            )
             if settings.xcom_layout == "map":  # a message needs no removal: nothing refers to it any more
                 with (
                     _reaching_the_map(f"{where}: cannot remove its earlier value from {settings.xcom_topic!r}"),
@@ -418,16 +463,25 @@ class PulsarXComBackend(BaseXCom):
             return {DB_VALUE_MARKER: 1, "value": serialized}
         try_number = _current_try(dag_id, run_id, task_id, map_index)
         if settings.xcom_layout == "messages":
-            reference = PulsarXComBackend._append(settings, where, (dag_id, run_id, task_id, map_index, key), text,
-                                                  type_name=_type_name(value), try_number=try_number)
+            reference = PulsarXComBackend._append(
+                settings,
+                where,
+                (dag_id, run_id, task_id, map_index, key),
+                text,
+                type_name=_type_name(value),
+                try_number=try_number,
+            )
             preview = _preview(value, size, settings.xcom_preview_chars)
             if preview is not None:
                 reference["preview"] = preview
             return reference
-        with _reaching_the_map(
-            f"{where}: cannot store it in {settings.xcom_topic!r} (connection {settings.conn_id!r})",
-            note=". Nothing was written to the metadata DB.",
-        ), run_store(settings, dag_id, run_id) as store:
+        with (
+            _reaching_the_map(
+                f"{where}: cannot store it in {settings.xcom_topic!r} (connection {settings.conn_id!r})",
+                note=". Nothing was written to the metadata DB.",
+            ),
+            run_store(settings, dag_id, run_id) as store,
+        ):
             PulsarXComBackend._sweep_older_tries(store, dag_id, run_id, task_id, map_index, try_number)
             map_key, record = store.put(
                 dag_id, run_id, task_id, map_index, key, text, type_name=_type_name(value), try_number=try_number
@@ -446,14 +500,24 @@ class PulsarXComBackend(BaseXCom):
         return reference
 
     @staticmethod
-    def _append(settings: ProviderSettings, where: str, row: tuple[str, str, str, int, str], text: str, *,
-                type_name: str, try_number: int | None) -> dict[str, Any]:
+    def _append(
+        settings: ProviderSettings,
+        where: str,
+        row: tuple[str, str, str, int, str],
+        text: str,
+        *,
+        type_name: str,
+        try_number: int | None,
+    ) -> dict[str, Any]:
         """Append the value as one message of its run's topic; the reference the DB keeps for it."""
         identity = XComIdentity(settings.key_namespace, *row)
-        with _reaching_the_map(
-            f"{where}: cannot store it in {settings.xcom_topic!r} (connection {settings.conn_id!r})",
-            note=". Nothing was written to the metadata DB.",
-        ), run_messages(settings, row[0], row[1]) as messages:
+        with (
+            _reaching_the_map(
+                f"{where}: cannot store it in {settings.xcom_topic!r} (connection {settings.conn_id!r})",
+                note=". Nothing was written to the metadata DB.",
+            ),
+            run_messages(settings, row[0], row[1]) as messages,
+        ):
             address, message = messages.append(identity, text, type_name=type_name, try_number=try_number)
         record = message.record
         return {
@@ -468,7 +532,9 @@ class PulsarXComBackend(BaseXCom):
         }
 
     @staticmethod
-    def _sweep_older_tries(store: Any, dag_id: str, run_id: str, task_id: str, map_index: int, try_number: int | None) -> None:
+    def _sweep_older_tries(
+        store: Any, dag_id: str, run_id: str, task_id: str, map_index: int, try_number: int | None
+    ) -> None:
         """Once per task try and process: remove entries earlier tries left in the map."""
         if try_number is None or try_number <= 1:
             return
@@ -502,8 +568,10 @@ class PulsarXComBackend(BaseXCom):
         target = PulsarXComBackend._checked(value, settings, asked=_asked.get(), xcom_key=getattr(result, "key", None))
         if target.address is not None:
             identity = XComIdentity(settings.key_namespace, *target.identity)
-            with _reaching_the_map(f"cannot read XCom {target.map_key!r} from {target.topic}"), \
-                    run_messages(settings, target.identity[0], target.identity[1]) as messages:
+            with (
+                _reaching_the_map(f"cannot read XCom {target.map_key!r} from {target.topic}"),
+                run_messages(settings, target.identity[0], target.identity[1]) as messages,
+            ):
                 message = messages.read(target.address, identity=identity, writer_id=target.writer_id or "")
             return deserialize(message.record.json_value())
         with _reaching_the_map(f"cannot read XCom {target.map_key!r} from {target.topic or settings.xcom_topic!r}"):
@@ -519,20 +587,29 @@ class PulsarXComBackend(BaseXCom):
             raise XComEntryNotFoundError(
                 f"XCom entry {target.map_key!r} is not in {topic}: it was purged or cleaned up "
                 f"(xcom-cleanup, retention), or its topic was replaced",
-                key=target.map_key, topic=topic,
+                key=target.map_key,
+                topic=topic,
             )
         return deserialize(record.json_value())
 
     @staticmethod
-    def _checked(reference: dict[str, Any], settings: ProviderSettings, *, asked: _Row | None,
-                 xcom_key: Any = None) -> _Target:
+    def _checked(
+        reference: dict[str, Any], settings: ProviderSettings, *, asked: _Row | None, xcom_key: Any = None
+    ) -> _Target:
         """Where a reference points, after checking that it names this deployment's store, that its
         topic is the one its own row gives, and that it is the row Airflow was asked for."""
         version, topic, map_key = reference.get(REFERENCE_MARKER), reference.get("topic"), reference.get("key")
         address, writer = reference.get("address"), reference.get("writer")
-        if version not in _VERSIONS or isinstance(version, bool) or not isinstance(topic, str) \
-                or not isinstance(map_key, str) or (version == REFERENCE_VERSION and not (
-                    isinstance(address, str) and address and isinstance(writer, str) and writer)):
+        if (
+            version not in _VERSIONS
+            or isinstance(version, bool)
+            or not isinstance(topic, str)
+            or not isinstance(map_key, str)
+            or (
+                version == REFERENCE_VERSION
+                and not (isinstance(address, str) and address and isinstance(writer, str) and writer)
+            )
+        ):
             raise XComReferenceError(
                 f"malformed XCom reference (version {version!r}, topic {topic!r}, key {map_key!r}): expected "
                 f"version {REFERENCE_VERSION} with string topic, key, address and writer, or {MAP_REFERENCE_VERSION} "
@@ -542,7 +619,9 @@ class PulsarXComBackend(BaseXCom):
             identity = XComStore.parse_key_of(settings.key_namespace, map_key)
             expected = message_topic(
                 PulsarStateHook(settings.conn_id).cached_topic_name(settings.xcom_topic),
-                settings.key_namespace, identity[0], identity[1],
+                settings.key_namespace,
+                identity[0],
+                identity[1],
             )
             target_topic = expected
         elif version == LEGACY_REFERENCE_VERSION:  # written under this namespace or the earlier default
@@ -555,7 +634,9 @@ class PulsarXComBackend(BaseXCom):
             identity = XComStore.parse_key_of(settings.key_namespace, map_key)
             expected = run_topic(
                 PulsarStateHook(settings.conn_id).cached_topic_name(settings.xcom_topic),
-                settings.key_namespace, identity[0], identity[1],
+                settings.key_namespace,
+                identity[0],
+                identity[1],
             )
             target_topic = expected
         if topic != expected:

@@ -152,8 +152,9 @@ def run_cleanup(
             if run_map.last is not None:
                 dropped = delete_topic_if_unchanged(backend, run_map.topic, last=run_map.last, timeout=timeout)
             else:
-                dropped = drop_run_map(backend, run_map.topic, namespace=settings.key_namespace,
-                                       expected=run_map.entries, timeout=timeout)
+                dropped = drop_run_map(
+                    backend, run_map.topic, namespace=settings.key_namespace, expected=run_map.entries, timeout=timeout
+                )
             if dropped:
                 deleted.append(run_map)
             else:
@@ -225,17 +226,23 @@ def _owner(store: XComStore, topic: str, base: str, entries: dict[str, XComRecor
 def _message_run(scan: RunScan, topic: str, base: str, namespace: str) -> _RunMap | None:
     """A message topic as a listed run, when every message in it is an XCom message of this
     namespace and of the one run its name is derived from; None for anything else (never touched)."""
-    runs = {(m.message.identity.dag_id, m.message.identity.run_id) if m.message is not None
-            and m.message.identity.namespace == namespace else None for m in scan.messages}
+    runs = {
+        (m.message.identity.dag_id, m.message.identity.run_id)
+        if m.message is not None and m.message.identity.namespace == namespace
+        else None
+        for m in scan.messages
+    }
     if len(runs) != 1 or None in runs:
         return None
     dag, run = runs.pop()  # type: ignore[misc]
     if message_topic(base, namespace, dag, run) != topic:
         return None
     entries = {
-        f"{i}": XComRecord("", m.publish_time, m.message.record.size, m.message.record.type_name,
-                           m.message.record.try_number)
-        for i, m in enumerate(scan.messages) if m.message is not None
+        f"{i}": XComRecord(
+            "", m.publish_time, m.message.record.size, m.message.record.type_name, m.message.record.try_number
+        )
+        for i, m in enumerate(scan.messages)
+        if m.message is not None
     }
     return _RunMap(topic, dag, run, entries, last=scan.last)
 
@@ -262,7 +269,9 @@ def _judge(
     return verdicts
 
 
-def format_table(stale: list[tuple[Any, str]], report: CleanupReport, *, topic: str, namespace: str, limit: int = 50) -> str:
+def format_table(
+    stale: list[tuple[Any, str]], report: CleanupReport, *, topic: str, namespace: str, limit: int = 50
+) -> str:
     """A concise text table: one line per stale run (the first ``limit``), then the totals."""
     verb = "would delete" if report.dry_run else "deleted"
     lines = [f"XCom clean-up of {topic} (namespace {namespace!r}){' [dry run]' if report.dry_run else ''}"]

@@ -51,13 +51,15 @@ def batch_events(batch: int, events: int = DEFAULT_EVENTS, skus: int = DEFAULT_S
     out = []
     for seq in range(events):
         i = mix(batch, seq) % skus
-        out.append({
-            "sku": f"sku-{i:06d}",
-            "price": (199 + mix(batch * 100_003 + seq, 3) % 99_800) / 100,
-            "stock_delta": mix(seq, batch + 17) % 21 - 10,
-            "batch": batch,
-            "seq": seq,
-        })
+        out.append(
+            {
+                "sku": f"sku-{i:06d}",
+                "price": (199 + mix(batch * 100_003 + seq, 3) % 99_800) / 100,
+                "stock_delta": mix(seq, batch + 17) % 21 - 10,
+                "batch": batch,
+                "seq": seq,
+            }
+        )
     return out
 
 
@@ -89,10 +91,16 @@ def expected_runs(
         touched = {e["sku"] for e in batch_list}
         unchanged = len(table.keys() - touched)
         table = fold(batch_list, table)
-        reports.append({
-            "events_published": events, "offsets_consumed": events, "set": len(touched), "delete": 0,
-            "unchanged": unchanged, "table_rows": len(table),
-        })
+        reports.append(
+            {
+                "events_published": events,
+                "offsets_consumed": events,
+                "set": len(touched),
+                "delete": 0,
+                "unchanged": unchanged,
+                "table_rows": len(table),
+            }
+        )
     return reports, table
 
 
@@ -102,10 +110,13 @@ def fold_frame(spark: Any, table: dict[str, dict[str, Any]], events: Any) -> Any
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    event_schema = T.StructType([
-        T.StructField("sku", T.StringType()), T.StructField("price", T.DoubleType()),
-        T.StructField("stock_delta", T.LongType()),
-    ])
+    event_schema = T.StructType(
+        [
+            T.StructField("sku", T.StringType()),
+            T.StructField("price", T.DoubleType()),
+            T.StructField("stock_delta", T.LongType()),
+        ]
+    )
     parsed = events.select(
         "partition", "offset", F.from_json(F.col("value").cast("string"), event_schema).alias("e")
     ).select("partition", "offset", "e.*")
@@ -114,7 +125,9 @@ def fold_frame(spark: Any, table: dict[str, dict[str, Any]], events: Any) -> Any
         first = bad.first()
         raise ValueError(f"event at partition {first['partition']} offset {first['offset']} is not a price event")
     changes = parsed.groupBy("sku").agg(
-        F.max_by("price", F.struct("partition", "offset")).alias("new_price"),  # the latest (keys stay in one partition)
+        F.max_by("price", F.struct("partition", "offset")).alias(
+            "new_price"
+        ),  # the latest (keys stay in one partition)
         F.sum("stock_delta").alias("delta"),
         F.count(F.lit(1)).alias("n"),
     )
@@ -137,7 +150,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--view-id", required=True, help="the open temp view to stage into")
     parser.add_argument("--table-topic", required=True, help="the state table's topic")
     parser.add_argument("--config-json", required=True, help="the ConnectionConfig as JSON (no token)")
-    parser.add_argument("--end-offsets-json", default="", help='end offsets to read up to, {"0": 120, ...} (default: now)')
+    parser.add_argument(
+        "--end-offsets-json", default="", help='end offsets to read up to, {"0": 120, ...} (default: now)'
+    )
     parser.add_argument("--offsets-per-split", type=int, default=5_000, help="offsets per Spark task")
     return parser.parse_args(argv)
 
@@ -163,7 +178,15 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     rows, recorded = table_snapshot(config, table_topic=args.table_topic, source_topic=source)
     start, stop = ingestion_range(config, topic=source, recorded=recorded, end=end)
-    log.info("table %s: %d rows, recorded offsets %s; reading %s [%s, %s)", args.table_topic, len(rows), recorded, source, start, stop)
+    log.info(
+        "table %s: %d rows, recorded offsets %s; reading %s [%s, %s)",
+        args.table_topic,
+        len(rows),
+        recorded,
+        source,
+        start,
+        stop,
+    )
     spark = SparkSession.builder.appName("price-events").getOrCreate()
     try:
         events = read_offset_range(
@@ -171,14 +194,25 @@ def main(argv: list[str] | None = None) -> int:
         ).cache()
         consumed = events.count()
         staged = write_view(
-            fold_frame(spark, rows, events), config=config, table_topic=args.table_topic, view_id=args.view_id,
-            key_column="sku", source_offsets=source_ranges(source, start, stop),
+            fold_frame(spark, rows, events),
+            config=config,
+            table_topic=args.table_topic,
+            view_id=args.view_id,
+            key_column="sku",
+            source_offsets=source_ranges(source, start, stop),
         )
     finally:
         spark.stop()
     log.info(
         "%d events of %s folded into %d rows of view %s in %.1fs (offsets %s -> %s, %s back end)",
-        consumed, source, staged, args.view_id, time.monotonic() - started, start, stop, config.kind,
+        consumed,
+        source,
+        staged,
+        args.view_id,
+        time.monotonic() - started,
+        start,
+        stop,
+        config.kind,
     )
     return 0
 

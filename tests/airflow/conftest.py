@@ -67,7 +67,9 @@ def airflow_db(airflow_home: Path) -> Path:
         [AIRFLOW_BIN, "db", "migrate"], env=os.environ.copy(), capture_output=True, text=True, timeout=600
     )
     if result.returncode != 0:
-        pytest.fail(f"airflow db migrate failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        pytest.fail(
+            f"airflow db migrate failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
     return airflow_home / "airflow.db"
 
 
@@ -91,7 +93,9 @@ def env_connection(monkeypatch: pytest.MonkeyPatch) -> Callable[..., str]:
     ``env_connection("ps_x", extra={...}, host=...)`` returns the conn id.
     """
 
-    def define(conn_id: str, *, conn_type: str = "pulsarstate", extra: dict[str, Any] | None = None, **attrs: Any) -> str:
+    def define(
+        conn_id: str, *, conn_type: str = "pulsarstate", extra: dict[str, Any] | None = None, **attrs: Any
+    ) -> str:
         body: dict[str, Any] = {"conn_type": conn_type, **attrs}
         if extra is not None:
             body["extra"] = extra

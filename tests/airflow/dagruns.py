@@ -35,7 +35,9 @@ def run_dag(dag: Any, conf: dict[str, Any]) -> SimpleNamespace:
     with create_session() as session:
         tis = run.get_task_instances(session=session)
         states = {ti.task_id: str(ti.state) for ti in tis}
-        durations = {ti.task_id: (ti.end_date - ti.start_date).total_seconds() for ti in tis if ti.start_date and ti.end_date}
+        durations = {
+            ti.task_id: (ti.end_date - ti.start_date).total_seconds() for ti in tis if ti.start_date and ti.end_date
+        }
         xcoms = {
             row.task_id: XComModel.deserialize_value(row)
             for row in session.scalars(XComModel.get_many(run_id=run.run_id, dag_ids=dag.dag_id, key="return_value"))

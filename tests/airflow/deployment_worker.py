@@ -36,16 +36,27 @@ def main() -> int:
         tis = {ti.task_id: ti for ti in run.get_task_instances(session=session)}
         times = {
             task_id: [ti.start_date.timestamp(), ti.end_date.timestamp()]
-            for task_id, ti in tis.items() if ti.start_date and ti.end_date
+            for task_id, ti in tis.items()
+            if ti.start_date and ti.end_date
         }
         xcoms = {
             row.task_id: XComModel.deserialize_value(row)
             for row in session.scalars(XComModel.get_many(run_id=run.run_id, dag_ids=dag.dag_id, key="return_value"))
         }
-    print("RESULT " + json.dumps({
-        "state": str(run.state), "states": {k: str(ti.state) for k, ti in tis.items()}, "times": times,
-        "lease": xcoms.get("lease.acquire"), "release": xcoms.get("lease.release"), "report": xcoms.get("report"),
-    }), flush=True)
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "state": str(run.state),
+                "states": {k: str(ti.state) for k, ti in tis.items()},
+                "times": times,
+                "lease": xcoms.get("lease.acquire"),
+                "release": xcoms.get("lease.release"),
+                "report": xcoms.get("report"),
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 

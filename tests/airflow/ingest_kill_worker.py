@@ -28,7 +28,7 @@ def main() -> int:
         return 2
     dag = bag.get_dag("price_events_pipeline")
     if kill_after.startswith("fail:"):  # the task fails after its work on its first try, and is retried
-        task = dag.get_task(kill_after[len("fail:"):])
+        task = dag.get_task(kill_after[len("fail:") :])
 
         def fail_once(context: Any, result: Any) -> None:
             if context["ti"].try_number == 1:

@@ -88,7 +88,8 @@ def test_task_processes_see_the_placeholder_the_namespace_is_never_derived_from(
 
     # the value Airflow's supervisor writes into a task process's config is the one we recognise
     (placeholder,) = [
-        line.split('"')[1] for line in inspect.getsource(supervisor.block_orm_access).splitlines()
+        line.split('"')[1]
+        for line in inspect.getsource(supervisor.block_orm_access).splitlines()
         if line.strip().startswith("conn = ")
     ]
     assert is_blocked_db_url(placeholder)
@@ -157,7 +158,9 @@ def test_the_spark_submit_hook_builds_its_command_where_we_ask() -> None:
     from airflow_provider_pulsarstate.hooks.airflow_internals import spark_submit_command, spark_submit_master
 
     hook = spark_submit.SparkSubmitHook.__new__(spark_submit.SparkSubmitHook)
-    assert list(inspect.signature(spark_submit.SparkSubmitHook._build_spark_submit_command).parameters)[1] == "application"
+    assert (
+        list(inspect.signature(spark_submit.SparkSubmitHook._build_spark_submit_command).parameters)[1] == "application"
+    )
     assert "self._connection = self._resolve_connection()" in inspect.getsource(spark_submit.SparkSubmitHook.__init__)
     hook._connection = {"master": "local[1]"}  # type: ignore[attr-defined]
     assert spark_submit_master(hook) == "local[1]"

@@ -54,7 +54,8 @@ def test_malformed_uris_are_refused_naming_the_uri(given: str, problem: str) -> 
 def test_a_dag_with_a_malformed_pulsar_uri_fails_to_parse(tmp_path: Path) -> None:
     from airflow.dag_processing.dagbag import DagBag
 
-    (tmp_path / "bad_asset_dag.py").write_text(textwrap.dedent('''
+    (tmp_path / "bad_asset_dag.py").write_text(
+        textwrap.dedent("""
         import pendulum
         from airflow.sdk import Asset, dag, task
 
@@ -66,8 +67,10 @@ def test_a_dag_with_a_malformed_pulsar_uri_fails_to_parse(tmp_path: Path) -> Non
             noop()
 
         bad_asset_dag()
-    '''))
-    (tmp_path / "good_asset_dag.py").write_text(textwrap.dedent('''
+    """)
+    )
+    (tmp_path / "good_asset_dag.py").write_text(
+        textwrap.dedent("""
         import pendulum
         from airflow.sdk import Asset, dag, task
 
@@ -79,10 +82,11 @@ def test_a_dag_with_a_malformed_pulsar_uri_fails_to_parse(tmp_path: Path) -> Non
             noop()
 
         good_asset_dag()
-    '''))
+    """)
+    )
     bag = DagBag(dag_folder=str(tmp_path))
     assert sorted(bag.dag_ids) == ["good_asset_dag"]
-    (path, error), = bag.import_errors.items()
+    ((path, error),) = bag.import_errors.items()
     assert path.endswith("bad_asset_dag.py")
     assert "AssetURIError" in error and "'pulsar://prices'" in error and "short name" in error
 
@@ -118,7 +122,8 @@ def test_lineage_namespace_follows_the_naming_spec(tmp_path: Path) -> None:
     embedded = ConnectionConfig(url=str(tmp_path / "s.db"))
     assert lineage_namespace(embedded) == f"pulsarstate-embedded:{(tmp_path / 's.db').resolve()}"
     assert dataset_identity(ConnectionConfig(url="pulsar://b:1", tenant="t", namespace="n"), "x") == (
-        "pulsar://b:1", "persistent://t/n/x"
+        "pulsar://b:1",
+        "persistent://t/n/x",
     )
 
 

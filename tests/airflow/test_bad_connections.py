@@ -51,8 +51,13 @@ def _topics(admin_url: str) -> list[str]:
 
 @pytest.mark.parametrize(("extra", "field"), [b[1:] for b in BAD_EXTRAS], ids=[b[0] for b in BAD_EXTRAS])
 def test_bad_extra_is_refused_at_test_and_at_first_use_and_writes_nothing(
-    env_connection: EnvConnection, state_backend: str, request: pytest.FixtureRequest,
-    tmp_path: Path, home: Path, extra: dict[str, Any], field: str,
+    env_connection: EnvConnection,
+    state_backend: str,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    home: Path,
+    extra: dict[str, Any],
+    field: str,
 ) -> None:
     topic = f"bad-input-{uuid.uuid4().hex[:8]}"
     if state_backend == "pulsar":
@@ -75,7 +80,9 @@ def test_bad_extra_is_refused_at_test_and_at_first_use_and_writes_nothing(
         assert not [t for t in _topics(broker.admin_url) if topic in t]
 
 
-def test_an_extra_that_is_not_an_object_is_refused(env_connection: EnvConnection, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_extra_that_is_not_an_object_is_refused(
+    env_connection: EnvConnection, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_PS_LIST_EXTRA", json.dumps({"conn_type": "pulsarstate", "extra": "[1, 2]"}))
     ok, message = PulsarStateHook("ps_list_extra").test_connection()
     assert not ok and "'ps_list_extra'" in message and "'extra'" in message
@@ -122,7 +129,8 @@ def test_a_silent_service_url_beside_a_working_admin_url_is_named(
     conn_id = env_connection(
         "ps_silent_binary",
         extra={
-            "service_url": f"pulsar://127.0.0.1:{silent_port}", "admin_url": pulsar_broker.admin_url,
+            "service_url": f"pulsar://127.0.0.1:{silent_port}",
+            "admin_url": pulsar_broker.admin_url,
             "operation_timeout": 2,
         },
     )

@@ -52,7 +52,9 @@ def test_commands_use_the_connection_in_the_metadata_db(
 
     home = tmp_path / "cli-home"
     env = _cli_env(home)
-    added = _airflow(env, "connections", "add", CONN_ID, "--conn-type", "pulsarstate", "--conn-extra", json.dumps(extra))
+    added = _airflow(
+        env, "connections", "add", CONN_ID, "--conn-type", "pulsarstate", "--conn-extra", json.dumps(extra)
+    )
     assert added.returncode == 0, added.stderr[-3000:]
     try:
         cleanup = _airflow(env, "pulsarstate", "state-store-cleanup")

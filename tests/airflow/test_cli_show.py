@@ -34,9 +34,12 @@ def test_table_show_prints_the_committed_rows(env_connection: Any, airflow_db: P
         table.delete("sku-2")
     close_shared_state_maps()
     assert _show(tmp_path, "table-show", "--topic", "show-table") == {
-        "sku-1": {"price": 1.5, "stock": 3}, "other": {"price": 9.0, "stock": 1},
+        "sku-1": {"price": 1.5, "stock": 3},
+        "other": {"price": 9.0, "stock": 1},
     }
-    assert _show(tmp_path, "table-show", "--topic", "show-table", "--prefix", "sku-") == {"sku-1": {"price": 1.5, "stock": 3}}
+    assert _show(tmp_path, "table-show", "--topic", "show-table", "--prefix", "sku-") == {
+        "sku-1": {"price": 1.5, "stock": 3}
+    }
 
 
 def test_xcom_show_prints_one_runs_values_deserialized(env_connection: Any, airflow_db: Path, tmp_path: Path) -> None:
@@ -48,9 +51,14 @@ def test_xcom_show_prints_one_runs_values_deserialized(env_connection: Any, airf
 
     def put(run_id: str, task_id: str, map_index: int, key: str, value: Any) -> None:
         with PulsarStateHook().xcom_run_store(
-            settings.xcom_topic, namespace=settings.key_namespace, dag_id="d", run_id=run_id,
+            settings.xcom_topic,
+            namespace=settings.key_namespace,
+            dag_id="d",
+            run_id=run_id,
         ) as store:
-            store.put("d", run_id, task_id, map_index, key, json.dumps(serialize(value)), type_name=type(value).__name__)
+            store.put(
+                "d", run_id, task_id, map_index, key, json.dumps(serialize(value)), type_name=type(value).__name__
+            )
 
     put("r1", "report", -1, "return_value", {"rows": 3, "offsets": {"0": [0, 2]}})
     put("r1", "publish", -1, "return_value", [1, 2])
@@ -81,7 +89,10 @@ def test_xcom_show_prints_the_last_value_pushed_of_each_row_as_messages(
 
     def push(run_id: str, task_id: str, map_index: int, key: str, value: Any) -> None:
         with PulsarStateHook().xcom_message_log(
-            settings.xcom_topic, namespace=settings.key_namespace, dag_id="d", run_id=run_id,
+            settings.xcom_topic,
+            namespace=settings.key_namespace,
+            dag_id="d",
+            run_id=run_id,
         ) as log:
             identity = XComIdentity(settings.key_namespace, "d", run_id, task_id, map_index, key)
             log.append(identity, json.dumps(serialize(value)), type_name=type(value).__name__)

@@ -57,7 +57,9 @@ def test_the_old_field_name_is_read_with_a_deprecation_warning(
     if not expected:
         extra["admin_url"] = "https://broker.example:8443"
     conn_id = env_connection("ps_old_name", extra=extra)
-    with pytest.warns(DeprecationWarning, match=r"'ps_old_name'.*allow_insecure_token' is deprecated.*'allow_plaintext_auth'"):
+    with pytest.warns(
+        DeprecationWarning, match=r"'ps_old_name'.*allow_insecure_token' is deprecated.*'allow_plaintext_auth'"
+    ):
         config = PulsarStateHook(conn_id).get_config()
     assert config.allow_plaintext_auth is expected
 
@@ -131,12 +133,21 @@ def client(api_server: AirflowProcesses) -> Iterator[requests.Session]:
 
 
 _EXPECTED_DEFAULTS = {
-    "service_url": None, "admin_url": None, "tenant": "public", "namespace": "default", "auth_token": None,
-    "tls_trust_certs_file_path": None, "operation_timeout": 30.0, "tls_hostname_verification": True,
-    "allow_plaintext_auth": False, "allow_other_namespaces": False,
+    "service_url": None,
+    "admin_url": None,
+    "tenant": "public",
+    "namespace": "default",
+    "auth_token": None,
+    "tls_trust_certs_file_path": None,
+    "operation_timeout": 30.0,
+    "tls_hostname_verification": True,
+    "allow_plaintext_auth": False,
+    "allow_other_namespaces": False,
 }
 _TYPES: dict[str, tuple[type, ...]] = {
-    "operation_timeout": (int, float), "tls_hostname_verification": (bool,), "allow_plaintext_auth": (bool,),
+    "operation_timeout": (int, float),
+    "tls_hostname_verification": (bool,),
+    "allow_plaintext_auth": (bool,),
     "allow_other_namespaces": (bool,),
 }
 

@@ -35,7 +35,9 @@ def test_a_file_in_a_writable_folder_is_green_and_not_created(
     assert _tree(tmp_path) == before
 
 
-def test_a_missing_folder_that_can_be_created_is_green_and_not_created(env_connection: EnvConnection, tmp_path: Path) -> None:
+def test_a_missing_folder_that_can_be_created_is_green_and_not_created(
+    env_connection: EnvConnection, tmp_path: Path
+) -> None:
     path = tmp_path / "airflow" / "pulsarstate" / "state.db"
     ok, message = _test(env_connection, str(path))
     assert ok, message

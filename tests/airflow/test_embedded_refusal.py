@@ -13,7 +13,12 @@ from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 
 @pytest.mark.parametrize(
     "executor",
-    ["CeleryExecutor", "KubernetesExecutor", "LocalExecutor,CeleryExecutor", "edge:airflow.providers.edge3.executors.EdgeExecutor"],
+    [
+        "CeleryExecutor",
+        "KubernetesExecutor",
+        "LocalExecutor,CeleryExecutor",
+        "edge:airflow.providers.edge3.executors.EdgeExecutor",
+    ],
 )
 def test_the_embedded_default_refuses_a_multi_host_executor(monkeypatch: pytest.MonkeyPatch, executor: str) -> None:
     monkeypatch.delenv("AIRFLOW_CONN_PULSARSTATE_DEFAULT", raising=False)
@@ -26,7 +31,9 @@ def test_the_embedded_default_refuses_a_multi_host_executor(monkeypatch: pytest.
 
 
 @pytest.mark.parametrize("executor", ["LocalExecutor", "local:airflow.executors.local_executor.LocalExecutor"])
-def test_the_embedded_default_runs_under_a_local_executor(monkeypatch: pytest.MonkeyPatch, executor: str, tmp_path: Path) -> None:
+def test_the_embedded_default_runs_under_a_local_executor(
+    monkeypatch: pytest.MonkeyPatch, executor: str, tmp_path: Path
+) -> None:
     monkeypatch.delenv("AIRFLOW_CONN_PULSARSTATE_DEFAULT", raising=False)
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
     monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", executor)
@@ -49,9 +56,13 @@ def test_spark_job_refuses_an_embedded_config_on_a_non_local_master(
     if spark_host is not None:
         spark_conn = env_connection("spark_remote", conn_type="spark", host=spark_host)
     op = ViewSparkSubmitOperator(task_id="s", application="/j.py", conn_id=spark_conn, pulsarstate_conn_id=conn_id)
-    with pytest.raises(AirflowFailException, match=r"'ps_emb' uses the embedded state log.*non-local Spark master.*AIRFLOW_CONN_PS_EMB"):
+    with pytest.raises(
+        AirflowFailException, match=r"'ps_emb' uses the embedded state log.*non-local Spark master.*AIRFLOW_CONN_PS_EMB"
+    ):
         op.execute({})
     assert submitted == []  # nothing was submitted
     env_connection("spark_local", conn_type="spark", host="local[2]")
-    ViewSparkSubmitOperator(task_id="s", application="/j.py", conn_id="spark_local", pulsarstate_conn_id=conn_id).execute({})
+    ViewSparkSubmitOperator(
+        task_id="s", application="/j.py", conn_id="spark_local", pulsarstate_conn_id=conn_id
+    ).execute({})
     assert len(submitted) == 1

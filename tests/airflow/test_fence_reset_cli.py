@@ -38,7 +38,9 @@ def test_reset_fence_is_an_airflow_pulsarstate_subcommand() -> None:
     assert {a.flags[0] for a in command.args} == {"--topic", "--lease", "--lease-log", "--conn-id"}
 
 
-def test_reset_fence_lifts_a_forged_fence_with_a_record_in_the_log(state_backend: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_reset_fence_lifts_a_forged_fence_with_a_record_in_the_log(
+    state_backend: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     name = f"fence-{uuid.uuid4().hex[:8]}"
     with PulsarStateHook() as hook:
         topic, lease_topic = hook.topic_name(name), hook.topic_name(f"{name}-leases")

@@ -65,9 +65,7 @@ def test_get_config_falls_back_to_host_and_password(env_connection: EnvConnectio
 
 
 def test_get_config_from_uri_form(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_PS_URI", "pulsarstate://pulsar%3A%2F%2Fh2%3A6650/?tenant=t2&operation_timeout=4"
-    )
+    monkeypatch.setenv("AIRFLOW_CONN_PS_URI", "pulsarstate://pulsar%3A%2F%2Fh2%3A6650/?tenant=t2&operation_timeout=4")
     config = PulsarStateHook("ps_uri").get_config()
     assert (config.url, config.tenant, config.operation_timeout) == ("pulsar://h2:6650", "t2", 4.0)
 
@@ -216,7 +214,9 @@ def test_get_map_on_embedded_connection(env_connection: EnvConnection, tmp_path:
 
 
 def test_get_state_manager_on_embedded_connection(env_connection: EnvConnection, tmp_path: Path) -> None:
-    conn_id = env_connection("ps_mgr", extra={"service_url": str(tmp_path / "state.db"), "tenant": "t", "namespace": "n"})
+    conn_id = env_connection(
+        "ps_mgr", extra={"service_url": str(tmp_path / "state.db"), "tenant": "t", "namespace": "n"}
+    )
     with PulsarStateHook(conn_id) as hook:
         counter = hook.get_state_manager(
             "runs", initializer=lambda: {"n": 0}, applier=lambda state, op: {"n": state["n"] + op}

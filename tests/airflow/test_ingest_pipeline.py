@@ -37,7 +37,11 @@ def _conf(batch: int, names: dict[str, str]) -> dict[str, Any]:
 
 def _names() -> dict[str, str]:
     suffix = uuid.uuid4().hex[:8]
-    return {"events_topic": f"events-{suffix}", "table_topic": f"events-table-{suffix}", "subscription": f"ingest-{suffix}"}
+    return {
+        "events_topic": f"events-{suffix}",
+        "table_topic": f"events-table-{suffix}",
+        "subscription": f"ingest-{suffix}",
+    }
 
 
 def _topic_fold(hook: PulsarStateHook, topic: str, below: dict[int, int]) -> tuple[dict[str, dict], int]:
@@ -56,7 +60,9 @@ def _topic_fold(hook: PulsarStateHook, topic: str, below: dict[int, int]) -> tup
     return job.fold(events), len(events)
 
 
-def _state(hook: PulsarStateHook, names: dict[str, str]) -> tuple[dict[str, dict], dict[int, int], dict[int, int | None], dict[int, int]]:
+def _state(
+    hook: PulsarStateHook, names: dict[str, str]
+) -> tuple[dict[str, dict], dict[int, int], dict[int, int | None], dict[int, int]]:
     """(table rows, the table's recorded offsets, the subscription's cursor, the topic's end offsets)."""
     topic = hook.topic_name(names["events_topic"])
     rows, recorded = _table(hook, names["table_topic"]).rows_with_source_offsets(topic)
@@ -66,7 +72,9 @@ def _state(hook: PulsarStateHook, names: dict[str, str]) -> tuple[dict[str, dict
 
 
 # ---------------------------------------------------------------------------------- end to end
-def test_second_run_consumes_only_new_events_and_publishes_only_changed_rows(dag_bundles: None, state_backend: str) -> None:
+def test_second_run_consumes_only_new_events_and_publishes_only_changed_rows(
+    dag_bundles: None, state_backend: str
+) -> None:
     dag = load_dag(EXAMPLE_DAGS, DAG_ID)
     names = _names()
     batch1, batch2 = job.batch_events(1, EVENTS, SKUS), job.batch_events(2, EVENTS, SKUS)
@@ -105,7 +113,10 @@ def _worker(names: dict[str, str], batch: int, kill_after: str) -> dict[str, Any
     """One dag.test() run in a child process that SIGKILLs itself after ``kill_after`` (or finishes)."""
     proc = subprocess.run(
         [sys.executable, str(WORKER), str(EXAMPLE_DAGS), json.dumps(_conf(batch, names)), kill_after],
-        capture_output=True, text=True, timeout=900, env=os.environ.copy(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=os.environ.copy(),
     )
     tail = f"\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}"
     if kill_after and not kill_after.startswith("fail:"):
@@ -113,7 +124,7 @@ def _worker(names: dict[str, str], batch: int, kill_after: str) -> dict[str, Any
         return None
     assert proc.returncode == 0, f"rc={proc.returncode}{tail}"
     line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 @pytest.mark.usefixtures("dag_bundles")
@@ -123,7 +134,11 @@ def test_every_event_counts_exactly_once_when_a_worker_dies_at_each_task_boundar
     stale_view = None
     # each run publishes a new batch, then its worker dies after one task; the next run follows
     boundaries = [
-        "publish_events", "wait_for_events", "prices.spark_job", "prices.apply_view", "prices.commit_offsets",
+        "publish_events",
+        "wait_for_events",
+        "prices.spark_job",
+        "prices.apply_view",
+        "prices.commit_offsets",
         "fail:prices.apply_view",  # fails after its commit, retried in the same run: already applied, nothing twice
         "",
     ]
@@ -201,8 +216,10 @@ def test_commit_operator_moves_the_cursor_to_the_tables_record(env_connection: A
         hook.get_pull_consumer(topic, "ingest").commit(end[1], partition=1)
         out = operator.execute({"ti": mock.MagicMock()})
         assert out == {
-            "topic": topic, "subscription": "ingest",
-            "committed": {str(p): o for p, o in end.items()}, "previous": {"0": None, "1": end[1]},
+            "topic": topic,
+            "subscription": "ingest",
+            "committed": {str(p): o for p, o in end.items()},
+            "previous": {"0": None, "1": end[1]},
         }
         consumer = hook.get_pull_consumer(topic, "ingest")
         assert {p: consumer.committed(partition=p) for p in (0, 1)} == end

@@ -34,11 +34,13 @@ SENSOR_DAGS = TEST_DAGS / "leadership_sensor_dags.py"
 
 @pytest.fixture(scope="module")
 def dag_bundles(airflow_db: Path) -> Iterator[None]:
-    bundles = [{
-        "name": "pulsarstate-test-dags",
-        "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-        "kwargs": {"path": str(TEST_DAGS), "refresh_interval": 0},
-    }]
+    bundles = [
+        {
+            "name": "pulsarstate-test-dags",
+            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+            "kwargs": {"path": str(TEST_DAGS), "refresh_interval": 0},
+        }
+    ]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps(bundles))
         yield
@@ -52,7 +54,9 @@ class Actor:
     """Runs ``actions[task_id]`` (after ``delay``) the first time that sensor finds its mode unmet,
     and records every event the trigger yields. Holds the writers it takes until :meth:`stop`."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, actions: dict[str, Callable[[Actor], None]], *, delay: float = 0.5) -> None:
+    def __init__(
+        self, monkeypatch: pytest.MonkeyPatch, actions: dict[str, Callable[[Actor], None]], *, delay: float = 0.5
+    ) -> None:
         self.actions, self.delay = actions, delay
         self.signals: queue.Queue[str | None] = queue.Queue()
         self.done: list[str] = []
@@ -106,7 +110,9 @@ class Actor:
 
     def take(self, topic: str, name: str) -> None:
         full = self.hook.topic_name(topic)
-        self.writers[name] = self.hook.get_conn().acquire_writer(full, mode=AcquireMode.FAIL_FAST, timeout=10, name=name)
+        self.writers[name] = self.hook.get_conn().acquire_writer(
+            full, mode=AcquireMode.FAIL_FAST, timeout=10, name=name
+        )
 
     def drop(self, name: str) -> None:
         self.writers.pop(name).close()
@@ -127,14 +133,19 @@ class Actor:
 
 
 # ---------------------------------------------------------------------------------- dag.test()
-def test_sensor_modes_in_poke_deferred_and_from_trigger(dag_bundles: None, state_backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sensor_modes_in_poke_deferred_and_from_trigger(
+    dag_bundles: None, state_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     dag = load_dag(SENSOR_DAGS, "leadership_sensor_modes")
     topic = _name("lead")
-    actor = Actor(monkeypatch, {
-        "leader_poke": lambda a: a.take(topic, "cand-a"),          # nobody led: cand-a takes the topic
-        "no_leader_deferred": lambda a: a.drop("cand-a"),          # cand-a led: it lets go
-        "changed_from_trigger": lambda a: a.take(topic, "cand-b"),  # same epoch: cand-b takes over
-    })
+    actor = Actor(
+        monkeypatch,
+        {
+            "leader_poke": lambda a: a.take(topic, "cand-a"),  # nobody led: cand-a takes the topic
+            "no_leader_deferred": lambda a: a.drop("cand-a"),  # cand-a led: it lets go
+            "changed_from_trigger": lambda a: a.take(topic, "cand-b"),  # same epoch: cand-b takes over
+        },
+    )
     try:
         outcome = run_dag(dag, {"topic": topic})
     finally:
@@ -146,7 +157,9 @@ def test_sensor_modes_in_poke_deferred_and_from_trigger(dag_bundles: None, state
     led = outcome.xcoms["leader_poke"]
     assert (led["topic"], led["mode"], led["leader_name"], led["met"]) == (full, "leader", "cand-a", True)
     [p] = led["partitions"]
-    assert (p["partition"], p["leader"], p["access_mode"]) == (None, "cand-a", "Exclusive") and isinstance(p["epoch"], int)
+    assert (p["partition"], p["leader"], p["access_mode"]) == (None, "cand-a", "Exclusive") and isinstance(
+        p["epoch"], int
+    )
     free = outcome.xcoms["no_leader_deferred"]
     assert free["met"] and free["partitions"][0]["leader"] is None and free["partitions"][0]["epoch"] == p["epoch"]
     changed = outcome.xcoms["changed_from_trigger"]
@@ -157,7 +170,9 @@ def test_sensor_modes_in_poke_deferred_and_from_trigger(dag_bundles: None, state
     assert [e["leadership"] for e in actor.events] == [free, changed]
 
 
-def test_timeout_fails_and_soft_fail_skips_in_both_modes(dag_bundles: None, state_backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_timeout_fails_and_soft_fail_skips_in_both_modes(
+    dag_bundles: None, state_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     dag = load_dag(SENSOR_DAGS, "leadership_sensor_timeouts")
     actor = Actor(monkeypatch, {})
     try:
@@ -166,13 +181,18 @@ def test_timeout_fails_and_soft_fail_skips_in_both_modes(dag_bundles: None, stat
         actor.stop()
     assert outcome.state == "failed"
     assert outcome.states == {
-        "create": "success", "timeout_poke": "failed", "timeout_deferred": "failed",
-        "soft_poke": "skipped", "soft_deferred": "skipped",
+        "create": "success",
+        "timeout_poke": "failed",
+        "timeout_deferred": "failed",
+        "soft_poke": "skipped",
+        "soft_deferred": "skipped",
     }
     # the deferred ones timed out through their trigger's own deadline (dag.test() does not enforce
     # the deferral timeout), with the last observation
     assert [e["status"] for e in actor.events] == ["timeout", "timeout"]
-    assert all(e["leadership"]["met"] is False and e["leadership"]["partitions"][0]["leader"] is None for e in actor.events)
+    assert all(
+        e["leadership"]["met"] is False and e["leadership"]["partitions"][0]["leader"] is None for e in actor.events
+    )
     for task_id in ("timeout_poke", "timeout_deferred", "soft_poke", "soft_deferred"):
         assert 2.0 <= outcome.durations[task_id] < 30, outcome.durations
 
@@ -196,7 +216,10 @@ def test_acquire_mode_wins_a_lease_in_poke_deferred_and_after_expiry(
     full = x["occupy_1"]["topic"]
     assert full.endswith(lease_topic)
     # one more token per acquisition, whoever acquired
-    assert [x[t]["token"] for t in ("occupy_1", "acquire_poke", "occupy_2", "acquire_deferred", "occupy_dead", "acquire_expired")] == [1, 2, 3, 4, 5, 6]
+    assert [
+        x[t]["token"]
+        for t in ("occupy_1", "acquire_poke", "occupy_2", "acquire_deferred", "occupy_dead", "acquire_expired")
+    ] == [1, 2, 3, 4, 5, 6]
     run_id = x["acquire_poke"]["holder"].split("/")[1]
     for task_id in ("acquire_poke", "acquire_deferred", "acquire_expired"):
         lease = Lease.from_json(x[task_id])
@@ -249,12 +272,32 @@ def test_acquire_mode_that_loses_the_race_defers_again_until_it_wins(
 
 # ---------------------------------------------------------------------------------- conditions and arguments
 def test_conditions_hold_on_every_partition() -> None:
-    held = {"partition": 0, "leader": "a", "access_mode": "Exclusive", "epoch": 4, "waiting_publishers": 0, "other_producers": []}
-    free = {"partition": 1, "leader": None, "access_mode": None, "epoch": None, "waiting_publishers": 0, "other_producers": []}
+    held = {
+        "partition": 0,
+        "leader": "a",
+        "access_mode": "Exclusive",
+        "epoch": 4,
+        "waiting_publishers": 0,
+        "other_producers": [],
+    }
+    free = {
+        "partition": 1,
+        "leader": None,
+        "access_mode": None,
+        "epoch": None,
+        "waiting_publishers": 0,
+        "other_producers": [],
+    }
     assert evaluate("t", "leader", [held])["met"] and not evaluate("t", "leader", [held, free])["met"]
-    assert evaluate("t", "leader", [held], leader_name="a")["met"] and not evaluate("t", "leader", [held], leader_name="b")["met"]
+    assert (
+        evaluate("t", "leader", [held], leader_name="a")["met"]
+        and not evaluate("t", "leader", [held], leader_name="b")["met"]
+    )
     assert evaluate("t", "no_leader", [free])["met"] and not evaluate("t", "no_leader", [held, free])["met"]
-    assert evaluate("t", "changed", [held], since_epoch="3")["met"] and not evaluate("t", "changed", [held], since_epoch=4)["met"]
+    assert (
+        evaluate("t", "changed", [held], since_epoch="3")["met"]
+        and not evaluate("t", "changed", [held], since_epoch=4)["met"]
+    )
     assert evaluate("t", "changed", [free], since_epoch=-1)["met"] is False  # never held: epoch counts as -1
     assert evaluate("t", "changed", [held], since_epoch="None")["since_epoch"] == -1  # a rendered epoch of None
     result = evaluate("t", "leader", [held])
@@ -283,8 +326,15 @@ def test_sensor_arguments_are_checked_at_parse_time() -> None:
     ):
         with pytest.raises(LeadershipConditionError, match=match):
             LeadershipSensor(task_id="s", **kwargs)
-    sensor = LeadershipSensor(task_id="s", topic="{{ params.t }}", mode="changed", since_epoch="{{ params.e }}",
-                              deferrable=True, start_from_trigger=True, timeout=90)
+    sensor = LeadershipSensor(
+        task_id="s",
+        topic="{{ params.t }}",
+        mode="changed",
+        since_epoch="{{ params.e }}",
+        deferrable=True,
+        start_from_trigger=True,
+        timeout=90,
+    )
     args = sensor.start_trigger_args
     assert args is not LeadershipSensor.start_trigger_args and LeadershipSensor.start_trigger_args.trigger_kwargs == {}
     assert args.timeout.total_seconds() == 90 and args.trigger_kwargs["end_from_trigger"] is True
@@ -306,15 +356,30 @@ def test_provider_info_lists_sensor_and_trigger() -> None:
 # ---------------------------------------------------------------------------------- the trigger, driven directly
 def test_trigger_serialize_round_trips_exactly() -> None:
     kwargs = {
-        "topic": "orders", "mode": "changed", "leader_name": None, "since_epoch": "{{ x }}", "lease_name": None,
-        "lease_topic": None, "poll_interval": 0.5, "deadline": 1.8e9, "pulsarstate_conn_id": "ps", "end_from_trigger": True,
+        "topic": "orders",
+        "mode": "changed",
+        "leader_name": None,
+        "since_epoch": "{{ x }}",
+        "lease_name": None,
+        "lease_topic": None,
+        "poll_interval": 0.5,
+        "deadline": 1.8e9,
+        "pulsarstate_conn_id": "ps",
+        "end_from_trigger": True,
     }
     classpath, out = LeadershipTrigger(**kwargs).serialize()
     assert classpath == "airflow_provider_pulsarstate.triggers.leadership.LeadershipTrigger"
     assert out == kwargs and json.loads(json.dumps(out)) == out
     assert LeadershipTrigger(**out).serialize() == (classpath, out)
-    acquire = {**kwargs, "topic": None, "mode": "acquire", "since_epoch": None, "lease_name": "l", "lease_topic": "x",
-               "end_from_trigger": False}
+    acquire = {
+        **kwargs,
+        "topic": None,
+        "mode": "acquire",
+        "since_epoch": None,
+        "lease_name": "l",
+        "lease_topic": "x",
+        "end_from_trigger": False,
+    }
     assert LeadershipTrigger(**LeadershipTrigger(**acquire).serialize()[1]).serialize()[1] == acquire
     with pytest.raises(LeadershipConditionError, match="cannot end from the trigger"):
         LeadershipTrigger(**{**acquire, "end_from_trigger": True})
@@ -334,12 +399,18 @@ def test_trigger_waits_for_every_partition_without_blocking_the_loop(airflow_hom
 
     async def lead(trigger_task: Any = None) -> None:
         await asyncio.sleep(0.5)
-        writers.append(await asyncio.to_thread(
-            backend.acquire_writer, f"{topic}-partition-0", mode=AcquireMode.FAIL_FAST, timeout=10, name="p0"))
+        writers.append(
+            await asyncio.to_thread(
+                backend.acquire_writer, f"{topic}-partition-0", mode=AcquireMode.FAIL_FAST, timeout=10, name="p0"
+            )
+        )
         await asyncio.sleep(1.0)  # one partition led: not yet
         fired_early.append(False)
-        writers.append(await asyncio.to_thread(
-            backend.acquire_writer, f"{topic}-partition-1", mode=AcquireMode.FAIL_FAST, timeout=10, name="p1"))
+        writers.append(
+            await asyncio.to_thread(
+                backend.acquire_writer, f"{topic}-partition-1", mode=AcquireMode.FAIL_FAST, timeout=10, name="p1"
+            )
+        )
 
     try:
         trigger = LeadershipTrigger(topic=topic, mode="leader", poll_interval=0.05)
@@ -372,7 +443,9 @@ def test_the_ticker_detects_a_blocking_leadership_probe(airflow_home: Path, monk
             await self.inner.aclose()
 
     original = PulsarStateHook.get_async_leadership_probe
-    monkeypatch.setattr(PulsarStateHook, "get_async_leadership_probe", lambda self, **kw: Blocking(original(self, **kw)))
+    monkeypatch.setattr(
+        PulsarStateHook, "get_async_leadership_probe", lambda self, **kw: Blocking(original(self, **kw))
+    )
     event, worst, _ = asyncio.run(drive(LeadershipTrigger(topic=topic, mode="no_leader", poll_interval=0.05)))
     assert event.payload["status"] == "success"
     assert worst >= 0.9
@@ -390,8 +463,11 @@ def test_trigger_reports_a_lease_free_when_released_or_expired(airflow_home: Pat
 
         trigger = LeadershipTrigger(mode="acquire", lease_name=name, lease_topic=lease_topic, poll_interval=0.1)
         event, worst, _ = asyncio.run(drive(trigger, during=release_soon))
-        assert event.payload == {"status": "free", "lease": {**event.payload["lease"], "holder": None, "held": False},
-                                 "deadline": None}
+        assert event.payload == {
+            "status": "free",
+            "lease": {**event.payload["lease"], "holder": None, "held": False},
+            "deadline": None,
+        }
         assert event.payload["lease"]["token"] == 1 and worst < LOOP_LAG_LIMIT
 
         leases.acquire(name, "holder-dead", ttl=1.5, timeout=10)  # never renewed
@@ -400,7 +476,12 @@ def test_trigger_reports_a_lease_free_when_released_or_expired(airflow_home: Pat
         assert time.monotonic() - started >= 1.5  # a full ttl of silence observed by the trigger itself
         seen = event.payload["lease"]
         assert (event.payload["status"], seen["holder"], seen["held"], seen["expired"], seen["token"]) == (
-            "free", "holder-dead", True, True, 2)
+            "free",
+            "holder-dead",
+            True,
+            True,
+            2,
+        )
 
     never = LeadershipTrigger(mode="acquire", lease_name="never-taken", lease_topic=lease_topic)
     event, _, _ = asyncio.run(drive(never))
@@ -453,7 +534,9 @@ def test_trigger_times_out_reports_errors_and_always_closes_its_probe(
     lease_topic = _name("leases")
     with PulsarStateHook() as hook:
         hook.get_leases(lease_topic).acquire("busy", "someone", ttl=60, timeout=10)
-    asyncio.run(cancel_midway(LeadershipTrigger(mode="acquire", lease_name="busy", lease_topic=lease_topic, poll_interval=0.05)))
+    asyncio.run(
+        cancel_midway(LeadershipTrigger(mode="acquire", lease_name="busy", lease_topic=lease_topic, poll_interval=0.05))
+    )
     assert closed == ["get_async_leadership_probe"] * 3 + ["get_async_lease_observer"]
 
 

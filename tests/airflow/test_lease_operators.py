@@ -147,8 +147,10 @@ def test_a_handle_taken_over_between_tasks_fails_the_guarded_task_with_a_clear_e
     def record(context: Any) -> None:
         errors.append(context["exception"])
 
-    with mock.patch.object(acquire, "_post_execute_hook", steal_after_acquire), \
-            mock.patch.object(work, "on_failure_callback", [record]):
+    with (
+        mock.patch.object(acquire, "_post_execute_hook", steal_after_acquire),
+        mock.patch.object(work, "on_failure_callback", [record]),
+    ):
         run = run_dag(dag, {"lease_name": lease, "marker": str(marker)})
     assert run.state == "failed" and run.states["work"] == "failed", run.states
     assert not marker.exists()  # its body never ran
@@ -264,7 +266,9 @@ def test_describe_loss_names_lease_token_and_new_holder() -> None:
     current = mock.Mock(holder="b/run-7", token=4)
     text = describe_loss(lease, LeaseLostError("held by another", lease="ingest", token=3, current=current))
     assert "lease 'ingest' (token 3, holder 'a/run-1'" in text and "now held by 'b/run-7' under token 4" in text
-    released = describe_loss(lease, LeaseLostError("released", lease="ingest", token=3, current=mock.Mock(holder=None, token=3)))
+    released = describe_loss(
+        lease, LeaseLostError("released", lease="ingest", token=3, current=mock.Mock(holder=None, token=3))
+    )
     assert "it was released" in released
 
 
@@ -292,22 +296,34 @@ def test_two_deployments_never_run_the_example_spark_job_at_once(
     env = os.environ.copy()
     if state_backend == "embedded":  # the two deployments share one state file (as one host would)
         state = str(Path(env["AIRFLOW_HOME"]) / "pulsarstate" / "state.db")
-        env["AIRFLOW_CONN_PULSARSTATE_DEFAULT"] = json.dumps({"conn_type": "pulsarstate", "extra": {"service_url": state}})
+        env["AIRFLOW_CONN_PULSARSTATE_DEFAULT"] = json.dumps(
+            {"conn_type": "pulsarstate", "extra": {"service_url": state}}
+        )
     procs = {}
     for deployment, batch in (("deployment-a", 1), ("deployment-b", 2)):
         home = tmp_path / deployment
         home.mkdir()
         copy_airflow_db(airflow_db, home / "airflow.db")
-        child = {**env, "AIRFLOW_HOME": str(home), "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-                 "AIRFLOW_VAR_PULSARSTATE_DEPLOYMENT": deployment}
+        child = {
+            **env,
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+            "AIRFLOW_VAR_PULSARSTATE_DEPLOYMENT": deployment,
+        }
         conf = {"batch": batch, "events": EVENTS, "skus": SKUS, **names}
         # Output goes to files, never to pipes read one process after the other: a deployment
         # whose pipe filled up (Spark logs a lot) blocked on logging, its lease renewer with it,
         # and lost its lease while the test read the other one.
-        with open(tmp_path / f"{deployment}.out", "w") as out_file, open(tmp_path / f"{deployment}.err", "w") as err_file:
+        with (
+            open(tmp_path / f"{deployment}.out", "w") as out_file,
+            open(tmp_path / f"{deployment}.err", "w") as err_file,
+        ):
             procs[deployment] = subprocess.Popen(
                 [sys.executable, str(WORKER), str(EXAMPLE_DAGS), json.dumps(conf)],
-                stdout=out_file, stderr=err_file, text=True, env=child,
+                stdout=out_file,
+                stderr=err_file,
+                text=True,
+                env=child,
             )
     results = {}
     for deployment, proc in procs.items():
@@ -316,8 +332,8 @@ def test_two_deployments_never_run_the_example_spark_job_at_once(
         err = (tmp_path / f"{deployment}.err").read_text(errors="replace")
         assert proc.returncode == 0, f"{deployment}: rc={proc.returncode}\n{out[-3000:]}\n{err[-5000:]}"
         line = next(line for line in out.splitlines() if line.startswith("RESULT "))
-        results[deployment] = json.loads(line[len("RESULT "):])
-        failure = out[out.find("Task failed with exception"):][:3000]
+        results[deployment] = json.loads(line[len("RESULT ") :])
+        failure = out[out.find("Task failed with exception") :][:3000]
         assert results[deployment]["state"] == "success", (results[deployment]["states"], failure, str(tmp_path))
         assert results[deployment]["lease"]["holder"].startswith(f"{deployment}/price_events_pipeline/")
 

@@ -62,9 +62,16 @@ def test_serialize_round_trip_is_stable_and_does_no_io() -> None:
     from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
     from airflow.triggers.base import BaseEventTrigger
 
-    kwargs = dict(topics="orders", subscription="orders-dag", batch_size=10, batch_wait=0.5,
-                  filter_function=f"{FUNCS}.only_b", payload_encoding="json", dead_letter_topic="orders-dlq",
-                  pulsarstate_conn_id="not_defined_anywhere")  # no I/O: an undefined connection is fine here
+    kwargs = dict(
+        topics="orders",
+        subscription="orders-dag",
+        batch_size=10,
+        batch_wait=0.5,
+        filter_function=f"{FUNCS}.only_b",
+        payload_encoding="json",
+        dead_letter_topic="orders-dlq",
+        pulsarstate_conn_id="not_defined_anywhere",
+    )  # no I/O: an undefined connection is fine here
     classpath, serialized = PulsarMessageTrigger(**kwargs).serialize()
     assert classpath == "airflow_provider_pulsarstate.triggers.messages.PulsarMessageTrigger"
     assert serialized["topics"] == ["orders"] and json.loads(json.dumps(serialized)) == serialized
@@ -74,29 +81,36 @@ def test_serialize_round_trip_is_stable_and_does_no_io() -> None:
     assert MessageQueueTrigger(scheme="pulsar", **kwargs).serialize() == (classpath, serialized)
     # watchers differing only in filter/apply/encoding share a consumer; other options do not
     base = PulsarMessageTrigger(**serialized)
-    assert base.shared_stream_key() == PulsarMessageTrigger(**{**serialized, "filter_function": None,
-                                                              "payload_encoding": "text"}).shared_stream_key()
+    assert (
+        base.shared_stream_key()
+        == PulsarMessageTrigger(
+            **{**serialized, "filter_function": None, "payload_encoding": "text"}
+        ).shared_stream_key()
+    )
     assert base.shared_stream_key() != PulsarMessageTrigger(**{**serialized, "subscription": "x"}).shared_stream_key()
     assert base.shared_stream_key() != PulsarMessageTrigger(**{**serialized, "batch_size": 1}).shared_stream_key()
 
 
-@pytest.mark.parametrize(("bad", "field"), [
-    ({"topics": []}, "topics"),
-    ({"topics": ["a", "a"]}, "topics"),
-    ({"subscription": ""}, "subscription"),
-    ({"batch_size": 0}, "batch_size"),
-    ({"batch_size": True}, "batch_size"),
-    ({"batch_wait": -1}, "batch_wait"),
-    ({"filter_function": "lambda m: True"}, "filter_function"),
-    ({"apply_function": "nodots"}, "apply_function"),
-    ({"payload_encoding": "pickle"}, "payload_encoding"),
-    ({"initial_position": "middle"}, "initial_position"),
-    ({"max_redeliveries": -1}, "max_redeliveries"),
-    ({"dead_letter_topic": " "}, "dead_letter_topic"),
-    ({"max_payload_bytes": -1}, "max_payload_bytes"),
-    ({"oversized_payloads": "drop"}, "oversized_payloads"),
-    ({"max_event_bytes": 10}, "max_event_bytes"),
-])
+@pytest.mark.parametrize(
+    ("bad", "field"),
+    [
+        ({"topics": []}, "topics"),
+        ({"topics": ["a", "a"]}, "topics"),
+        ({"subscription": ""}, "subscription"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"batch_size": True}, "batch_size"),
+        ({"batch_wait": -1}, "batch_wait"),
+        ({"filter_function": "lambda m: True"}, "filter_function"),
+        ({"apply_function": "nodots"}, "apply_function"),
+        ({"payload_encoding": "pickle"}, "payload_encoding"),
+        ({"initial_position": "middle"}, "initial_position"),
+        ({"max_redeliveries": -1}, "max_redeliveries"),
+        ({"dead_letter_topic": " "}, "dead_letter_topic"),
+        ({"max_payload_bytes": -1}, "max_payload_bytes"),
+        ({"oversized_payloads": "drop"}, "oversized_payloads"),
+        ({"max_event_bytes": 10}, "max_event_bytes"),
+    ],
+)
 def test_bad_arguments_name_the_field(bad: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigurationError, match=field):
         PulsarMessageTrigger(**{"topics": "t", "subscription": "s", **bad})
@@ -120,8 +134,15 @@ def test_run_yields_events_from_real_messages_without_blocking_the_loop(broker_c
     topic = _fresh()
     _create(broker, topic)
     _publish(broker, topic, [b'{"sku": "a", "price": 9.5}', b'{"sku": "b"}'])
-    trigger = PulsarMessageTrigger(topics=topic, subscription="run", batch_size=5, batch_wait=0.3,
-                                   payload_encoding="json", initial_position="earliest", pulsarstate_conn_id=conn)
+    trigger = PulsarMessageTrigger(
+        topics=topic,
+        subscription="run",
+        batch_size=5,
+        batch_wait=0.3,
+        payload_encoding="json",
+        initial_position="earliest",
+        pulsarstate_conn_id=conn,
+    )
     event, worst, ticks = asyncio.run(drive(trigger))
     assert event.payload["topic"] == topic and event.payload["partition"] == -1
     assert [m["payload"] for m in event.payload["messages"]] == [{"sku": "a", "price": 9.5}, {"sku": "b"}]
@@ -158,8 +179,14 @@ def test_shared_stream_one_consumer_two_watchers_acks_only_after_persistence(bro
     topic, dlq = _fresh(), _fresh("dlq")
     _create(broker, topic, partitions=2)
     _create(broker, dlq)
-    common = dict(topics=[topic], subscription="watchers", initial_position="earliest", dead_letter_topic=dlq,
-                  redelivery_delay=0.2, pulsarstate_conn_id=conn)
+    common = dict(
+        topics=[topic],
+        subscription="watchers",
+        initial_position="earliest",
+        dead_letter_topic=dlq,
+        redelivery_delay=0.2,
+        pulsarstate_conn_id=conn,
+    )
     everything = PulsarMessageTrigger(**common, apply_function=f"{FUNCS}.explode_on_poison")
     only_b = PulsarMessageTrigger(**common, filter_function=f"{FUNCS}.only_b", apply_function=f"{FUNCS}.upper")
     key = everything.shared_stream_key()
@@ -171,8 +198,10 @@ def test_shared_stream_one_consumer_two_watchers_acks_only_after_persistence(bro
         got_b: list = []
         lag = LoopLag()
         await lag.__aenter__()
-        tasks = [asyncio.create_task(_runner(manager, 1, everything, key, got_a)),
-                 asyncio.create_task(_runner(manager, 2, only_b, key, got_b))]
+        tasks = [
+            asyncio.create_task(_runner(manager, 1, everything, key, got_a)),
+            asyncio.create_task(_runner(manager, 2, only_b, key, got_b)),
+        ]
         try:
             await asyncio.to_thread(_publish, broker, f"{topic}-partition-0", [b"a1", b"b2", b"poison"])
             await asyncio.to_thread(_publish, broker, f"{topic}-partition-1", [b"b3"])
@@ -186,9 +215,9 @@ def test_shared_stream_one_consumer_two_watchers_acks_only_after_persistence(bro
                 for p in (0, 1)
             ]
             manager.confirm_persisted([seq for _, seq in got_a + got_b])
-            await _until(lambda: all(
-                _sub_stats(broker, f"{topic}-partition-{p}", "watchers")["msgBacklog"] == 0 for p in (0, 1)
-            ))
+            await _until(
+                lambda: all(_sub_stats(broker, f"{topic}-partition-{p}", "watchers")["msgBacklog"] == 0 for p in (0, 1))
+            )
         finally:
             await lag.__aexit__()
             for task in tasks:
@@ -223,8 +252,13 @@ def test_an_event_never_stored_is_negatively_acknowledged_and_comes_again(broker
     conn, broker = broker_conn
     topic = _fresh()
     _create(broker, topic)
-    common = dict(topics=[topic], subscription="timeouts", initial_position="earliest", redelivery_delay=0.2,
-                  pulsarstate_conn_id=conn)
+    common = dict(
+        topics=[topic],
+        subscription="timeouts",
+        initial_position="earliest",
+        redelivery_delay=0.2,
+        pulsarstate_conn_id=conn,
+    )
     never_stored = PulsarMessageTrigger(**common, payload_encoding="text")
     stored = PulsarMessageTrigger(**common, payload_encoding="base64")
     key = stored.shared_stream_key()
@@ -265,8 +299,20 @@ def test_an_event_never_stored_is_negatively_acknowledged_and_comes_again(broker
 
 # ---------------------------------------------------------------------------- bounded events
 def _message(i: int, payload: bytes, topic: str = "persistent://public/default/t") -> TopicMessage:
-    return TopicMessage(topic=topic, partition=-1, ledger_id=7, entry_id=i, batch_index=-1, message_id=b"id%d" % i,
-                        key=None, properties={}, payload=payload, publish_time=0, event_time=None, redelivery_count=0)
+    return TopicMessage(
+        topic=topic,
+        partition=-1,
+        ledger_id=7,
+        entry_id=i,
+        batch_index=-1,
+        message_id=b"id%d" % i,
+        key=None,
+        properties={},
+        payload=payload,
+        publish_time=0,
+        event_time=None,
+        redelivery_count=0,
+    )
 
 
 def test_an_event_stays_within_max_event_bytes_passing_its_largest_payloads_by_reference() -> None:
@@ -289,8 +335,9 @@ def test_an_event_stays_within_max_event_bytes_passing_its_largest_payloads_by_r
     strict = PulsarMessageTrigger(topics="t", subscription="s", oversized_payloads="reject")
     with pytest.raises(PayloadTooLargeError, match="max_payload_bytes=65536"):
         asyncio.run(strict.event_for(batch[8:]))
-    huge_results = PulsarMessageTrigger(topics="t", subscription="s", apply_function=f"{FUNCS}.upper",
-                                        max_event_bytes=50_000)
+    huge_results = PulsarMessageTrigger(
+        topics="t", subscription="s", apply_function=f"{FUNCS}.upper", max_event_bytes=50_000
+    )
     with pytest.raises(PayloadTooLargeError, match="max_event_bytes=50000"):
         asyncio.run(huge_results.event_for(batch[:1]))  # apply results cannot be passed by reference
 
@@ -310,8 +357,15 @@ def test_large_payloads_go_by_reference_without_stalling_the_loop_and_a_task_rea
     docs = [json.dumps({"i": i, "rows": ["r" * 100] * 40_000}).encode() for i in range(12)]
     assert all(len(d) > 4_000_000 for d in docs)
     _publish(broker, topic, docs)
-    trigger = PulsarMessageTrigger(topics=topic, subscription="big", batch_size=4, batch_wait=2.0,
-                                   payload_encoding="json", initial_position="earliest", pulsarstate_conn_id=conn)
+    trigger = PulsarMessageTrigger(
+        topics=topic,
+        subscription="big",
+        batch_size=4,
+        batch_wait=2.0,
+        payload_encoding="json",
+        initial_position="earliest",
+        pulsarstate_conn_id=conn,
+    )
 
     async def three_events() -> tuple[list[Any], LoopLag]:
         events = []

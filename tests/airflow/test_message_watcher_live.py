@@ -39,7 +39,14 @@ def _path(topic: str) -> str:
 
 class _Env:
     def __init__(self, af: AirflowProcesses, broker: Any, shared: str, held: str, hold: Path, receipts: Path) -> None:
-        self.af, self.broker, self.shared, self.held, self.hold, self.receipts = af, broker, shared, held, hold, receipts
+        self.af, self.broker, self.shared, self.held, self.hold, self.receipts = (
+            af,
+            broker,
+            shared,
+            held,
+            hold,
+            receipts,
+        )
 
     def publish(self, topic: str, payload: bytes) -> None:
         client = pulsar.Client(self.broker.service_url)
@@ -106,7 +113,9 @@ def live(pulsar_broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 def test_one_message_one_asset_event_and_one_run_per_watcher_on_one_consumer(live: _Env) -> None:
     # both watchers subscribed, through one consumer
-    live.wait("the shared subscription's consumer", lambda: live.subscription(live.shared, "live-watchers").get("consumers"))
+    live.wait(
+        "the shared subscription's consumer", lambda: live.subscription(live.shared, "live-watchers").get("consumers")
+    )
     live.publish(live.shared, b"order-1")
     for dag_id in ("on_orders_a", "on_orders_b"):
         live.wait(f"a finished run of {dag_id}", lambda dag_id=dag_id: live.finished_runs(dag_id))
@@ -120,7 +129,9 @@ def test_one_message_one_asset_event_and_one_run_per_watcher_on_one_consumer(liv
         assert [r["state"] for r in runs] == ["success"], runs
     sub = live.subscription(live.shared, "live-watchers")
     assert len(sub["consumers"]) == 1, sub  # the two watchers share one consumer
-    live.wait("the message to be acknowledged", lambda: live.subscription(live.shared, "live-watchers")["msgBacklog"] == 0, 30)
+    live.wait(
+        "the message to be acknowledged", lambda: live.subscription(live.shared, "live-watchers")["msgBacklog"] == 0, 30
+    )
 
 
 def test_triggerer_killed_before_the_event_is_stored_redelivers_exactly_once(live: _Env) -> None:
@@ -140,4 +151,6 @@ def test_triggerer_killed_before_the_event_is_stored_redelivers_exactly_once(liv
     assert events[0]["payload"]["messages"][0]["payload"] == "held-1"
     assert live.receipts.read_text().splitlines() == ["held-1", "held-1"]  # received twice: redelivered
     assert [r["state"] for r in live.af.runs("on_held")] == ["success"]
-    live.wait("the message to be acknowledged", lambda: live.subscription(live.held, "live-held")["msgBacklog"] == 0, 30)
+    live.wait(
+        "the message to be acknowledged", lambda: live.subscription(live.held, "live-held")["msgBacklog"] == 0, 30
+    )

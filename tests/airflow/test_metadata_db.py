@@ -37,7 +37,7 @@ def test_a_damaged_db_is_reported(tmp_path: Path) -> None:
     db = tmp_path / "a.db"
     _make(db, 2000)
     data = bytearray(db.read_bytes())
-    data[3 * 1024 + 200: 3 * 1024 + 600] = b"\xff" * 400  # inside a b-tree page, past the header
+    data[3 * 1024 + 200 : 3 * 1024 + 600] = b"\xff" * 400  # inside a b-tree page, past the header
     db.write_bytes(bytes(data))
     problems = db_problems(db)
     assert problems and problems != ["ok"], problems

@@ -39,11 +39,13 @@ SENSOR_DAGS = TEST_DAGS / "offset_sensor_dags.py"
 # ---------------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
 def dag_bundles(airflow_db: Path) -> Iterator[None]:
-    bundles = [{
-        "name": "pulsarstate-test-dags",
-        "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-        "kwargs": {"path": str(TEST_DAGS), "refresh_interval": 0},
-    }]
+    bundles = [
+        {
+            "name": "pulsarstate-test-dags",
+            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+            "kwargs": {"path": str(TEST_DAGS), "refresh_interval": 0},
+        }
+    ]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps(bundles))
         yield
@@ -192,14 +194,19 @@ def test_watermark_counts_new_messages_and_advances(
     assert feeder.fed == ["wait_new"]
     seen = second.xcoms["wait_new"]
     assert (seen["watermark"], seen["value"], seen["end_offsets"], seen["watermark_advanced_to"]) == (
-        {"0": 5}, 5, {"0": 10}, {"0": 10}
+        {"0": 5},
+        5,
+        {"0": 10},
+        {"0": 10},
     )
     assert [p["status"] for _, p in feeder.trigger_events] == (["success"] if mode == "deferred" else [])
 
     with PulsarStateHook() as hook:
         stored = hook.get_map(DEFAULT_WATERMARK_MAP).get(f"{topic}/{mode}", latest=True)
     assert stored["topic"] == full and stored["offsets"] == {"0": 10} and stored["previous"] == {"0": 5}
-    assert stored["advanced_by"].startswith(f"offset_sensor_watermark_{mode}/") and stored["advanced_by"].endswith("/wait_new/-1")
+    assert stored["advanced_by"].startswith(f"offset_sensor_watermark_{mode}/") and stored["advanced_by"].endswith(
+        "/wait_new/-1"
+    )
 
 
 # ---------------------------------------------------------------------------------- watermarks
@@ -262,12 +269,22 @@ def test_sensor_arguments_are_checked_at_parse_time() -> None:
     with pytest.raises(ProgressError, match="start_from_trigger needs deferrable"):
         OffsetProgressSensor(task_id="s", topic="t", target=1, start_from_trigger=True, deferrable=False)
     with pytest.raises(ProgressError, match="cannot start_from_trigger"):
-        OffsetProgressSensor(task_id="s", topic="t", condition="new_messages", target=1, deferrable=True, start_from_trigger=True)
+        OffsetProgressSensor(
+            task_id="s", topic="t", condition="new_messages", target=1, deferrable=True, start_from_trigger=True
+        )
     sensor = OffsetProgressSensor(
-        task_id="s", topic="{{ params.t }}", target="{{ params.n }}", deferrable=True, start_from_trigger=True, timeout=90
+        task_id="s",
+        topic="{{ params.t }}",
+        target="{{ params.n }}",
+        deferrable=True,
+        start_from_trigger=True,
+        timeout=90,
     )
     args = sensor.start_trigger_args
-    assert args is not OffsetProgressSensor.start_trigger_args and OffsetProgressSensor.start_trigger_args.trigger_kwargs == {}
+    assert (
+        args is not OffsetProgressSensor.start_trigger_args
+        and OffsetProgressSensor.start_trigger_args.trigger_kwargs == {}
+    )
     assert args.timeout.total_seconds() == 90 and args.next_method == "execute_complete"
     assert args.trigger_kwargs["end_from_trigger"] is True and args.trigger_kwargs["target"] == "{{ params.n }}"
     # the triggerer renders these trigger attributes from the sensor's template fields
@@ -287,9 +304,16 @@ def test_provider_info_lists_sensor_and_trigger() -> None:
 # ---------------------------------------------------------------------------------- the trigger, driven directly
 def test_trigger_serialize_round_trips_exactly() -> None:
     kwargs = {
-        "topic": "events", "condition": "lag", "target": {"0": 3, "2": 0}, "subscription": "sub",
-        "per_partition": True, "watermark": None, "poll_interval": 0.5, "deadline": 1.8e9,
-        "pulsarstate_conn_id": "ps", "end_from_trigger": False,
+        "topic": "events",
+        "condition": "lag",
+        "target": {"0": 3, "2": 0},
+        "subscription": "sub",
+        "per_partition": True,
+        "watermark": None,
+        "poll_interval": 0.5,
+        "deadline": 1.8e9,
+        "pulsarstate_conn_id": "ps",
+        "end_from_trigger": False,
     }
     classpath, out = OffsetProgressTrigger(**kwargs).serialize()
     assert classpath == "airflow_provider_pulsarstate.triggers.offsets.OffsetProgressTrigger"
@@ -395,7 +419,9 @@ def test_trigger_times_out_and_reports_errors_and_always_closes_its_probe(
     monkeypatch.setattr(PulsarStateHook, "get_async_offset_probe", tracked)
 
     started = time.monotonic()
-    trigger = OffsetProgressTrigger(topic=topic, condition="end_offset", target=99, poll_interval=0.1, deadline=time.time() + 1.0)
+    trigger = OffsetProgressTrigger(
+        topic=topic, condition="end_offset", target=99, poll_interval=0.1, deadline=time.time() + 1.0
+    )
     event, _, _ = asyncio.run(_drive(trigger))
     assert 0.9 <= time.monotonic() - started < 10
     assert event.payload["status"] == "timeout" and event.payload["progress"]["value"] == 2
@@ -414,7 +440,9 @@ def test_trigger_times_out_and_reports_errors_and_always_closes_its_probe(
     assert len(closed) == 3  # every probe opened was closed (the bad target failed before opening one)
 
     # cancelled while polling (a triggerer shutting down): the probe is still closed
-    asyncio.run(cancel_midway(OffsetProgressTrigger(topic=topic, condition="end_offset", target=99, poll_interval=0.05)))
+    asyncio.run(
+        cancel_midway(OffsetProgressTrigger(topic=topic, condition="end_offset", target=99, poll_interval=0.05))
+    )
     assert len(closed) == 4
 
 

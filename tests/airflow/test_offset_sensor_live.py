@@ -71,10 +71,13 @@ class _Live:
         dags = tmp_path / "dags"
         dags.mkdir()
         shutil.copy(dag_file, dags / dag_file.name)
-        bundle = [{
-            "name": "live", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-            "kwargs": {"path": str(dags), "refresh_interval": 0},
-        }]
+        bundle = [
+            {
+                "name": "live",
+                "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+                "kwargs": {"path": str(dags), "refresh_interval": 0},
+            }
+        ]
         self.env = {
             **os.environ,
             "AIRFLOW_HOME": str(home),
@@ -97,9 +100,11 @@ class _Live:
     def __enter__(self) -> _Live:
         for name, log in zip(("scheduler", "triggerer"), self.logs):
             with open(log, "wb") as out:
-                self.procs.append(subprocess.Popen(
-                    [AIRFLOW_BIN, name], env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-                ))
+                self.procs.append(
+                    subprocess.Popen(
+                        [AIRFLOW_BIN, name], env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                    )
+                )
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -114,20 +119,27 @@ class _Live:
                 proc.wait(timeout=10)
 
     def state(self, run_id: str) -> str | None:
-        rows = _query("SELECT state FROM task_instance WHERE dag_id = ? AND run_id = ? AND task_id = 'wait'", self.dag_id, run_id)
+        rows = _query(
+            "SELECT state FROM task_instance WHERE dag_id = ? AND run_id = ? AND task_id = 'wait'", self.dag_id, run_id
+        )
         return None if not rows or rows[0][0] is None else str(rows[0][0])
 
     def trigger_and_wait_deferred(self, conf: dict[str, Any]) -> str:
         run_id = f"live__{uuid.uuid4().hex[:8]}"
         triggered = subprocess.run(
             [AIRFLOW_BIN, "dags", "trigger", self.dag_id, "--run-id", run_id, "--conf", json.dumps(conf)],
-            env=self.env, capture_output=True, text=True, timeout=300,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         assert triggered.returncode == 0, triggered.stdout[-3000:] + triggered.stderr[-3000:]
 
         def deferred() -> bool:
             state = self.state(run_id)
-            assert state not in ("failed", "up_for_retry", "success", "skipped"), f"the sensor ended {state} without deferring"
+            assert state not in ("failed", "up_for_retry", "success", "skipped"), (
+                f"the sensor ended {state} without deferring"
+            )
             return state == "deferred"
 
         _wait("the sensor to be deferred", deferred, 180, self.logs)
@@ -140,7 +152,9 @@ class _Live:
         assert state == "success", f"the sensor ended {state}\n" + "\n".join(
             f"--- {p.name}\n{p.read_text(errors='replace')[-6000:]}" for p in self.logs if p.exists()
         )
-        rows = _query("SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND key = 'return_value'", self.dag_id, run_id)
+        rows = _query(
+            "SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND key = 'return_value'", self.dag_id, run_id
+        )
         values = []
         for (value,) in rows:
             while isinstance(value, (str, bytes)):  # the DB column holds the serialized value as JSON text
@@ -151,7 +165,9 @@ class _Live:
 
 
 @pytest.mark.slow
-def test_start_from_trigger_completes_the_task_without_a_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_start_from_trigger_completes_the_task_without_a_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     live = _Live(tmp_path, monkeypatch, LIVE_DAG, DAG_ID)
     topic = f"live-{uuid.uuid4().hex[:10]}"
     marker = tmp_path / "worker-ran"
@@ -171,7 +187,9 @@ def test_start_from_trigger_completes_the_task_without_a_worker(tmp_path: Path, 
                 publisher.send(f"after-{i}".encode())
             publisher.flush(timeout=30)
         seen = live.finished(run_id)
-    assert seen["met"] and seen["topic"] == full and seen["value"] == 5 and seen["target"] == 5  # rendered in the triggerer
+    assert (
+        seen["met"] and seen["topic"] == full and seen["value"] == 5 and seen["target"] == 5
+    )  # rendered in the triggerer
     assert not marker.exists(), marker.read_text()
 
 

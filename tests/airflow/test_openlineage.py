@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -29,11 +30,13 @@ def openlineage_file(airflow_db: Any, tmp_path_factory: pytest.TempPathFactory) 
     """The file the runs' OpenLineage events go to; set only in the ``airflow`` processes the
     tests start, so the listener is loaded enabled there and nowhere else in the session."""
     path = tmp_path_factory.mktemp("openlineage") / "events.jsonl"
-    bundles = [{
-        "name": "pulsarstate-test-dags",
-        "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-        "kwargs": {"path": str(TEST_DAGS), "refresh_interval": 0},
-    }]
+    bundles = [
+        {
+            "name": "pulsarstate-test-dags",
+            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+            "kwargs": {"path": str(TEST_DAGS), "refresh_interval": 0},
+        }
+    ]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps(bundles))
         yield path
@@ -51,12 +54,17 @@ def run_real(openlineage_file: Path, dag_id: str, conf: dict[str, Any]) -> Simpl
     from sqlalchemy import select
 
     env = os.environ.copy()
-    env["AIRFLOW__OPENLINEAGE__TRANSPORT"] = json.dumps({"type": "file", "log_file_path": str(openlineage_file), "append": True})
+    env["AIRFLOW__OPENLINEAGE__TRANSPORT"] = json.dumps(
+        {"type": "file", "log_file_path": str(openlineage_file), "append": True}
+    )
     env["AIRFLOW__OPENLINEAGE__NAMESPACE"] = "pulsarstate-tests"
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     done = subprocess.run(
         [AIRFLOW_BIN, "dags", "test", dag_id, "--conf", json.dumps(conf)],
-        env=env, capture_output=True, text=True, timeout=600,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     with create_session() as session:
         run = session.scalars(select(DagRun).where(DagRun.dag_id == dag_id).order_by(DagRun.id.desc()).limit(1)).one()
@@ -65,7 +73,9 @@ def run_real(openlineage_file: Path, dag_id: str, conf: dict[str, Any]) -> Simpl
             row.task_id: XComModel.deserialize_value(row)
             for row in session.scalars(XComModel.get_many(run_id=run.run_id, dag_ids=dag_id, key="return_value"))
         }
-        result = SimpleNamespace(state=str(run.state), states=states, xcoms=xcoms, output=done.stdout[-3000:] + done.stderr[-3000:])
+        result = SimpleNamespace(
+            state=str(run.state), states=states, xcoms=xcoms, output=done.stdout[-3000:] + done.stderr[-3000:]
+        )
     print(f"airflow dags test {dag_id}: rc {done.returncode}, {result.state} {states}")
     return result
 
@@ -93,14 +103,21 @@ def _namespace(state_backend: str) -> str:
     return lineage_namespace(ConnectionConfig(url=extra["service_url"]))
 
 
-def test_apply_reports_the_consumed_offsets_and_the_published_counts(openlineage_file: Path, state_backend: str) -> None:
+def test_apply_reports_the_consumed_offsets_and_the_published_counts(
+    openlineage_file: Path, state_backend: str
+) -> None:
     table, source = f"lin-table-{uuid.uuid4().hex[:8]}", f"lin-events-{uuid.uuid4().hex[:8]}"
     before = len(_events(openlineage_file, "lineage_apply.apply_view"))
-    run = run_real(openlineage_file, "lineage_apply", {
-        "table_topic": table, "source_topic": source,
-        "rows": {"sku-1": {"p": 1}, "sku-2": {"p": 2}, "sku-3": {"p": 3}},
-        "ranges": {"0": [0, 40], "1": [0, 25]},
-    })
+    run = run_real(
+        openlineage_file,
+        "lineage_apply",
+        {
+            "table_topic": table,
+            "source_topic": source,
+            "rows": {"sku-1": {"p": 1}, "sku-2": {"p": 2}, "sku-3": {"p": 3}},
+            "ranges": {"0": [0, 40], "1": [0, 25]},
+        },
+    )
     assert run.state == "success", (run.states, run.output)
     events = _events(openlineage_file, "lineage_apply.apply_view")[before:]
     assert [e["eventType"] for e in events] == ["START", "COMPLETE"]
@@ -110,7 +127,8 @@ def test_apply_reports_the_consumed_offsets_and_the_published_counts(openlineage
     inputs, outputs = _datasets(complete, "inputs"), _datasets(complete, "outputs")
     assert set(inputs) == {(ns, source_name), (ns, table_name)}
     assert inputs[(ns, source_name)]["inputFacets"]["pulsarOffsetRanges"]["ranges"] == [
-        {"partition": 0, "start": 0, "next": 40}, {"partition": 1, "start": 0, "next": 25},
+        {"partition": 0, "start": 0, "next": 40},
+        {"partition": 1, "start": 0, "next": 25},
     ]
     assert set(outputs) == {(ns, table_name)}
     facets = outputs[(ns, table_name)]["outputFacets"]
@@ -128,7 +146,11 @@ def test_apply_reports_the_consumed_offsets_and_the_published_counts(openlineage
 def test_a_failed_apply_reports_the_table_without_counts(openlineage_file: Path, state_backend: str) -> None:
     table = f"lin-fail-{uuid.uuid4().hex[:8]}"
     before = len(_events(openlineage_file, "lineage_apply.apply_view"))
-    run = run_real(openlineage_file, "lineage_apply", {"table_topic": table, "rows": {"sku-1": {"p": 1}}, "bad_view_id": "no-such-view"})
+    run = run_real(
+        openlineage_file,
+        "lineage_apply",
+        {"table_topic": table, "rows": {"sku-1": {"p": 1}}, "bad_view_id": "no-such-view"},
+    )
     assert run.states["apply_view"] == "failed"
     events = _events(openlineage_file, "lineage_apply.apply_view")[before:]
     assert [e["eventType"] for e in events] == ["START", "FAIL"]
@@ -175,7 +197,9 @@ def test_without_the_openlineage_provider_nothing_is_recorded(tmp_path: Path) ->
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
 
 
-def test_the_offset_sensor_and_the_commit_report_the_ranges_they_saw(openlineage_file: Path, state_backend: str) -> None:
+def test_the_offset_sensor_and_the_commit_report_the_ranges_they_saw(
+    openlineage_file: Path, state_backend: str
+) -> None:
     table, source = f"lin-otable-{uuid.uuid4().hex[:8]}", f"lin-oevents-{uuid.uuid4().hex[:8]}"
     run = run_real(openlineage_file, "lineage_offsets", {"table_topic": table, "source_topic": source, "events": 30})
     assert run.state == "success", (run.states, run.output)
@@ -203,18 +227,24 @@ def test_the_offset_sensor_and_the_commit_report_the_ranges_they_saw(openlineage
     assert _datasets(apply, "outputs")[(ns, table_name)]["outputFacets"]["outputStatistics"]["rowCount"] == len(end)
 
 
-def test_a_task_using_the_hook_directly_reports_the_topics_it_read_and_wrote(openlineage_file: Path, state_backend: str) -> None:
+def test_a_task_using_the_hook_directly_reports_the_topics_it_read_and_wrote(
+    openlineage_file: Path, state_backend: str
+) -> None:
     source, target = f"lin-hin-{uuid.uuid4().hex[:8]}", f"lin-hout-{uuid.uuid4().hex[:8]}"
     run = run_real(openlineage_file, "lineage_hook_task", {"source_topic": source, "target_topic": target})
     assert run.state == "success" and run.xcoms["copy_messages"] == 5, run.states
-    event = [e for e in _events(openlineage_file, "lineage_hook_task.copy_messages") if e["eventType"] == "COMPLETE"][-1]
+    event = [e for e in _events(openlineage_file, "lineage_hook_task.copy_messages") if e["eventType"] == "COMPLETE"][
+        -1
+    ]
     ns = _namespace(state_backend)
     source_name, target_name = f"persistent://public/default/{source}", f"persistent://public/default/{target}"
     assert set(_datasets(event, "inputs")) == {(ns, source_name)}
     assert set(_datasets(event, "outputs")) == {(ns, source_name), (ns, target_name)}
 
 
-def test_the_spark_view_job_reports_the_table_and_source_it_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_spark_view_job_reports_the_table_and_source_it_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The recorded lineage of the Spark task, from its rendered arguments (no Spark run here:
     the example pipeline's runs cover the job itself)."""
     from airflow_provider_pulsarstate.engine.config import ConnectionConfig
@@ -223,10 +253,22 @@ def test_the_spark_view_job_reports_the_table_and_source_it_reads(tmp_path: Path
 
     config = ConnectionConfig(url="pulsar://127.0.0.1:36847")
     lineage = RunLineage(config=config)
-    record_job_arguments(lineage, config, [
-        "--view-id", "v1", "--table-topic", "persistent://public/default/prices", "--config-json", "{}",
-        "--source-topic", "events", "--version", "2",
-    ])
+    record_job_arguments(
+        lineage,
+        config,
+        [
+            "--view-id",
+            "v1",
+            "--table-topic",
+            "persistent://public/default/prices",
+            "--config-json",
+            "{}",
+            "--source-topic",
+            "events",
+            "--version",
+            "2",
+        ],
+    )
     facets = lineage.to_openlineage()
     assert {(d.namespace, d.name) for d in facets.inputs} == {
         ("pulsar://127.0.0.1:36847", "persistent://public/default/events"),

@@ -44,7 +44,10 @@ def test_every_listed_module_imports(kind: str) -> None:
 def test_the_package_name_is_the_distribution_name() -> None:
     from importlib.metadata import metadata
 
-    assert airflow_provider_pulsarstate.get_provider_info()["package-name"] == metadata("airflow-provider-pulsarstate")["Name"]
+    assert (
+        airflow_provider_pulsarstate.get_provider_info()["package-name"]
+        == metadata("airflow-provider-pulsarstate")["Name"]
+    )
 
 
 def test_asset_uri_entries_name_importable_callables() -> None:

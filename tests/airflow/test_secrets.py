@@ -42,7 +42,11 @@ def test_get_config_registers_the_token_and_url_credentials_for_masking(env_conn
 def test_test_connection_messages_hide_url_credentials(env_connection: EnvConnection) -> None:
     conn_id = env_connection(
         "ps_cred",
-        extra={"service_url": "pulsar://127.0.0.1:1", "admin_url": "http://bob:hunter2@127.0.0.1:1", "operation_timeout": 2},
+        extra={
+            "service_url": "pulsar://127.0.0.1:1",
+            "admin_url": "http://bob:hunter2@127.0.0.1:1",
+            "operation_timeout": 2,
+        },
     )
     ok, message = PulsarStateHook(conn_id).test_connection()
     assert not ok
@@ -51,7 +55,9 @@ def test_test_connection_messages_hide_url_credentials(env_connection: EnvConnec
 
 def test_token_over_plain_http_names_the_connection_and_option(env_connection: EnvConnection) -> None:
     conn_id = env_connection("ps_http", extra={"service_url": "pulsar://broker.example:6650", "auth_token": "t"})
-    with pytest.raises(ConfigurationError, match="'ps_http'.*admin_url 'http://broker.example:8080'.*allow_plaintext_auth"):
+    with pytest.raises(
+        ConfigurationError, match="'ps_http'.*admin_url 'http://broker.example:8080'.*allow_plaintext_auth"
+    ):
         PulsarStateHook(conn_id).get_config()
     conn_id = env_connection(
         "ps_http_ok",
@@ -61,9 +67,7 @@ def test_token_over_plain_http_names_the_connection_and_option(env_connection: E
 
 
 def test_boolean_options_are_read_and_checked(env_connection: EnvConnection) -> None:
-    conn_id = env_connection(
-        "ps_bool", extra={"tls_hostname_verification": "false", "allow_other_namespaces": True}
-    )
+    conn_id = env_connection("ps_bool", extra={"tls_hostname_verification": "false", "allow_other_namespaces": True})
     config = PulsarStateHook(conn_id).get_config()
     assert (config.tls_hostname_verification, config.allow_other_namespaces) == (False, True)
     bad = env_connection("ps_bool_bad", extra={"allow_other_namespaces": "maybe"})
@@ -145,7 +149,11 @@ def test_token_never_reaches_the_spark_submit_command_line(
     assert commands == []  # refused before spark-submit runs
 
     op = ViewSparkSubmitOperator(
-        task_id="s2", application="/j.py", conn_id="spark_cluster", pulsarstate_conn_id=conn_id, pass_token=False,
+        task_id="s2",
+        application="/j.py",
+        conn_id="spark_cluster",
+        pulsarstate_conn_id=conn_id,
+        pass_token=False,
         env_vars={"OTHER": "1"},
     )
     op.execute({})

@@ -25,7 +25,9 @@ class Closable:
 def config(tmp_path: Path) -> Iterator[ConnectionConfig]:
     shared_objects.close_all()
     yield ConnectionConfig(url=str(tmp_path / "state.db"))
-    shared_objects.set_limits(max_open=shared_objects.DEFAULT_MAX_OPEN, idle_seconds=shared_objects.DEFAULT_IDLE_SECONDS)
+    shared_objects.set_limits(
+        max_open=shared_objects.DEFAULT_MAX_OPEN, idle_seconds=shared_objects.DEFAULT_IDLE_SECONDS
+    )
     shared_objects.close_all()
 
 
@@ -65,8 +67,10 @@ def test_idle_objects_are_closed_after_the_idle_time(config: ConnectionConfig) -
 
 
 def test_discard_topic_closes_the_idle_objects_of_one_topic(config: ConnectionConfig) -> None:
-    with shared_objects.borrow(config, ("xcom-run", "persistent://p/n/t1"), lambda b: Closable("1")) as one, \
-            shared_objects.borrow(config, ("state-map", "persistent://p/n/t2"), lambda b: Closable("2")) as two:
+    with (
+        shared_objects.borrow(config, ("xcom-run", "persistent://p/n/t1"), lambda b: Closable("1")) as one,
+        shared_objects.borrow(config, ("state-map", "persistent://p/n/t2"), lambda b: Closable("2")) as two,
+    ):
         assert shared_objects.discard_topic("persistent://p/n/t1") == 0  # in use: kept
     assert shared_objects.discard_topic("persistent://p/n/t1") == 1
     assert one.closed and not two.closed

@@ -66,7 +66,9 @@ def test_read_offset_range_yields_exactly_the_range(spark: Any, backend_config: 
     end = {0: by_partition[0][-1] + 1, 1: by_partition[1][-5]}
     expected = {k: v for k, v in published.items() if start[k[0]] <= k[1] < end[k[0]]}
 
-    df = read_offset_range(spark, config=backend_config, topic=topic, start=start, end=end, offsets_per_split=23, max_messages=10)
+    df = read_offset_range(
+        spark, config=backend_config, topic=topic, start=start, end=end, offsets_per_split=23, max_messages=10
+    )
     rows = df.collect()
     assert df.rdd.getNumPartitions() == len(plan_splits(start, end, offsets_per_split=23))
     got = {(r["partition"], r["offset"]): (r["key"], bytes(r["value"]), dict(r["properties"])) for r in rows}
@@ -78,7 +80,9 @@ def test_read_offset_range_yields_exactly_the_range(spark: Any, backend_config: 
     begin, stop = ingestion_range(backend_config, topic=topic, recorded={1: start[1]})
     assert begin == {0: by_partition[0][0], 1: start[1]}
     assert stop == {0: by_partition[0][-1] + 1, 1: by_partition[1][-1] + 1}
-    assert ingestion_range(backend_config, topic=topic, recorded={1: start[1]}, end={0: 0, 1: 0})[1] == begin  # clamped: empty
+    assert (
+        ingestion_range(backend_config, topic=topic, recorded={1: start[1]}, end={0: 0, 1: 0})[1] == begin
+    )  # clamped: empty
     with pytest.raises(ConfigurationError, match="partition.*\\[2\\] that .* does not have"):
         ingestion_range(backend_config, topic=topic, recorded={2: 0})
 

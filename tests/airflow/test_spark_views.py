@@ -67,7 +67,9 @@ def table(config: ConnectionConfig, topic: str) -> Iterator[StateTable]:
     backend.close()
 
 
-def _stage_and_apply(spark: Any, config: ConnectionConfig, table: StateTable, df: Any, **kwargs: Any) -> tuple[int, Any]:
+def _stage_and_apply(
+    spark: Any, config: ConnectionConfig, table: StateTable, df: Any, **kwargs: Any
+) -> tuple[int, Any]:
     view = table.create_view()
     staged = write_view(df, config=config, table_topic=table.topic, view_id=view.view_id, **kwargs)
     sealed = table.view_info(view.view_id).sealed  # the driver sealed it: one stager per non-empty partition
@@ -76,11 +78,15 @@ def _stage_and_apply(spark: Any, config: ConnectionConfig, table: StateTable, df
 
 
 # ---------------------------------------------------------------------------------- write_view
-def test_write_view_stages_every_row_from_many_partitions(spark: Any, config: ConnectionConfig, table: StateTable) -> None:
+def test_write_view_stages_every_row_from_many_partitions(
+    spark: Any, config: ConnectionConfig, table: StateTable
+) -> None:
     from pyspark.sql import functions as F
 
     df = spark.range(0, 2500, numPartitions=5).select(
-        F.format_string("k%05d", F.col("id")).alias("key"), (F.col("id") * 3).alias("n"), (F.col("id") % 2 == 0).alias("even")
+        F.format_string("k%05d", F.col("id")).alias("key"),
+        (F.col("id") * 3).alias("n"),
+        (F.col("id") % 2 == 0).alias("even"),
     )
     staged, result = _stage_and_apply(spark, config, table, df, key_column="key", batch_rows=100)
     assert staged == 2500
@@ -114,8 +120,20 @@ def test_write_view_converts_values_to_json_scalars(spark: Any, tmp_path: Path) 
         ]
     )
     df = spark.createDataFrame(
-        [(7, decimal.Decimal("12.34"), decimal.Decimal("5"), dt.date(2026, 1, 2), dt.datetime(2026, 1, 2, 3, 4, 5),
-          dt.datetime(2026, 7, 2, 3, 4, 5, 250000), dt.timedelta(minutes=1, seconds=30, microseconds=500000), 0.5, "x", None)],
+        [
+            (
+                7,
+                decimal.Decimal("12.34"),
+                decimal.Decimal("5"),
+                dt.date(2026, 1, 2),
+                dt.datetime(2026, 1, 2, 3, 4, 5),
+                dt.datetime(2026, 7, 2, 3, 4, 5, 250000),
+                dt.timedelta(minutes=1, seconds=30, microseconds=500000),
+                0.5,
+                "x",
+                None,
+            )
+        ],
         schema,
     )
     backend = open_backend(config)
@@ -124,9 +142,15 @@ def test_write_view_converts_values_to_json_scalars(spark: Any, tmp_path: Path) 
         assert write_view(df, config=config, table_topic="types", view_id=view.view_id, key_column="id") == 1
         t.apply(view.view_id)
         assert t.get("7", latest=True) == {
-            "price": 12.34, "whole": 5, "day": "2026-01-02", "at": "2026-01-02T03:04:05",
-            "at_local": "2026-07-02T03:04:05.250000", "wait": 90.5,  # a TIMESTAMP in local wall time, as Row gives it
-            "ratio": 0.5, "name": "x", "missing": None,
+            "price": 12.34,
+            "whole": 5,
+            "day": "2026-01-02",
+            "at": "2026-01-02T03:04:05",
+            "at_local": "2026-07-02T03:04:05.250000",
+            "wait": 90.5,  # a TIMESTAMP in local wall time, as Row gives it
+            "ratio": 0.5,
+            "name": "x",
+            "missing": None,
         }
     backend.close()
 
@@ -184,7 +208,13 @@ def test_read_table_infers_columns(spark: Any, config: ConnectionConfig, table: 
     df = read_table(spark, config=config, table_topic=table.topic, key_column="sku")
     types = {f.name: f.dataType.simpleString() for f in df.schema.fields}
     assert types == {
-        "sku": "string", "big": "string", "either": "string", "flag": "boolean", "mixed": "double", "n": "bigint", "text": "string",
+        "sku": "string",
+        "big": "string",
+        "either": "string",
+        "flag": "boolean",
+        "mixed": "double",
+        "n": "bigint",
+        "text": "string",
     }
     rows = {r["sku"]: r.asDict() for r in df.collect()}
     assert rows["a"] == {"sku": "a", "big": None, "either": "s", "flag": True, "mixed": 1.0, "n": 1, "text": "x"}

@@ -59,7 +59,9 @@ class Watcher:
     def __init__(self, manager: SharedStreamManager, trigger: StateChangeTrigger, trigger_id: int) -> None:
         self.manager, self.trigger, self.id = manager, trigger, trigger_id
         self.key = trigger.shared_stream_key()
-        self.events = trigger.filter_shared_stream(manager.subscribe(trigger_id=trigger_id, trigger=trigger, key=self.key))
+        self.events = trigger.filter_shared_stream(
+            manager.subscribe(trigger_id=trigger_id, trigger=trigger, key=self.key)
+        )
         self.seqs: list[int] = []
 
     async def next(self, timeout: float = 60) -> Any:
@@ -85,12 +87,19 @@ async def wait_for(predicate: Any, what: str, timeout: float = 30) -> None:
 
 
 def test_serialized_form_is_plain_json_and_stable() -> None:
-    trigger = StateChangeTrigger(table=" price-table ", on=["view_apply", "keys", "view_apply"], key_prefix="sku-", poll_interval=2)
+    trigger = StateChangeTrigger(
+        table=" price-table ", on=["view_apply", "keys", "view_apply"], key_prefix="sku-", poll_interval=2
+    )
     path, kwargs = trigger.serialize()
     assert path == "airflow_provider_pulsarstate.triggers.state_change.StateChangeTrigger"
     assert kwargs == {
-        "table": "price-table", "on": ["keys", "view_apply"], "key_prefix": "sku-", "poll_interval": 2.0,
-        "max_commits_per_batch": 500, "coalesce": False, "pulsarstate_conn_id": "pulsarstate_default",
+        "table": "price-table",
+        "on": ["keys", "view_apply"],
+        "key_prefix": "sku-",
+        "poll_interval": 2.0,
+        "max_commits_per_batch": 500,
+        "coalesce": False,
+        "pulsarstate_conn_id": "pulsarstate_default",
     }
     assert json.loads(json.dumps(kwargs)) == kwargs
     again = StateChangeTrigger(**kwargs)
@@ -135,11 +144,18 @@ def test_events_come_from_real_applies_and_the_watermark_follows_storage(state_b
             await wait_for(lambda: store.writes, "the first watermark")
             start = store.writes[0]["offset"]
             # 2. an apply (blocking work off the loop) -> one event, carrying its commit
-            applied = await asyncio.to_thread(apply_view, table, {"sku-1": {"p": 1}, "sku-2": {"p": 20}, "sku-3": {"p": 3}})
+            applied = await asyncio.to_thread(
+                apply_view, table, {"sku-1": {"p": 1}, "sku-2": {"p": 20}, "sku-3": {"p": 3}}
+            )
             event = await pending
             payload = event.payload
             assert payload["offset"] == applied.commit_offset > start
-            assert (payload["view_id"], payload["view_apply"], payload["sets"], payload["deletes"]) == (applied.view_id, True, 2, 0)
+            assert (payload["view_id"], payload["view_apply"], payload["sets"], payload["deletes"]) == (
+                applied.view_id,
+                True,
+                2,
+                0,
+            )
             assert (payload["prefix_sets"], payload["matched"]) == (2, ["view_apply"])
             assert payload["table"].endswith(table)
             # 3. received, not yet stored: the watermark stays; a triggerer dying now (the group
@@ -208,8 +224,9 @@ def test_a_backlog_comes_in_bounded_batches_each_moving_the_watermark(state_back
         for i in range(1, n + 1):  # one commit each: a backlog the watcher has not seen
             t.put(f"sku-{i}", {"p": i})
         last = t.manager.applied_offset
-    trigger = StateChangeTrigger(table=table, on=["keys"], key_prefix="sku-", poll_interval=0.1,
-                                 max_commits_per_batch=500, coalesce=coalesce)
+    trigger = StateChangeTrigger(
+        table=table, on=["keys"], key_prefix="sku-", poll_interval=0.1, max_commits_per_batch=500, coalesce=coalesce
+    )
     kwargs = trigger.serialize()[1]
     store = MemoryAccessor({watermark_key(kwargs): {"offset": first, "table": hook.topic_name(table)}})
 
@@ -228,7 +245,9 @@ def test_a_backlog_comes_in_bounded_batches_each_moving_the_watermark(state_back
         return batches, lag.worst
 
     batches, worst = asyncio.run(scenario())
-    assert [len(b[1]) for b in batches] == ([500, 500, 200] if not coalesce else [1, 1, 1]), [len(b[1]) for b in batches]
+    assert [len(b[1]) for b in batches] == ([500, 500, 200] if not coalesce else [1, 1, 1]), [
+        len(b[1]) for b in batches
+    ]
     assert batches[-1][0] == last and batches[0][0] < batches[1][0] < last
     if coalesce:
         payloads = [events[0].payload for _, events in batches]
@@ -264,7 +283,10 @@ def test_keys_under_a_prefix_fire_and_other_commits_only_move_the_watermark(stat
 
     one, two = asyncio.run(scenario())
     assert (one.payload["offset"], one.payload["prefix_sets"], one.payload["matched"], one.payload["view_apply"]) == (
-        1, 1, ["keys"], False,
+        1,
+        1,
+        ["keys"],
+        False,
     )
     assert (two.payload["prefix_deletes"], two.payload["offset"]) == (1, 2)
 
@@ -277,7 +299,10 @@ def test_the_hook_hands_out_the_feed_and_one_commits_changes(state_backend: str)
         commits = feed.poll()
         assert [c.offset for c in commits][-1] == applied.commit_offset and commits[-1].prefix_sets == 2
         changes = hook.get_table_changes(table, applied.commit_offset)
-        assert sorted((c.type, c.key, c.value) for c in changes.changes) == [("set", "sku-1", {"p": 1}), ("set", "sku-2", {"p": 2})]
+        assert sorted((c.type, c.key, c.value) for c in changes.changes) == [
+            ("set", "sku-1", {"p": 1}),
+            ("set", "sku-2", {"p": 2}),
+        ]
     assert feed.stats == {}  # closed with the hook
 
 
@@ -326,10 +351,14 @@ def test_the_example_dag_parses_without_a_broker_and_watches_view_applies() -> N
     (watcher,) = module.price_table_applies.watchers
     assert isinstance(watcher.trigger, StateChangeTrigger)
     assert watcher.trigger.serialize()[1]["on"] == ["view_apply"]
-    events = {"asset": [SimpleNamespace(extra={"payload": {"table": "t", "offset": 7}}),
-                        SimpleNamespace(extra={"payload": {"table": "t", "offset": 7}}),  # delivered twice
-                        SimpleNamespace(extra={"payload": {"table": "t", "offset": 5}}),
-                        SimpleNamespace(extra={"from_rest_api": True})]}
+    events = {
+        "asset": [
+            SimpleNamespace(extra={"payload": {"table": "t", "offset": 7}}),
+            SimpleNamespace(extra={"payload": {"table": "t", "offset": 7}}),  # delivered twice
+            SimpleNamespace(extra={"payload": {"table": "t", "offset": 5}}),
+            SimpleNamespace(extra={"from_rest_api": True}),
+        ]
+    }
     assert module.commits_of(events) == [("t", 5), ("t", 7)]
 
 
@@ -391,7 +420,9 @@ def test_triggers_on_one_table_share_one_reader_and_each_gets_its_own_events(sta
     assert asyncio.run(scenario()) < LOOP_LAG_LIMIT
 
 
-def test_commits_that_fire_nothing_move_the_watermark_now_and_then(state_backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_commits_that_fire_nothing_move_the_watermark_now_and_then(
+    state_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Each commit of a busy table would otherwise cost every trigger watching it a batch and a
     watermark write; commits outside the trigger's prefix are passed over by the next batch."""
     from airflow.triggers.shared_stream import AdvanceItem, AdvanceOutcome

@@ -45,7 +45,9 @@ def _query(db: Path, sql: str, *args: Any) -> list[tuple]:
 
 
 def asset_events(db: Path) -> list[dict]:
-    rows = _query(db, "SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id WHERE a.name = ? ORDER BY e.id", ASSET)
+    rows = _query(
+        db, "SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id WHERE a.name = ? ORDER BY e.id", ASSET
+    )
     return [(json.loads(extra) if isinstance(extra, str) else extra)["payload"] for (extra,) in rows]
 
 
@@ -63,8 +65,10 @@ def stored_latency(db: Path, offset: int) -> float:
 
 def watermark(db: Path) -> dict | None:
     rows = _query(
-        db, "SELECT s.value FROM asset_state_store s JOIN asset a ON a.id = s.asset_id WHERE a.name = ? AND s.key LIKE ?",
-        ASSET, "pulsarstate.state_change:%",
+        db,
+        "SELECT s.value FROM asset_state_store s JOIN asset a ON a.id = s.asset_id WHERE a.name = ? AND s.key LIKE ?",
+        ASSET,
+        "pulsarstate.state_change:%",
     )
     return json.loads(rows[0][0]) if rows else None
 
@@ -75,7 +79,9 @@ def wait(predicate: Any, what: str, af: AirflowProcesses, timeout: float = 180) 
         if value := predicate():
             return value
         time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}\n--- triggerer:\n{af.tail('triggerer')}\n--- scheduler:\n{af.tail('scheduler')}")
+    raise AssertionError(
+        f"timed out waiting for {what}\n--- triggerer:\n{af.tail('triggerer')}\n--- scheduler:\n{af.tail('scheduler')}"
+    )
 
 
 def apply_view(table: StateTable, prices: dict[str, float]) -> Any:
@@ -97,7 +103,9 @@ def test_a_view_apply_runs_the_dag_once_even_when_the_triggerer_dies_before_stor
     source = (EXAMPLE_DAGS / "price_table_changes.py").read_text()
     assert 'TABLE_TOPIC = "price-table"' in source and "POLL_INTERVAL = 5.0" in source
     (dags / "price_table_changes.py").write_text(
-        source.replace('TABLE_TOPIC = "price-table"', f'TABLE_TOPIC = "{table_name}"').replace("POLL_INTERVAL = 5.0", "POLL_INTERVAL = 1.0")
+        source.replace('TABLE_TOPIC = "price-table"', f'TABLE_TOPIC = "{table_name}"').replace(
+            "POLL_INTERVAL = 5.0", "POLL_INTERVAL = 1.0"
+        )
     )
     env = {"AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "5"}
     home = tmp_path / "airflow"
@@ -126,7 +134,10 @@ def test_a_view_apply_runs_the_dag_once_even_when_the_triggerer_dies_before_stor
             (run,) = af.runs(DAG_ID)
             (summary,) = af.xcom(DAG_ID, run["dag_run_id"], "report_changes")
             assert (summary["offset"], summary["view_id"], summary["sets"], summary["deletes"]) == (
-                first.commit_offset, first.view_id, 2, 0,
+                first.commit_offset,
+                first.view_id,
+                2,
+                0,
             )
             assert sorted(summary["set_keys"]) == ["sku-20", "sku-3"] and summary["changes"] == 2
             latency = stored_latency(db, first.commit_offset)
@@ -143,7 +154,11 @@ def test_a_view_apply_runs_the_dag_once_even_when_the_triggerer_dies_before_stor
             finally:
                 af.kill("triggerer")
             af.start_component("triggerer")
-            wait(lambda: len([r for r in af.runs(DAG_ID) if r["state"] == "success"]) == 2, "the run of the redelivered apply", af)
+            wait(
+                lambda: len([r for r in af.runs(DAG_ID) if r["state"] == "success"]) == 2,
+                "the run of the redelivered apply",
+                af,
+            )
             wait(lambda: watermark(db)["offset"] >= second.commit_offset, "the watermark past the second apply", af)
             time.sleep(3)  # a few more polls: nothing more may come
             assert [e["offset"] for e in asset_events(db)] == [first.commit_offset, second.commit_offset]
@@ -151,7 +166,10 @@ def test_a_view_apply_runs_the_dag_once_even_when_the_triggerer_dies_before_stor
             assert len(runs) == 2
             (summary,) = af.xcom(DAG_ID, runs[1]["dag_run_id"], "report_changes")
             assert (summary["offset"], summary["sets"], summary["deletes"], summary["delete_keys"]) == (
-                second.commit_offset, 0, 1, ["sku-20"],
+                second.commit_offset,
+                0,
+                1,
+                ["sku-20"],
             )
     finally:
         table.close()

@@ -100,7 +100,11 @@ def _recording_opened_maps(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def test_task_and_asset_state_through_the_context(
-    dag_bundles: None, state_backend: str, state_mode: str, airflow_db: Path, capfd: pytest.CaptureFixture[str],
+    dag_bundles: None,
+    state_backend: str,
+    state_mode: str,
+    airflow_db: Path,
+    capfd: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     dag = load_dag(DAGS, "state_store_basics")
@@ -115,7 +119,10 @@ def test_task_and_asset_state_through_the_context(
 
     # the run's tasks opened their own run's map and their asset's map, nothing else (not the old single map)
     run_id = _mapped_returns(airflow_db, "task_state")[0]
-    own = {store.topic_of(TaskStateScope("state_store_basics", run_id, "task_state")), store.topic_of(AssetStateScope(ASSET_NAME))}
+    own = {
+        store.topic_of(TaskStateScope("state_store_basics", run_id, "task_state")),
+        store.topic_of(AssetStateScope(ASSET_NAME)),
+    }
     assert set(opened) == own, (set(opened) - own, own)
 
     # mapped instances kept apart: each saw only its own value
@@ -167,7 +174,8 @@ def _mapped_returns(db: Path, task_id: str) -> tuple[str, dict[int, object]]:
         ).fetchone()
         rows = conn.execute(
             "SELECT map_index, value FROM xcom WHERE dag_id = 'state_store_basics' AND run_id = ? AND task_id = ? "
-            "AND key = 'return_value'", (run_id, task_id),
+            "AND key = 'return_value'",
+            (run_id, task_id),
         ).fetchall()
     finally:
         conn.close()
@@ -175,7 +183,11 @@ def _mapped_returns(db: Path, task_id: str) -> tuple[str, dict[int, object]]:
 
 
 def test_a_broker_outage_fails_the_task_and_writes_nothing_to_the_db(
-    dag_bundles: None, state_mode: str, airflow_db: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    dag_bundles: None,
+    state_mode: str,
+    airflow_db: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     dead = f"pulsar://127.0.0.1:{free_port()}"
     extra = {"service_url": dead, "admin_url": f"http://127.0.0.1:{free_port()}", "operation_timeout": 2}
@@ -186,7 +198,9 @@ def test_a_broker_outage_fails_the_task_and_writes_nothing_to_the_db(
     assert run.state == "failed" and run.states["write_during_outage"] == "failed", run.states
     assert "StateStoreUnavailableError" in out.out + out.err
     assert "connection 'pulsarstate_default', topic 'airflow-state-store' could not be reached" in out.out + out.err
-    assert [r for r in _db_rows(airflow_db, "asset_state_store") if r[0] == "outage"] == [r for r in before if r[0] == "outage"]
+    assert [r for r in _db_rows(airflow_db, "asset_state_store") if r[0] == "outage"] == [
+        r for r in before if r[0] == "outage"
+    ]
 
 
 def test_async_twins_run_off_the_event_loop(state_backend: str, airflow_db: Path) -> None:
@@ -301,8 +315,12 @@ def test_state_store_cleanup_cli_removes_expired_entries_in_a_real_airflow_proce
     airflow_bin = str(Path(sys.executable).with_name("airflow"))
     root = Path(__file__).resolve().parents[2]
     result = subprocess.run(
-        [airflow_bin, "pulsarstate", "state-store-cleanup"], env=_cli_env(root),
-        capture_output=True, text=True, timeout=300, cwd=root,
+        [airflow_bin, "pulsarstate", "state-store-cleanup"],
+        env=_cli_env(root),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "state-store-cleanup: removed 1 expired entry" in result.stdout, result.stdout
@@ -361,16 +379,21 @@ def test_multi_team_needs_a_namespace_and_topics_per_team(monkeypatch: pytest.Mo
     with pytest.raises(ConfigurationError, match=r"cannot list the teams .*set \[pulsarstate\] teams"):
         PulsarStateStoreBackend()
     monkeypatch.setenv("AIRFLOW__PULSARSTATE__TEAMS", "team_a,team_b")
-    with pytest.raises(ConfigurationError, match=r"team 'team_a' has no \[pulsarstate\] key_namespace of its own.*"
-                                                 r"AIRFLOW__TEAM_A___PULSARSTATE__KEY_NAMESPACE"):
+    with pytest.raises(
+        ConfigurationError,
+        match=r"team 'team_a' has no \[pulsarstate\] key_namespace of its own.*"
+        r"AIRFLOW__TEAM_A___PULSARSTATE__KEY_NAMESPACE",
+    ):
         PulsarStateStoreBackend()
     for team in ("TEAM_A", "TEAM_B"):
         monkeypatch.setenv(f"AIRFLOW__{team}___PULSARSTATE__KEY_NAMESPACE", team.lower())
         monkeypatch.setenv(f"AIRFLOW__{team}___PULSARSTATE__XCOM_TOPIC", f"xcom-{team.lower()}")
     monkeypatch.setenv("AIRFLOW__TEAM_A___PULSARSTATE__STATE_STORE_TOPIC", "state-shared")
     monkeypatch.setenv("AIRFLOW__TEAM_B___PULSARSTATE__STATE_STORE_TOPIC", "state-shared")
-    with pytest.raises(ConfigurationError, match="team 'team_b' shares \\[pulsarstate\\] state_store_topic = 'state-shared' "
-                                                 "with team 'team_a'"):
+    with pytest.raises(
+        ConfigurationError,
+        match="team 'team_b' shares \\[pulsarstate\\] state_store_topic = 'state-shared' with team 'team_a'",
+    ):
         PulsarStateStoreBackend()
     monkeypatch.setenv("AIRFLOW__TEAM_B___PULSARSTATE__STATE_STORE_TOPIC", "state-b")
     PulsarStateStoreBackend()  # each team has its own: accepted
@@ -399,8 +422,12 @@ def test_cleanup_keeps_live_runs_and_values_written_meanwhile(state_backend: str
     close_shared_state_maps()  # as in the clean-up's own process: no map of these runs open (a Pulsar reader
     # left open on a deleted topic would re-create it)
     store = _store()
-    statuses = {running.run_id: RunStatus("running"), finished.run_id: RunStatus("success", month_ago),
-                racing.run_id: RunStatus("failed", month_ago), partly.run_id: RunStatus("success", month_ago)}
+    statuses = {
+        running.run_id: RunStatus("running"),
+        finished.run_id: RunStatus("success", month_ago),
+        racing.run_id: RunStatus("failed", month_ago),
+        partly.run_id: RunStatus("success", month_ago),
+    }
 
     def run_statuses(dag_id: str, run_ids: list[str]) -> dict[str, RunStatus]:
         if dag_id == "cleanup_dag":
@@ -439,7 +466,7 @@ def test_legacy_single_map_state_is_migrated(state_backend: str, airflow_db: Pat
     newer = AssetStateScope(f"legacy-newer-{tag}")
 
     def legacy_key(namespace: str, scope, key: str) -> str:
-        return namespace + store.map_key(scope, key)[len(store.namespace):]
+        return namespace + store.map_key(scope, key)[len(store.namespace) :]
 
     def record(value, expires_at=None) -> dict:
         return {"json": json.dumps(value), "expires_at": expires_at}
@@ -457,11 +484,17 @@ def test_legacy_single_map_state_is_migrated(state_backend: str, airflow_db: Pat
     airflow_bin = str(Path(sys.executable).with_name("airflow"))
     root = Path(__file__).resolve().parents[2]
     result = subprocess.run(
-        [airflow_bin, "pulsarstate", "state-store-migrate"], env=_cli_env(root),
-        capture_output=True, text=True, timeout=300, cwd=root,
+        [airflow_bin, "pulsarstate", "state-store-migrate"],
+        env=_cli_env(root),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "moved 2 entries" in result.stdout and "1 kept: newer" in result.stdout and "1 expired" in result.stdout, result.stdout
+    assert "moved 2 entries" in result.stdout and "1 kept: newer" in result.stdout and "1 expired" in result.stdout, (
+        result.stdout
+    )
     assert store.get(old_task, "job") == {"id": 7} and store.get(old_asset, "mark") == 41
     assert store.get(newer, "mark") == "new"
     remaining = legacy.to_dict(latest=True)

@@ -69,8 +69,13 @@ def test_eight_concurrent_tasks_atomic_update_loses_nothing_get_set_loses(
     }
     runs = {}
     totals = {}
-    with AirflowProcesses(home=tmp_path / "airflow", dags_folder=DAGS, env=env,
-                          components=("api-server", "scheduler", "dag-processor"), parallelism=8) as af:
+    with AirflowProcesses(
+        home=tmp_path / "airflow",
+        dags_folder=DAGS,
+        env=env,
+        components=("api-server", "scheduler", "dag-processor"),
+        parallelism=8,
+    ) as af:
         af.wait_for_dag(DAG_ID)
         for pattern in ("atomic", "get_set"):
             barrier = tmp_path / f"barrier-{pattern}"

@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import requests
@@ -111,7 +112,9 @@ def deployment(
 
 
 def login(af: AirflowProcesses, user: str) -> requests.Session:
-    answer = requests.post(af.api_url + "/auth/token", json={"username": user, "password": _PASSWORDS[user]}, timeout=30)
+    answer = requests.post(
+        af.api_url + "/auth/token", json={"username": user, "password": _PASSWORDS[user]}, timeout=30
+    )
     assert answer.status_code == 201, answer.text
     session = requests.Session()
     session.headers["Authorization"] = f"Bearer {answer.json()['access_token']}"
@@ -151,8 +154,11 @@ def test_table_summary_and_rows(deployment: tuple[AirflowProcesses, dict[str, An
     seen: list[str] = []
     cursor = None
     for _ in range(10):
-        page = admin.get(api(deployment, "/table/rows"),
-                         params={"topic": TABLE, "prefix": "sku-", "limit": 50, **({"cursor": cursor} if cursor else {})}, timeout=30)
+        page = admin.get(
+            api(deployment, "/table/rows"),
+            params={"topic": TABLE, "prefix": "sku-", "limit": 50, **({"cursor": cursor} if cursor else {})},
+            timeout=30,
+        )
         assert page.status_code == 200, page.text
         body = page.json()
         assert len(body["rows"]) <= 50
@@ -165,18 +171,27 @@ def test_table_summary_and_rows(deployment: tuple[AirflowProcesses, dict[str, An
     assert script["rows"] == [{"key": "zz-script", "value": {"note": SCRIPT_VALUE}}]
 
 
-def test_views_with_results_and_a_plan(deployment: tuple[AirflowProcesses, dict[str, Any]], admin: requests.Session) -> None:
+def test_views_with_results_and_a_plan(
+    deployment: tuple[AirflowProcesses, dict[str, Any]], admin: requests.Session
+) -> None:
     facts = deployment[1]
     answer = admin.get(api(deployment, "/table/views"), params={"topic": TABLE}, timeout=60)
     assert answer.status_code == 200, answer.text
     views = {v["view_id"]: v for v in answer.json()["views"]}
     applied, pending = views["ui-applied"], views["ui-pending"]
     assert applied["state"] == "applied"
-    assert (applied["result"]["set"], applied["result"]["delete"], applied["result"]["unchanged"]) == (
-        facts["result"].set, facts["result"].delete, facts["result"].unchanged) == (4, 0, 6)
+    assert (
+        (applied["result"]["set"], applied["result"]["delete"], applied["result"]["unchanged"])
+        == (facts["result"].set, facts["result"].delete, facts["result"].unchanged)
+        == (4, 0, 6)
+    )
     assert pending["state"] == "open" and pending["sealed"] and pending["staged_rows"] == 20
     plan = pending["plan"]
-    assert (plan["set"], plan["delete"], plan["unchanged"]) == (facts["plan"].set, facts["plan"].delete, facts["plan"].unchanged)
+    assert (plan["set"], plan["delete"], plan["unchanged"]) == (
+        facts["plan"].set,
+        facts["plan"].delete,
+        facts["plan"].unchanged,
+    )
     assert plan["delete"] == N_ROWS - 20
     # planning published nothing: the table still has every row, the view is still open
     assert admin.get(api(deployment, "/table"), params={"topic": TABLE}, timeout=30).json()["rows"] == N_ROWS + 1
@@ -192,7 +207,9 @@ def test_leases_and_subscription(deployment: tuple[AirflowProcesses, dict[str, A
     assert lease["holder"] == HOLDER and lease["token"] == facts["token"]
     assert 0 < lease["time_left"] <= 3600
 
-    sub = admin.get(api(deployment, "/subscription"), params={"topic": SOURCE, "subscription": SUBSCRIPTION}, timeout=60)
+    sub = admin.get(
+        api(deployment, "/subscription"), params={"topic": SOURCE, "subscription": SUBSCRIPTION}, timeout=60
+    )
     assert sub.status_code == 200, sub.text
     body = sub.json()
     assert body["total_lag"] == facts["lag"] > 0
@@ -202,8 +219,13 @@ def test_leases_and_subscription(deployment: tuple[AirflowProcesses, dict[str, A
 
 def test_a_role_without_connection_access_is_refused(deployment: tuple[AirflowProcesses, dict[str, Any]]) -> None:
     with login(deployment[0], "viewer") as viewer:
-        for path, params in (("/table", {"topic": TABLE}), ("/table/rows", {"topic": TABLE}), ("/leases", {}),
-                             ("/table/views", {"topic": TABLE}), ("/topics", {})):
+        for path, params in (
+            ("/table", {"topic": TABLE}),
+            ("/table/rows", {"topic": TABLE}),
+            ("/leases", {}),
+            ("/table/views", {"topic": TABLE}),
+            ("/topics", {}),
+        ):
             answer = viewer.get(api(deployment, path), params=params, timeout=30)
             assert answer.status_code == 403, (path, answer.status_code, answer.text)
     anonymous = requests.get(api(deployment, "/table"), params={"topic": TABLE}, timeout=30)
@@ -225,7 +247,11 @@ def test_a_role_without_connection_access_is_refused(deployment: tuple[AirflowPr
     ],
 )
 def test_bad_input_is_a_400_naming_the_field(
-    deployment: tuple[AirflowProcesses, dict[str, Any]], admin: requests.Session, path: str, params: dict[str, Any], field: str
+    deployment: tuple[AirflowProcesses, dict[str, Any]],
+    admin: requests.Session,
+    path: str,
+    params: dict[str, Any],
+    field: str,
 ) -> None:
     answer = admin.get(api(deployment, path), params=params, timeout=30)
     assert answer.status_code == 400, (answer.status_code, answer.text)
@@ -235,7 +261,9 @@ def test_bad_input_is_a_400_naming_the_field(
 def test_missing_things_are_404_not_the_embedded_default(
     deployment: tuple[AirflowProcesses, dict[str, Any]], admin: requests.Session
 ) -> None:
-    missing_conn = admin.get(api(deployment, "/table", conn_id="pulsarstate_default"), params={"topic": TABLE}, timeout=30)
+    missing_conn = admin.get(
+        api(deployment, "/table", conn_id="pulsarstate_default"), params={"topic": TABLE}, timeout=30
+    )
     assert missing_conn.status_code == 404 and "pulsarstate_default" in missing_conn.text
     missing_topic = admin.get(api(deployment, "/table"), params={"topic": "no-such-table"}, timeout=30)
     assert missing_topic.status_code == 404 and "no-such-table" in missing_topic.text

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import tomllib
 from datetime import datetime
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+import tomllib
 
 import airflow_provider_pulsarstate
 from airflow_provider_pulsarstate.plugins.links import ALL_LINKS
@@ -30,7 +30,9 @@ def test_the_page_and_its_api_share_one_prefix_outside_airflows_own() -> None:
     (view,) = PulsarStatePlugin.external_views
     assert view["destination"] == "nav" and view["name"] == "Pulsar State"
     assert view["href"] == fastapi_app["url_prefix"] + "/"
-    assert not any(fastapi_app["url_prefix"].startswith(p) for p in ("/api/v2", "/ui", "/execution", "/auth", "/pluginsv2"))
+    assert not any(
+        fastapi_app["url_prefix"].startswith(p) for p in ("/api/v2", "/ui", "/execution", "/auth", "/pluginsv2")
+    )
 
 
 def _fragment(url: str) -> dict[str, str]:
@@ -51,24 +53,77 @@ def _operators() -> list[tuple[object, dict[str, dict[str, str]]]]:
     from airflow_provider_pulsarstate.sensors.offsets import OffsetProgressSensor
 
     conn = {"conn": "ps_links"}
-    view = {"Pulsar State: view": {**conn, "tab": "views", "topic": "prices", "view": "v-1"},
-            "Pulsar State: table": {**conn, "tab": "tables", "topic": "prices"}}
+    view = {
+        "Pulsar State: view": {**conn, "tab": "views", "topic": "prices", "view": "v-1"},
+        "Pulsar State: table": {**conn, "tab": "tables", "topic": "prices"},
+    }
     return [
-        (CreateTempViewOperator(task_id="create", table_topic="prices", view_id="v-1", pulsarstate_conn_id="ps_links"), view),
-        (ApplyTempViewOperator(task_id="apply", table_topic="prices", view_id="v-1", pulsarstate_conn_id="ps_links"), view),
-        (DropTempViewOperator(task_id="drop", table_topic="prices", view_id="v-1", pulsarstate_conn_id="ps_links"), view),
-        (AcquireLeaseOperator(task_id="acquire", lease_name="nightly", holder="me", ttl=60, pulsarstate_conn_id="ps_links"),
-         {"Pulsar State: lease": {**conn, "tab": "leases", "lease": "nightly"}}),
-        (ReleaseLeaseOperator(task_id="release", lease_task_id="acquire", pulsarstate_conn_id="ps_links"),
-         {"Pulsar State: lease": {**conn, "tab": "leases"}}),
-        (CommitSourceOffsetsOperator(task_id="commit", table_topic="prices", source_topic="events", subscription="ingest",
-                                     pulsarstate_conn_id="ps_links"),
-         {"Pulsar State: subscription": {**conn, "tab": "subscriptions", "topic": "events", "subscription": "ingest"},
-          "Pulsar State: table": {**conn, "tab": "tables", "topic": "prices"}}),
-        (LeadershipSensor(task_id="lead", mode="acquire", lease_name="nightly", holder="me", ttl=60, pulsarstate_conn_id="ps_links"),
-         {"Pulsar State: lease": {**conn, "tab": "leases", "lease": "nightly"}}),
-        (OffsetProgressSensor(task_id="offsets", topic="events", target=10, subscription="ingest", pulsarstate_conn_id="ps_links"),
-         {"Pulsar State: subscription": {**conn, "tab": "subscriptions", "topic": "events", "subscription": "ingest"}}),
+        (
+            CreateTempViewOperator(
+                task_id="create", table_topic="prices", view_id="v-1", pulsarstate_conn_id="ps_links"
+            ),
+            view,
+        ),
+        (
+            ApplyTempViewOperator(task_id="apply", table_topic="prices", view_id="v-1", pulsarstate_conn_id="ps_links"),
+            view,
+        ),
+        (
+            DropTempViewOperator(task_id="drop", table_topic="prices", view_id="v-1", pulsarstate_conn_id="ps_links"),
+            view,
+        ),
+        (
+            AcquireLeaseOperator(
+                task_id="acquire", lease_name="nightly", holder="me", ttl=60, pulsarstate_conn_id="ps_links"
+            ),
+            {"Pulsar State: lease": {**conn, "tab": "leases", "lease": "nightly"}},
+        ),
+        (
+            ReleaseLeaseOperator(task_id="release", lease_task_id="acquire", pulsarstate_conn_id="ps_links"),
+            {"Pulsar State: lease": {**conn, "tab": "leases"}},
+        ),
+        (
+            CommitSourceOffsetsOperator(
+                task_id="commit",
+                table_topic="prices",
+                source_topic="events",
+                subscription="ingest",
+                pulsarstate_conn_id="ps_links",
+            ),
+            {
+                "Pulsar State: subscription": {
+                    **conn,
+                    "tab": "subscriptions",
+                    "topic": "events",
+                    "subscription": "ingest",
+                },
+                "Pulsar State: table": {**conn, "tab": "tables", "topic": "prices"},
+            },
+        ),
+        (
+            LeadershipSensor(
+                task_id="lead",
+                mode="acquire",
+                lease_name="nightly",
+                holder="me",
+                ttl=60,
+                pulsarstate_conn_id="ps_links",
+            ),
+            {"Pulsar State: lease": {**conn, "tab": "leases", "lease": "nightly"}},
+        ),
+        (
+            OffsetProgressSensor(
+                task_id="offsets", topic="events", target=10, subscription="ingest", pulsarstate_conn_id="ps_links"
+            ),
+            {
+                "Pulsar State: subscription": {
+                    **conn,
+                    "tab": "subscriptions",
+                    "topic": "events",
+                    "subscription": "ingest",
+                }
+            },
+        ),
     ]
 
 
@@ -95,4 +150,7 @@ def test_links_are_absolute_when_the_base_url_is_set(monkeypatch: pytest.MonkeyP
     from airflow_provider_pulsarstate.plugins.links import page_url
 
     monkeypatch.setenv("AIRFLOW__API__BASE_URL", base_url)
-    assert page_url(conn="c", tab="views", topic="t") == "http://airflow.example:8080/pulsarstate/#conn=c&tab=views&topic=t"
+    assert (
+        page_url(conn="c", tab="views", topic="t")
+        == "http://airflow.example:8080/pulsarstate/#conn=c&tab=views&topic=t"
+    )

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import requests
 
 from tests.airflow.test_state_ui_api import (  # noqa: F401  (module-scoped fixtures of the same deployment)
+    _PASSWORDS,
     CONN_ID,
     HOLDER,
     LEASE,
@@ -23,12 +25,10 @@ from tests.airflow.test_state_ui_api import (  # noqa: F401  (module-scoped fixt
     SOURCE,
     SUBSCRIPTION,
     TABLE,
-    _PASSWORDS,
     deployment,
 )
 
 CHROMIUM = os.environ.get("PULSARSTATE_CHROMIUM", "/usr/bin/chromium")
-
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,9 @@ def test_a_script_in_a_row_is_shown_as_text(page: Any, deployment: Any) -> None:
     page.wait_for_selector("#prefix")
     page.fill("#prefix", "zz")
     page.click("text=Filter")
-    page.wait_for_function("document.querySelector('#rows') && document.querySelector('#rows').innerText.includes('zz-script')")
+    page.wait_for_function(
+        "document.querySelector('#rows') && document.querySelector('#rows').innerText.includes('zz-script')"
+    )
     assert SCRIPT_VALUE in page.inner_text("#rows")
     assert page.locator("#rows script").count() == 0
     assert page.evaluate("window.__pwned") is None

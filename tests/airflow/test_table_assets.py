@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from airflow_provider_pulsarstate.assets.tables import apply_event_extra, table_alias
-
 from tests.airflow.dagruns import TEST_DAGS, load_dag, run_dag
 
 ASSET_URI = "pulsar://public/default/asset-test-prices"
@@ -21,11 +21,13 @@ ASSET_URI = "pulsar://public/default/asset-test-prices"
 
 @pytest.fixture(scope="module")
 def test_dag_bundle(airflow_db: Any) -> Iterator[None]:
-    bundles = [{
-        "name": "pulsarstate-test-dags",
-        "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-        "kwargs": {"path": str(TEST_DAGS), "refresh_interval": 0},
-    }]
+    bundles = [
+        {
+            "name": "pulsarstate-test-dags",
+            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+            "kwargs": {"path": str(TEST_DAGS), "refresh_interval": 0},
+        }
+    ]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps(bundles))
         yield
@@ -38,8 +40,10 @@ def _events() -> list[dict[str, Any]]:
 
     with create_session() as session:
         rows = session.scalars(
-            select(AssetEvent).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
-            .where(AssetModel.uri == ASSET_URI).order_by(AssetEvent.id)
+            select(AssetEvent)
+            .join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+            .where(AssetModel.uri == ASSET_URI)
+            .order_by(AssetEvent.id)
         )
         return [dict(row.extra) | {"_source_dag": row.source_dag_id} for row in rows]
 
@@ -50,7 +54,9 @@ def _queued_for(dag_id: str) -> int:
     from sqlalchemy import func, select
 
     with create_session() as session:
-        return session.scalar(select(func.count()).select_from(AssetDagRunQueue).where(AssetDagRunQueue.target_dag_id == dag_id))
+        return session.scalar(
+            select(func.count()).select_from(AssetDagRunQueue).where(AssetDagRunQueue.target_dag_id == dag_id)
+        )
 
 
 def _unpause_and_clear_queue(dag_id: str) -> None:
@@ -64,7 +70,9 @@ def _unpause_and_clear_queue(dag_id: str) -> None:
         session.execute(delete(AssetDagRunQueue).where(AssetDagRunQueue.target_dag_id == dag_id))
 
 
-def test_an_apply_emits_the_tables_asset_event_only_when_it_published(test_dag_bundle: None, state_backend: str) -> None:
+def test_an_apply_emits_the_tables_asset_event_only_when_it_published(
+    test_dag_bundle: None, state_backend: str
+) -> None:
     dag = load_dag(TEST_DAGS / "asset_test_dags.py", "table_assets_apply")
     nonce = uuid.uuid4().hex
     before = len(_events())
@@ -92,7 +100,7 @@ def test_an_apply_emits_the_tables_asset_event_only_when_it_published(test_dag_b
 
     smaller = run_dag(dag, {"rows": {"sku-1": {"price": nonce}}})
     assert smaller.state == "success"
-    (last,) = _events()[before + 1:]
+    (last,) = _events()[before + 1 :]
     assert (last["set"], last["delete"], last["unchanged"]) == (0, 1, 1)
     assert last["commit_offset"] == smaller.xcoms["apply_view"]["commit_offset"] > events[0]["commit_offset"]
     assert _queued_for("table_assets_downstream") == 1  # the scheduler would run the downstream DAG once
@@ -116,5 +124,10 @@ def test_the_event_extra_is_none_for_nothing_published() -> None:
     assert apply_event_extra("persistent://t/n/x", base) is None
     assert apply_event_extra("persistent://t/n/x", {**base, "set": 1, "already_applied": True}) is None
     assert apply_event_extra("persistent://t/n/x", {**base, "delete": 1}) == {
-        "table": "persistent://t/n/x", "view_id": "v", "commit_offset": 7, "set": 0, "delete": 1, "unchanged": 5,
+        "table": "persistent://t/n/x",
+        "view_id": "v",
+        "commit_offset": 7,
+        "set": 0,
+        "delete": 1,
+        "unchanged": 5,
     }

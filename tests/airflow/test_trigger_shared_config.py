@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -54,7 +55,9 @@ def test_triggers_starting_together_read_their_connection_once(
     with PulsarStateHook(conn_id) as hook:
         hook.create_topic(topic)
     triggers = [
-        OffsetProgressTrigger(topic=topic, condition="end_offset", target=0, pulsarstate_conn_id=conn_id if i % 10 else other)
+        OffsetProgressTrigger(
+            topic=topic, condition="end_offset", target=0, pulsarstate_conn_id=conn_id if i % 10 else other
+        )
         for i in range(200)
     ]
     events = asyncio.run(_first_events(triggers))

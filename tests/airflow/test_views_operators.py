@@ -178,7 +178,9 @@ def embedded_conn(env_connection: Any, tmp_path: Path) -> str:
     return env_connection("ps_views", extra={"service_url": str(tmp_path / "state.db")})
 
 
-def _context(task_id: str = "create_view", *, run_id: str = "manual__2026-01-01T00:00:00+00:00", try_number: int = 1) -> dict:
+def _context(
+    task_id: str = "create_view", *, run_id: str = "manual__2026-01-01T00:00:00+00:00", try_number: int = 1
+) -> dict:
     ti = mock.MagicMock(dag_id="d", task_id=task_id, run_id=run_id, try_number=try_number)
     return {"ti": ti}
 
@@ -190,7 +192,9 @@ def test_create_operator_returns_the_view_and_pushes_a_portable_config(embedded_
     )
 
     context = _context()
-    op = CreateTempViewOperator(task_id="create_view", table_topic="t1", scope_prefix="sku-", pulsarstate_conn_id=embedded_conn)
+    op = CreateTempViewOperator(
+        task_id="create_view", table_topic="t1", scope_prefix="sku-", pulsarstate_conn_id=embedded_conn
+    )
     out = op.execute(context)
     assert set(out) == {"view_id", "baseline", "staging_topic", "table"}
     assert out["table"] == "persistent://public/default/t1"
@@ -224,11 +228,15 @@ def test_create_operator_refuses_an_applied_view_id(embedded_conn: str) -> None:
         CreateTempViewOperator,
     )
 
-    create = CreateTempViewOperator(task_id="c", table_topic="t2", view_id="fixed-id", pulsarstate_conn_id=embedded_conn)
+    create = CreateTempViewOperator(
+        task_id="c", table_topic="t2", view_id="fixed-id", pulsarstate_conn_id=embedded_conn
+    )
     create.execute(_context())
     with PulsarStateHook(embedded_conn) as hook:
         _table(hook, "t2").seal("fixed-id", stagers={})  # an empty job's seal
-    ApplyTempViewOperator(task_id="a", table_topic="t2", view_id="fixed-id", pulsarstate_conn_id=embedded_conn).execute(_context())
+    ApplyTempViewOperator(task_id="a", table_topic="t2", view_id="fixed-id", pulsarstate_conn_id=embedded_conn).execute(
+        _context()
+    )
     with pytest.raises(AirflowFailException, match="already applied"):
         create.execute(_context())
 
@@ -264,7 +272,13 @@ def test_apply_operator_counts_reapplies_and_fails_on_conflicts(embedded_conn: s
             ).execute(_context())
 
         plan = apply(dry_run=True)
-        assert (plan["set"], plan["delete"], plan["unchanged"], plan["sample_set"], plan["sample_delete"]) == (1, 1, 1, ["c"], ["b"])
+        assert (plan["set"], plan["delete"], plan["unchanged"], plan["sample_set"], plan["sample_delete"]) == (
+            1,
+            1,
+            1,
+            ["c"],
+            ["b"],
+        )
         assert table.to_dict(latest=True) == {"a": {"x": 1}, "b": {"x": 2}}
         result = apply()
         assert (result["set"], result["delete"], result["unchanged"], result["already_applied"]) == (1, 1, 1, False)
@@ -279,8 +293,12 @@ def test_apply_operator_counts_reapplies_and_fails_on_conflicts(embedded_conn: s
             stager.set("a", {"x": 1})
         table.seal(conflicted.view_id, stagers=[stager])
         table.put("c", {"x": 30})
-        op = ApplyTempViewOperator(task_id="a", table_topic="t3", view_id=conflicted.view_id, pulsarstate_conn_id=embedded_conn)
-        with pytest.raises(AirflowFailException, match=r"1 key\(s\) changed on .* since baseline offset \d+: c\b") as info:
+        op = ApplyTempViewOperator(
+            task_id="a", table_topic="t3", view_id=conflicted.view_id, pulsarstate_conn_id=embedded_conn
+        )
+        with pytest.raises(
+            AirflowFailException, match=r"1 key\(s\) changed on .* since baseline offset \d+: c\b"
+        ) as info:
             op.execute(_context())
         assert "overwrite=True" in str(info.value)
         assert table.get("c", latest=True) == {"x": 30}
@@ -319,12 +337,18 @@ def test_apply_operator_refuses_by_default_to_delete_more_than_half(embedded_con
             table.put(f"k{i}", {"x": i})
         empty = table.create_view()  # the job staged nothing (e.g. its executors wrote elsewhere)
         table.seal(empty.view_id, stagers={})
-        op = ApplyTempViewOperator(task_id="a", table_topic="t5b", view_id=empty.view_id, pulsarstate_conn_id=embedded_conn)
+        op = ApplyTempViewOperator(
+            task_id="a", table_topic="t5b", view_id=empty.view_id, pulsarstate_conn_id=embedded_conn
+        )
         with pytest.raises(AirflowFailException, match=r"would delete 5 key.*max_delete_fraction=0.5"):
             op.execute(_context())
         assert table.size(latest=True) == 5
         op = ApplyTempViewOperator(
-            task_id="a", table_topic="t5b", view_id=empty.view_id, max_delete_fraction=1.0, pulsarstate_conn_id=embedded_conn
+            task_id="a",
+            table_topic="t5b",
+            view_id=empty.view_id,
+            max_delete_fraction=1.0,
+            pulsarstate_conn_id=embedded_conn,
         )
         assert op.execute(_context())["delete"] == 5
 
@@ -338,10 +362,14 @@ def test_apply_and_drop_operators_on_missing_or_dropped_views(embedded_conn: str
     )
 
     def drop(view_id: str | None) -> dict:
-        return DropTempViewOperator(task_id="d", table_topic="t4", view_id=view_id, pulsarstate_conn_id=embedded_conn).execute(_context())
+        return DropTempViewOperator(
+            task_id="d", table_topic="t4", view_id=view_id, pulsarstate_conn_id=embedded_conn
+        ).execute(_context())
 
     def apply(view_id: str) -> dict:
-        return ApplyTempViewOperator(task_id="a", table_topic="t4", view_id=view_id, pulsarstate_conn_id=embedded_conn).execute(_context())
+        return ApplyTempViewOperator(
+            task_id="a", table_topic="t4", view_id=view_id, pulsarstate_conn_id=embedded_conn
+        ).execute(_context())
 
     assert drop("") == {"view_id": None, "dropped": False}
     assert drop("never-created") == {"view_id": "never-created", "dropped": False}
@@ -370,7 +398,9 @@ def test_default_view_id_is_topic_safe_and_new_per_attempt() -> None:
     assert len(ids) == 4
     for view_id in ids:
         assert re.fullmatch(r"[A-Za-z0-9_-]{1,64}", view_id), view_id
-    assert default_view_id("d", "t", "manual__2026-01-01T00:00:00+00:00").startswith("manual__2026-01-01T00_00_00_00_00-")
+    assert default_view_id("d", "t", "manual__2026-01-01T00:00:00+00:00").startswith(
+        "manual__2026-01-01T00_00_00_00_00-"
+    )
     assert re.fullmatch(r"view-[0-9a-f]{8}-1", default_view_id("d", "t", "::"))
 
 
@@ -400,9 +430,7 @@ def _group_dag(**kwargs: Any) -> tuple[Any, Any, Any]:
     from airflow_provider_pulsarstate.operators.views import temp_view_spark_task_group
 
     with DAG("group_shape", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")) as dag:
-        group = temp_view_spark_task_group(
-            "prices", table_topic="price-table", application="/jobs/job.py", **kwargs
-        )
+        group = temp_view_spark_task_group("prices", table_topic="price-table", application="/jobs/job.py", **kwargs)
         after = EmptyOperator(task_id="after")
         group >> after
     return dag, group, after
@@ -413,7 +441,11 @@ def test_task_group_wiring() -> None:
 
     dag, group, after = _group_dag(application_args_extra=["--version", 3, "{{ params.v }}"], name="job")
     assert {t.task_id for t in dag.tasks} == {
-        "prices.create_view", "prices.spark_job", "prices.apply_view", "prices.drop_view", "after",
+        "prices.create_view",
+        "prices.spark_job",
+        "prices.apply_view",
+        "prices.drop_view",
+        "after",
     }
     assert group.spark.upstream_task_ids == {"prices.create_view"}
     assert group.apply.upstream_task_ids == {"prices.spark_job"}
@@ -472,7 +504,11 @@ def test_spark_operator_passes_the_token_by_environment_and_finds_local_spark(
     env_connection("spark_yarn", conn_type="spark", host="yarn")
     remote = env_connection("ps_tok_remote", extra={"service_url": "pulsar://localhost:6650", "auth_token": "tok-123"})
     op = ViewSparkSubmitOperator(
-        task_id="s2", application="/j.py", conn_id="spark_yarn", pulsarstate_conn_id=remote, env_vars={"A": "1"},
+        task_id="s2",
+        application="/j.py",
+        conn_id="spark_yarn",
+        pulsarstate_conn_id=remote,
+        env_vars={"A": "1"},
         pass_token=False,
     )
     op.execute({})
@@ -492,7 +528,12 @@ def test_pulsar_config_round_trips_through_the_job_arguments() -> None:
     from airflow_provider_pulsarstate.spark import dump_config
 
     config = ConnectionConfig(
-        url="pulsar://h:6650", admin_url="http://h:8080", tenant="t", namespace="n", auth_token="x", allow_plaintext_auth=True
+        url="pulsar://h:6650",
+        admin_url="http://h:8080",
+        tenant="t",
+        namespace="n",
+        auth_token="x",
+        allow_plaintext_auth=True,
     )
     text = dump_config(config)
     assert "auth_token" not in text

@@ -88,26 +88,31 @@ def _store(hook: PulsarStateHook, namespace: str, dag_id: str, run_id: str) -> A
 
 def _messages(hook: PulsarStateHook, namespace: str, dag_id: str, run_id: str) -> XComMessageLog:
     """The XCom message topic of one DAG run (closed by the caller)."""
-    return XComMessageLog(hook.get_conn(), message_topic(hook.topic_name(TOPIC), namespace, dag_id, run_id),
-                          namespace=namespace)
+    return XComMessageLog(
+        hook.get_conn(), message_topic(hook.topic_name(TOPIC), namespace, dag_id, run_id), namespace=namespace
+    )
 
 
-def _entries(hook: PulsarStateHook, layout: str, namespace: str, dag_id: str, run_id: str) -> dict[tuple[str, int, str], Any]:
+def _entries(
+    hook: PulsarStateHook, layout: str, namespace: str, dag_id: str, run_id: str
+) -> dict[tuple[str, int, str], Any]:
     """``{(task_id, map_index, key): [(topic, key text, size, type, try), ...]}`` of one run, in either layout
     (a message topic keeps every push; a map the last value per key)."""
     found: dict[tuple[str, int, str], Any] = {}
     if layout == "map":
         store = _store(hook, namespace, dag_id, run_id)
         for e in store.list_run(dag_id, run_id):
-            found[(e.task_id, e.map_index, e.key)] = [(store.topic, e.map_key, e.record.size, e.record.type_name,
-                                                      e.record.try_number)]
+            found[(e.task_id, e.map_index, e.key)] = [
+                (store.topic, e.map_key, e.record.size, e.record.type_name, e.record.try_number)
+            ]
         return found
     with _messages(hook, namespace, dag_id, run_id) as log:
         for m in log.scan().messages:
             assert m.message is not None
             i, r = m.message.identity, m.message.record
             found.setdefault((i.task_id, i.map_index, i.key), []).append(
-                (log.topic, i.map_key, r.size, r.type_name, r.try_number))
+                (log.topic, i.map_key, r.size, r.type_name, r.try_number)
+            )
     return found
 
 
@@ -118,17 +123,15 @@ def _db_rows(run_id: str) -> list[Any]:
 
     with create_session() as session:
         rows = session.scalars(select(XComModel).where(XComModel.run_id == run_id)).all()
-        return [
-            SimpleNamespace(task_id=r.task_id, map_index=r.map_index, key=r.key, value=r.value)
-            for r in rows
-        ]
+        return [SimpleNamespace(task_id=r.task_id, map_index=r.map_index, key=r.key, value=r.value) for r in rows]
 
 
 def _returns(run_id: str) -> dict[str, Any]:
     """Each unmapped task's return value, read back through the backend from the DB row."""
     return {
         r.task_id: PulsarXComBackend.deserialize_value(SimpleNamespace(value=r.value))
-        for r in _db_rows(run_id) if r.key == "return_value" and r.map_index == -1
+        for r in _db_rows(run_id)
+        if r.key == "return_value" and r.map_index == -1
     }
 
 
@@ -155,16 +158,18 @@ def test_values_round_trip_and_the_db_holds_references_only(xcom_backend: Simple
 
     rows = _db_rows(run_id)
     # push returns a dict[str, Any]: TaskFlow also pushes each of its keys (multiple_outputs)
-    expected_rows = {("push", -1, k) for k in [*EXPECTED, "pushed", "when"]} | {
-        (t, -1, "return_value") for t in ("push", "pull", "total", "big", "big_len")
-    } | {("double", i, "return_value") for i in range(3)}
+    expected_rows = (
+        {("push", -1, k) for k in [*EXPECTED, "pushed", "when"]}
+        | {(t, -1, "return_value") for t in ("push", "pull", "total", "big", "big_len")}
+        | {("double", i, "return_value") for i in range(3)}
+    )
     assert {(r.task_id, r.map_index, r.key) for r in rows} == expected_rows
     with PulsarStateHook() as hook:
         entries = _entries(hook, xcom_backend.layout, xcom_backend.namespace, dag.dag_id, run_id)
         for row in rows:
             ref = row.value
             assert isinstance(ref, dict) and ref[REFERENCE_MARKER] == xcom_backend.version, row  # never the value
-            (topic, key_text, size, type_name, _), = entries[(row.task_id, row.map_index, row.key)]
+            ((topic, key_text, size, type_name, _),) = entries[(row.task_id, row.map_index, row.key)]
             assert ref["topic"] == topic and "preview" not in ref  # the run's own topic; no value text
             assert ref["key"] == key_text and ref["size"] == size and ref["type"] == type_name
             assert ("address" in ref) == (xcom_backend.layout == "messages")
@@ -204,14 +209,20 @@ def test_oversized_values(xcom_backend: SimpleNamespace, monkeypatch: pytest.Mon
         assert run.states["pull"] == "success"
 
 
-def test_oversize_error_names_the_limit_and_the_size(xcom_backend: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_oversize_error_names_the_limit_and_the_size(
+    xcom_backend: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("AIRFLOW__PULSARSTATE__XCOM_MAX_VALUE_BYTES", "100")
     monkeypatch.setenv("AIRFLOW__PULSARSTATE__XCOM_OVERSIZE", "error")
     close_stores()  # settings are read once per process
     with pytest.raises(Exception) as info:
         PulsarXComBackend.serialize_value("y" * 200, key="k", task_id="t", dag_id="d", run_id="r", map_index=-1)
     assert type(info.value).__name__ == "XComValueTooLargeError"
-    assert "202 bytes" in str(info.value) and "100-byte limit" in str(info.value) and "xcom_max_value_bytes" in str(info.value)
+    assert (
+        "202 bytes" in str(info.value)
+        and "100-byte limit" in str(info.value)
+        and "xcom_max_value_bytes" in str(info.value)
+    )
 
 
 def _ref(run_id: str, task_id: str, key: str = "return_value", map_index: int = -1) -> dict[str, Any]:
@@ -266,8 +277,9 @@ def test_references_are_checked_before_they_are_followed(xcom_backend: SimpleNam
             row = XComIdentity("other-deployment", "d", "r", "t", -1, "k")
             other_address, other_message = other.append(row, '{"secret":1}', type_name="dict")
             other_key, other_topic = row.map_key, other.topic
-            sibling = PulsarXComBackend.serialize_value({"b": 2}, key="k2", task_id="t", dag_id="d", run_id="r/1",
-                                                        map_index=-1)
+            sibling = PulsarXComBackend.serialize_value(
+                {"b": 2}, key="k2", task_id="t", dag_id="d", run_id="r/1", map_index=-1
+            )
             extra = [
                 {**ref, "address": other_address, "writer": other_message.writer_id},  # another deployment's message
                 {**ref, "address": sibling["address"]},  # a message of another row of this run
@@ -277,7 +289,8 @@ def test_references_are_checked_before_they_are_followed(xcom_backend: SimpleNam
                 {k: v for k, v in ref.items() if k != "address"},
                 {**ref, "address": 7},
             ]
-        forged = [*extra,
+        forged = [
+            *extra,
             {**ref, "topic": "persistent://public/default/some-other-topic"},
             {**ref, "topic": other_topic, "key": other_key},
             {**ref, "key": other_key},
@@ -296,8 +309,13 @@ def test_references_are_checked_before_they_are_followed(xcom_backend: SimpleNam
             if isinstance(info.value, XComEntryNotFoundError):  # an address nothing is at
                 assert ref["key"] in text, text
             else:
-                assert "refusing" in text or "not an XCom key" in text or "malformed" in text or "canonical" in text \
-                    or "bad address" in text, text
+                assert (
+                    "refusing" in text
+                    or "not an XCom key" in text
+                    or "malformed" in text
+                    or "canonical" in text
+                    or "bad address" in text
+                ), text
             PulsarXComBackend.purge(SimpleNamespace(key="k", value=bad))  # logged, nothing deleted
         if xcom_backend.layout == "map":
             assert other.get("d", "r", "t", -1, "k", latest=True) is not None
@@ -321,15 +339,21 @@ def test_another_dags_xcom_cannot_be_read_purged_or_overwritten(
     with PulsarStateHook() as hook:
         before = _entries(hook, xcom_backend.layout, xcom_backend.namespace, victim.dag_id, victim_run)
     attack = load_dag(TEST_DAGS / "xcom_test_dags.py", "xcom_isolation")
-    params = {"victim_topic": victim_ref["topic"], "victim_key": victim_ref["key"], "victim_dag": victim.dag_id,
-              "victim_run": victim_run, "victim_ref": json.dumps(victim_ref)}
+    params = {
+        "victim_topic": victim_ref["topic"],
+        "victim_key": victim_ref["key"],
+        "victim_dag": victim.dag_id,
+        "victim_run": victim_run,
+        "victim_ref": json.dumps(victim_ref),
+    }
     with caplog.at_level("ERROR", logger="airflow_provider_pulsarstate.xcom.backend"):
         run = run_dag(attack, params)
     assert run.states["forge"] == "success", run.states  # try 2, after Airflow purged try 1's forged row
     run_id = _run_id(attack.dag_id)
     # the retry's purge refused to follow the forged reference into the victim's map
-    assert any("not purging XCom 'stolen'" in r.getMessage() and victim_ref["key"] in r.getMessage()
-               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert any(
+        "not purging XCom 'stolen'" in r.getMessage() and victim_ref["key"] in r.getMessage() for r in caplog.records
+    ), [r.getMessage() for r in caplog.records]
     # reading the forged row: refused, naming the key; nothing of the victim read
     read = PulsarXComBackend.deserialize_value(SimpleNamespace(value=_ref(run_id, "read_forged")))
     assert read.startswith("XComReferenceError") and victim_ref["key"] in read and "not bound to its row" in read, read
@@ -358,10 +382,20 @@ def test_references_of_the_single_map_layout_stay_readable(xcom_backend: SimpleN
         for namespace in ("airflow", xcom_backend.namespace):
             legacy = hook.get_xcom_store(TOPIC, namespace=namespace, writer_idle_timeout=0.2)
             key, record = legacy.put("d", "r", "t", -1, f"k-{namespace}", '{"old":1}', type_name="dict")
-            refs.append({REFERENCE_MARKER: 1, "topic": full, "key": key, "size": record.size, "type": "dict",
-                         "written_at": "2026-11-01T00:00:00+00:00"})
+            refs.append(
+                {
+                    REFERENCE_MARKER: 1,
+                    "topic": full,
+                    "key": key,
+                    "size": record.size,
+                    "type": "dict",
+                    "written_at": "2026-11-01T00:00:00+00:00",
+                }
+            )
     for ref in refs:
-        assert PulsarXComBackend.deserialize_value(SimpleNamespace(key=ref["key"].rsplit("/", 1)[1], value=ref)) == {"old": 1}
+        assert PulsarXComBackend.deserialize_value(SimpleNamespace(key=ref["key"].rsplit("/", 1)[1], value=ref)) == {
+            "old": 1
+        }
     PulsarXComBackend.purge(SimpleNamespace(key=refs[1]["key"].rsplit("/", 1)[1], value=refs[1]))
     with pytest.raises(XComEntryNotFoundError):
         PulsarXComBackend.deserialize_value(SimpleNamespace(value=refs[1]))
@@ -370,7 +404,9 @@ def test_references_of_the_single_map_layout_stay_readable(xcom_backend: SimpleN
         PulsarXComBackend.deserialize_value(SimpleNamespace(value={**refs[0], "topic": full + "-other"}))
 
 
-def test_references_of_the_map_layout_stay_readable(xcom_backend: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_references_of_the_map_layout_stay_readable(
+    xcom_backend: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("AIRFLOW__PULSARSTATE__XCOM_LAYOUT", "map")
     close_stores()
     old = PulsarXComBackend.serialize_value({"v": 2}, key="k", task_id="t", dag_id="d", run_id="r", map_index=-1)
@@ -449,7 +485,10 @@ def test_several_tasks_of_one_run_push_at_once(xcom_backend: SimpleNamespace, tm
     procs = [
         subprocess.Popen(
             [sys.executable, str(ROOT / "tests/airflow/xcom_push_worker.py"), "xcom_concurrent", run_id, str(go), *ids],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for ids in tasks
     ]
@@ -482,7 +521,8 @@ def _result_lines(out: str) -> list[str]:
 
 # ---------------------------------------------------------------------------------- outage
 def test_a_broker_outage_fails_the_task_and_nothing_lands_in_the_db(
-    dag_bundles: None, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    dag_bundles: None,
+    monkeypatch: pytest.MonkeyPatch,  # noqa: F811
 ) -> None:
     import socket
     import time
@@ -493,7 +533,11 @@ def test_a_broker_outage_fails_the_task_and_nothing_lands_in_the_db(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = s.getsockname()[1]  # nothing listens here once the socket is closed
-    extra = {"service_url": f"pulsar://127.0.0.1:{dead}", "admin_url": f"http://127.0.0.1:{dead}", "operation_timeout": 3}
+    extra = {
+        "service_url": f"pulsar://127.0.0.1:{dead}",
+        "admin_url": f"http://127.0.0.1:{dead}",
+        "operation_timeout": 3,
+    }
     monkeypatch.setenv("AIRFLOW_CONN_PULSARSTATE_DEFAULT", json.dumps({"conn_type": "pulsarstate", "extra": extra}))
     monkeypatch.setenv("AIRFLOW__CORE__XCOM_BACKEND", BACKEND_PATH)
     monkeypatch.setattr(xcom_module, "XCom", xcom_module.resolve_xcom_backend())
@@ -537,7 +581,9 @@ def _age(store: Any, dag_id: str, run_id: str, days: float) -> None:
         store.map.put(entry.map_key, dataclasses.replace(entry.record, written_at=time.time() - days * 86400))
 
 
-@pytest.mark.parametrize("layout", ["map"])  # ages values by rewriting map records; messages are judged by the log's time
+@pytest.mark.parametrize(
+    "layout", ["map"]
+)  # ages values by rewriting map records; messages are judged by the log's time
 def test_cleanup_operator_removes_deleted_and_expired_runs(xcom_backend: SimpleNamespace) -> None:
     plain = load_dag(TEST_DAGS / "xcom_test_dags.py", "xcom_backend_plain")
     cleanup = load_dag(TEST_DAGS / "xcom_test_dags.py", "xcom_backend_cleanup")
@@ -556,9 +602,18 @@ def test_cleanup_operator_removes_deleted_and_expired_runs(xcom_backend: SimpleN
     dry = run_dag(cleanup, {"dry_run": True, "older_than_days": 5})
     assert dry.state == "success", dry.states
     counts = PulsarXComBackend.deserialize_value(SimpleNamespace(value=_ref(_run_id(cleanup.dag_id), "cleanup")))
-    assert counts == {"runs_scanned": 3, "entries_scanned": sum(per_run.values()), "runs_missing": 1, "runs_expired": 1,
-                      "runs_live": 0, "runs_changed": 0, "maps_foreign": 0,
-                      "entries_deleted": 0, "bytes_deleted": 0, "dry_run": True}
+    assert counts == {
+        "runs_scanned": 3,
+        "entries_scanned": sum(per_run.values()),
+        "runs_missing": 1,
+        "runs_expired": 1,
+        "runs_live": 0,
+        "runs_changed": 0,
+        "maps_foreign": 0,
+        "entries_deleted": 0,
+        "bytes_deleted": 0,
+        "dry_run": True,
+    }
     with PulsarStateHook() as hook:
         assert set(_run_maps(hook, xcom_backend.namespace, plain.dag_id)) == set(run_ids)
 
@@ -618,16 +673,21 @@ def test_cleanup_keeps_live_runs_new_values_and_other_deployments(xcom_backend: 
 
     lines: list[str] = []
     log = SimpleNamespace(info=lambda fmt, *a: lines.append(fmt % a))
-    report = run_cleanup(run_statuses=statuses_then_a_push, older_than_days=30, now=db_now(),
-                         settings=settings(), log=log)
+    report = run_cleanup(
+        run_statuses=statuses_then_a_push, older_than_days=30, now=db_now(), settings=settings(), log=log
+    )
     assert (report.runs_scanned, report.runs_expired, report.runs_missing) == (4, 2, 0), report
     assert (report.runs_live, report.runs_changed, report.entries_deleted) == (1, 1, before[expired]), report
     assert expired[:44] in lines[-1] and "expired" in lines[-1] and "1 not finished" in lines[-1], lines
     with PulsarStateHook() as hook:
         after = _run_maps(hook, xcom_backend.namespace, plain.dag_id)
         assert after == {running: before[running], pushed_into: before[pushed_into] + 1, recent: before[recent]}
-        assert _store(hook, "other-deployment", plain.dag_id, "their-run").get(
-            plain.dag_id, "their-run", "t", -1, "k", latest=True) is not None
+        assert (
+            _store(hook, "other-deployment", plain.dag_id, "their-run").get(
+                plain.dag_id, "their-run", "t", -1, "k", latest=True
+            )
+            is not None
+        )
         with _messages(hook, "other-deployment", plain.dag_id, "their-run") as their_messages:
             assert their_messages.read(their_address, identity=theirs, writer_id=their_message.writer_id)
     assert PulsarXComBackend.deserialize_value(SimpleNamespace(value=_ref(running, "consume"))) == 3
@@ -662,8 +722,12 @@ def test_cleanup_cli_in_a_real_airflow_process(
     home = tmp_path / "airflow-home"
     home.mkdir()
     airflow_db = home / "airflow.db"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "AIRFLOW_HOME": str(home),
-           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow_db}"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow_db}",
+    }
     if xcom_backend.kind == "embedded":  # the default embedded file lives under AIRFLOW_HOME: name one both sides use
         state = json.dumps({"conn_type": "pulsarstate", "extra": {"service_url": str(tmp_path / "state.db")}})
         env["AIRFLOW_CONN_PULSARSTATE_DEFAULT"] = state
@@ -674,8 +738,14 @@ def test_cleanup_cli_in_a_real_airflow_process(
     before = set(_db_run_ids(airflow_db, "xcom_backend_plain"))
     # in a separate process the configuration alone selects the backend
     for _ in range(2):
-        result = subprocess.run([AIRFLOW_BIN, "dags", "test", "xcom_backend_plain"], env=env, capture_output=True,
-                                text=True, timeout=300, cwd=ROOT)
+        result = subprocess.run(
+            [AIRFLOW_BIN, "dags", "test", "xcom_backend_plain"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=ROOT,
+        )
         assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
     new = [r for r in _db_run_ids(airflow_db, "xcom_backend_plain") if r not in before]
     assert len(new) == 2, new
@@ -694,13 +764,17 @@ def test_cleanup_cli_in_a_real_airflow_process(
     dry = subprocess.run([*cli, "--dry-run"], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert "[dry run]" in dry.stdout and gone[:44] in dry.stdout and "missing" in dry.stdout, dry.stdout[-3000:]
-    assert "1 missing from the metadata DB, 0 past retention;" in dry.stdout and "would delete 4 entries" in dry.stdout, dry.stdout
+    assert (
+        "1 missing from the metadata DB, 0 past retention;" in dry.stdout and "would delete 4 entries" in dry.stdout
+    ), dry.stdout
     with PulsarStateHook() as hook:
         assert len(_run_maps(hook, xcom_backend.namespace, "xcom_backend_plain")) == 2
 
     real = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert real.returncode == 0, real.stderr[-3000:]
-    assert "scanned 2 runs / 8 entries; stale: 1 missing from the metadata DB, 0 past retention;" in real.stdout, real.stdout
+    assert "scanned 2 runs / 8 entries; stale: 1 missing from the metadata DB, 0 past retention;" in real.stdout, (
+        real.stdout
+    )
     assert "deleted 4 entries" in real.stdout, real.stdout
     with PulsarStateHook() as hook:
         assert list(_run_maps(hook, xcom_backend.namespace, "xcom_backend_plain")) == [kept]
@@ -716,4 +790,8 @@ def test_provider_info_registers_the_operator_and_the_cli() -> None:
     (path,) = info["cli"]
     module, _, name = path.rpartition(".")
     (group,) = getattr(importlib.import_module(module), name)()
-    assert group.name == "pulsarstate" and [c.name for c in group.subcommands][:3] == ["xcom-cleanup", "state-store-cleanup", "state-store-migrate"]
+    assert group.name == "pulsarstate" and [c.name for c in group.subcommands][:3] == [
+        "xcom-cleanup",
+        "state-store-cleanup",
+        "state-store-migrate",
+    ]

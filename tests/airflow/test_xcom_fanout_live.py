@@ -30,7 +30,8 @@ def _references(db: Path, run_id: str) -> list[dict[str, object]]:
     conn = sqlite3.connect(db, timeout=30)
     try:
         rows = conn.execute(
-            "SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND task_id = 'square' AND key = 'return_value'", (DAG_ID, run_id)
+            "SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND task_id = 'square' AND key = 'return_value'",
+            (DAG_ID, run_id),
         ).fetchall()
     finally:
         conn.close()
@@ -40,10 +41,13 @@ def _references(db: Path, run_id: str) -> list[dict[str, object]]:
 def _states(db: Path, run_id: str) -> dict[str, int]:
     conn = sqlite3.connect(db, timeout=30)
     try:
-        return dict(conn.execute(
-            "SELECT state, count(*) FROM task_instance WHERE dag_id = ? AND run_id = ? AND try_number = 1 "
-            "GROUP BY state", (DAG_ID, run_id),
-        ).fetchall())
+        return dict(
+            conn.execute(
+                "SELECT state, count(*) FROM task_instance WHERE dag_id = ? AND run_id = ? AND try_number = 1 "
+                "GROUP BY state",
+                (DAG_ID, run_id),
+            ).fetchall()
+        )
     finally:
         conn.close()
 
@@ -65,8 +69,13 @@ def test_a_mapped_task_of_100_instances_pushes_at_once_and_its_downstream_reads_
         "AIRFLOW__PULSARSTATE__KEY_NAMESPACE": namespace,
         "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "64",
     }
-    with AirflowProcesses(home=tmp_path / "airflow", dags_folder=DAGS, env=env,
-                          components=("api-server", "scheduler", "dag-processor"), parallelism=16) as af:
+    with AirflowProcesses(
+        home=tmp_path / "airflow",
+        dags_folder=DAGS,
+        env=env,
+        components=("api-server", "scheduler", "dag-processor"),
+        parallelism=16,
+    ) as af:
         af.wait_for_dag(DAG_ID)
         run_id = af.trigger(DAG_ID, conf={"n": N})
         state = af.wait_for_run(DAG_ID, run_id, timeout=900)
@@ -81,13 +90,14 @@ def test_a_mapped_task_of_100_instances_pushes_at_once_and_its_downstream_reads_
     backend = open_backend(config)
     try:
         with XComMessageLog(backend, topic, namespace=namespace) as log:
-            values = {(m.identity.task_id, m.identity.map_index): json.loads(m.record.value_json)
-                      for m in (found.message for found in log.scan().messages)
-                      if m is not None and m.identity.key == "return_value"}
+            values = {
+                (m.identity.task_id, m.identity.map_index): json.loads(m.record.value_json)
+                for m in (found.message for found in log.scan().messages)
+                if m is not None and m.identity.key == "return_value"
+            }
     finally:
         backend.close()
     squares = {index: v for (task_id, index), v in values.items() if task_id == "square"}
     assert squares == {i: {"x": i, "square": i * i} for i in range(N)}
     # the downstream task read all 100 values (it checks them) and pushed their count
     assert values[("collect", -1)] == {"count": N, "sum_of_squares": sum(i * i for i in range(N))}
-

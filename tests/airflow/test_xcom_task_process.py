@@ -23,17 +23,25 @@ def test_small_values_are_pushed_and_pulled_without_starting_a_pulsar_client(
     hundreds of task processes close to the DB backend's cost."""
     tag = uuid.uuid4().hex[:10]
     env = dict(os.environ)
-    env.update({
-        "AIRFLOW_HOME": str(tmp_path),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__PULSARSTATE__KEY_NAMESPACE": f"tp-{tag}",
-        "AIRFLOW__PULSARSTATE__XCOM_TOPIC": f"tp-{tag}-xcom",
-        "AIRFLOW__PULSARSTATE__XCOM_MAX_VALUE_BYTES": str(8 << 20),
-        "AIRFLOW_CONN_PULSARSTATE_DEFAULT": json.dumps({"conn_type": "pulsarstate", "extra": {
-            "service_url": pulsar_broker.service_url, "admin_url": pulsar_broker.admin_url,  # type: ignore[attr-defined]
-        }}),
-        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
-    })
+    env.update(
+        {
+            "AIRFLOW_HOME": str(tmp_path),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__PULSARSTATE__KEY_NAMESPACE": f"tp-{tag}",
+            "AIRFLOW__PULSARSTATE__XCOM_TOPIC": f"tp-{tag}-xcom",
+            "AIRFLOW__PULSARSTATE__XCOM_MAX_VALUE_BYTES": str(8 << 20),
+            "AIRFLOW_CONN_PULSARSTATE_DEFAULT": json.dumps(
+                {
+                    "conn_type": "pulsarstate",
+                    "extra": {
+                        "service_url": pulsar_broker.service_url,
+                        "admin_url": pulsar_broker.admin_url,  # type: ignore[attr-defined]
+                    },
+                }
+            ),
+            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+        }
+    )
     script = textwrap.dedent("""
         import sys
         from types import SimpleNamespace

@@ -27,8 +27,12 @@ def main() -> None:
 
     def push(task_id: str) -> None:
         results[task_id] = PulsarXComBackend.serialize_value(
-            {"task": task_id, "at": time.time()}, key="return_value", task_id=task_id, dag_id=dag_id,
-            run_id=run_id, map_index=-1,
+            {"task": task_id, "at": time.time()},
+            key="return_value",
+            task_id=task_id,
+            dag_id=dag_id,
+            run_id=run_id,
+            map_index=-1,
         )
 
     threads = [threading.Thread(target=push, args=(t,)) for t in task_ids]

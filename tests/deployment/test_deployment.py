@@ -71,10 +71,20 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     target = tmp_path_factory.mktemp("deployment") / "venv"
     subprocess.run([_uv(), "venv", "--quiet", "--python", sys.executable, str(target)], check=True, timeout=300)
     subprocess.run(
-        [_uv(), "pip", "install", "--quiet", "--python", str(target / "bin" / "python"),
-         "-c", str(ROOT / "requirements" / "test.lock"),
-         f"airflow-provider-pulsarstate[spark] @ {wheel.as_uri()}", "apache-airflow==3.3.*"],
-        check=True, timeout=900,
+        [
+            _uv(),
+            "pip",
+            "install",
+            "--quiet",
+            "--python",
+            str(target / "bin" / "python"),
+            "-c",
+            str(ROOT / "requirements" / "test.lock"),
+            f"airflow-provider-pulsarstate[spark] @ {wheel.as_uri()}",
+            "apache-airflow==3.3.*",
+        ],
+        check=True,
+        timeout=900,
     )
     _step(f"venv with {wheel.name} ready in {time.monotonic() - started:.0f}s")
     return target
@@ -90,10 +100,10 @@ def _job() -> Any:
 
 def _pulsarstate(af: AirflowProcesses, *args: str) -> Any:
     """``airflow pulsarstate ARGS`` of the deployment's venv, on its metadata DB; its JSON answer."""
-    result = subprocess.run(
-        [af.airflow, "pulsarstate", *args], env=af.env, capture_output=True, text=True, timeout=300
+    result = subprocess.run([af.airflow, "pulsarstate", *args], env=af.env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, (
+        f"airflow pulsarstate {' '.join(args)}:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
     )
-    assert result.returncode == 0, f"airflow pulsarstate {' '.join(args)}:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -102,7 +112,10 @@ def _failure_report(af: AirflowProcesses, run_id: str) -> str:
     parts = [", ".join(f"{t['task_id']}={t['state']}" for t in af.task_instances(DAG_ID, run_id))]
     logs = sorted((af.home / "logs").glob(f"dag_id={DAG_ID}/run_id={run_id}/**/*.log"))
     parts += [f"--- task log {p.relative_to(af.home)}:\n{p.read_text(errors='replace')[-3000:]}" for p in logs]
-    parts += [f"--- {component}:\n{af.tail(component)}" for component in ("scheduler", "triggerer", "dag-processor", "api-server")]
+    parts += [
+        f"--- {component}:\n{af.tail(component)}"
+        for component in ("scheduler", "triggerer", "dag-processor", "api-server")
+    ]
     return "\n".join(parts)
 
 
@@ -148,7 +161,9 @@ def form_fields(request: pytest.FixtureRequest) -> dict[str, Any]:
     return {"service_url": broker.service_url, "admin_url": broker.admin_url}
 
 
-def test_the_example_pipeline_runs_in_a_fresh_deployment(venv: Path, tmp_path: Path, form_fields: dict[str, Any]) -> None:
+def test_the_example_pipeline_runs_in_a_fresh_deployment(
+    venv: Path, tmp_path: Path, form_fields: dict[str, Any]
+) -> None:
     home = tmp_path / "airflow"
     home.mkdir()
     passwords = tmp_path / "passwords.json"
@@ -164,12 +179,16 @@ def test_the_example_pipeline_runs_in_a_fresh_deployment(venv: Path, tmp_path: P
     # Required on workers: task processes see a placeholder for [database] sql_alchemy_conn, so the
     # namespace cannot be derived there (the backends refuse instead of deriving a wrong one).
     env["AIRFLOW__PULSARSTATE__KEY_NAMESPACE"] = f"deploy-{suffix}"
-    names = {"events_topic": f"deploy-events-{suffix}", "table_topic": f"deploy-table-{suffix}",
-             "subscription": f"deploy-ingest-{suffix}"}
+    names = {
+        "events_topic": f"deploy-events-{suffix}",
+        "table_topic": f"deploy-table-{suffix}",
+        "subscription": f"deploy-ingest-{suffix}",
+    }
     reports, table = _job().expected_runs(len(BATCHES), EVENTS, SKUS)
     started = time.monotonic()
-    af = AirflowProcesses(home=home, dags_folder=ROOT / "dags", env=env, airflow=venv / "bin" / "airflow",
-                          start_timeout=600)
+    af = AirflowProcesses(
+        home=home, dags_folder=ROOT / "dags", env=env, airflow=venv / "bin" / "airflow", start_timeout=600
+    )
     af.env.pop("AIRFLOW_CONN_PULSARSTATE_DEFAULT", None)  # the connection comes from the form only
     with af:
         _step(f"components up in {time.monotonic() - started:.0f}s (API on {af.api_url})")
@@ -185,15 +204,22 @@ def test_the_example_pipeline_runs_in_a_fresh_deployment(venv: Path, tmp_path: P
 
         assert _pulsarstate(af, "table-show", "--topic", names["table_topic"]) == json.loads(json.dumps(table))
         for run_id, batch, expected in zip(run_ids, BATCHES, reports):
-            shown = {(x["task_id"], x["key"]): x["value"] for x in _pulsarstate(af, "xcom-show", "--dag-id", DAG_ID, "--run-id", run_id)}
+            shown = {
+                (x["task_id"], x["key"]): x["value"]
+                for x in _pulsarstate(af, "xcom-show", "--dag-id", DAG_ID, "--run-id", run_id)
+            }
             report = shown[("report", "return_value")]
-            fields = [name for name in expected if name != "offsets_consumed" or not form_fields]  # Pulsar may skip offsets
+            fields = [
+                name for name in expected if name != "offsets_consumed" or not form_fields
+            ]  # Pulsar may skip offsets
             assert {name: report[name] for name in fields} == {name: expected[name] for name in fields}, report
             assert report["batch"] == batch, report
             assert shown[("publish_events", "return_value")]["published"] == EVENTS
             # the REST API (and so the UI) shows the metadata DB's row: a reference to that value
             reference = af.xcom(DAG_ID, run_id, "report")
-            assert reference["key"].endswith("/report/-1/return_value") and "__pulsarstate_xcom__" in reference, reference
+            assert reference["key"].endswith("/report/-1/return_value") and "__pulsarstate_xcom__" in reference, (
+                reference
+            )
         _step(f"table and XComs read back with airflow pulsarstate; {time.monotonic() - started:.0f}s in all")
     if not form_fields:
         assert (home / "pulsarstate" / "state.db").exists()  # the embedded default under AIRFLOW_HOME

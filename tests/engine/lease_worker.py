@@ -29,8 +29,13 @@ def main() -> None:
         try:
             what = cmd["cmd"]
             if what == "acquire":
-                lease = leases.acquire(cmd["name"], cmd["holder"], ttl=cmd["ttl"], timeout=cmd.get("timeout"),
-                                       steal=cmd.get("steal", False))
+                lease = leases.acquire(
+                    cmd["name"],
+                    cmd["holder"],
+                    ttl=cmd["ttl"],
+                    timeout=cmd.get("timeout"),
+                    steal=cmd.get("steal", False),
+                )
             elif what == "renew":
                 lease = leases.renew(Lease.from_json(cmd["lease"]) if "lease" in cmd else lease)
             elif what == "release":

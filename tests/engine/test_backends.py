@@ -40,7 +40,9 @@ def test_unknown_scheme_is_a_clear_error() -> None:
 
 
 def test_unreachable_broker_fails_clearly_within_the_timeout() -> None:
-    backend = open_backend(ConnectionConfig(url="pulsar://127.0.0.1:1", admin_url="http://127.0.0.1:1", operation_timeout=2))
+    backend = open_backend(
+        ConnectionConfig(url="pulsar://127.0.0.1:1", admin_url="http://127.0.0.1:1", operation_timeout=2)
+    )
     table = PulsarMap(backend, "persistent://public/default/nowhere")
     start = time.monotonic()
     with pytest.raises(BackendUnavailableError, match=r"pulsar://127\.0\.0\.1:1"):
@@ -53,7 +55,9 @@ def test_unreachable_broker_fails_clearly_within_the_timeout() -> None:
 def test_embedded_state_file_that_cannot_be_created(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    table = PulsarMap(open_backend(ConnectionConfig(url=str(blocker / "sub" / "state.db"))), "persistent://public/default/t")
+    table = PulsarMap(
+        open_backend(ConnectionConfig(url=str(blocker / "sub" / "state.db"))), "persistent://public/default/t"
+    )
     with pytest.raises(BackendUnavailableError, match="cannot open embedded state file"):
         table.get("k")
 
@@ -120,7 +124,9 @@ def test_processes_using_the_broker_exit_cleanly(pulsar_broker: object, topic: s
 
 
 @pytest.mark.pulsar
-def test_readers_of_processes_forked_after_pulsar_was_imported_do_not_collide(pulsar_broker: object, topic: str) -> None:
+def test_readers_of_processes_forked_after_pulsar_was_imported_do_not_collide(
+    pulsar_broker: object, topic: str
+) -> None:
     # A worker that imported pulsar and forks task processes: every child inherits the client's
     # random generator, so generated reader subscription names would collide (ConsumerBusy).
     import os

@@ -116,7 +116,9 @@ def test_the_follower_survives_any_error(backend: Backend, topic: str) -> None:
         follower.close()
 
 
-def test_a_rebuild_failing_with_sqlite_errors_fails_the_write_instead_of_hanging(flaky_embedded: Any, topic: str) -> None:
+def test_a_rebuild_failing_with_sqlite_errors_fails_the_write_instead_of_hanging(
+    flaky_embedded: Any, topic: str
+) -> None:
     """Before: the raw error killed the commit thread; this write and every later one hung."""
     backend, broken = flaky_embedded
     faulty = FaultInjectingBackend(backend)
@@ -166,7 +168,9 @@ def test_a_commit_thread_failure_does_not_hang_later_writes(backend: Backend, to
         m.close()
 
 
-def test_a_dead_commit_thread_fails_its_writes_and_is_replaced(backend: Backend, topic: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_dead_commit_thread_fails_its_writes_and_is_replaced(
+    backend: Backend, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     m = counter_manager(backend, topic, Counting())
     try:
         m.write(inc)

@@ -30,7 +30,9 @@ def spawn(config: ConnectionConfig, topic: str, ack: Path, mode: str) -> subproc
 
 
 @pytest.mark.slow
-def test_sigkilled_writers_lose_nothing_and_apply_nothing_twice(backend_config: ConnectionConfig, topic: str, tmp_path: Path) -> None:
+def test_sigkilled_writers_lose_nothing_and_apply_nothing_twice(
+    backend_config: ConnectionConfig, topic: str, tmp_path: Path
+) -> None:
     rng = random.Random(7)
     modes = ["wait", "wait", "wait", "fence"]  # one worker takes the writer over by fencing
     acks = [tmp_path / f"acks-{i}.txt" for i in range(WORKERS)]

@@ -61,7 +61,9 @@ def test_checkpoint_of_an_empty_log_is_none_and_needs_a_serializer(backend: Back
         SharedStateManager(backend, topic, initializer=dict, applier=lambda s, op: None, checkpoint_after_bytes=10)
 
 
-def test_the_writer_checkpoints_by_itself_and_keeps_the_two_newest_images(maps: Any, backend: Backend, topic: str) -> None:
+def test_the_writer_checkpoints_by_itself_and_keeps_the_two_newest_images(
+    maps: Any, backend: Backend, topic: str
+) -> None:
     w = maps(checkpoint_after_bytes=2_000)
     puts = iter(range(1_000_000))
 
@@ -121,19 +123,29 @@ def test_a_damaged_checkpoint_is_reported_and_the_log_replayed(
     assert fresh.manager.stats["records_replayed"] == 20
     warning = next(r.getMessage() for r in caplog.records if "replaying the whole log" in r.getMessage())
     assert topic in warning
-    cause = {"garbage manifest": "does not decode", "missing image": "missing or incomplete",
-             "wrong checksum": "CRC-32", "bad image": "does not deserialize"}[damage]
+    cause = {
+        "garbage manifest": "does not decode",
+        "missing image": "missing or incomplete",
+        "wrong checksum": "CRC-32",
+        "bad image": "does not deserialize",
+    }[damage]
     assert cause in warning
 
 
-def test_a_lost_ack_is_not_hidden_by_a_newer_checkpoint(backend: Backend, topic: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_lost_ack_is_not_hidden_by_a_newer_checkpoint(
+    backend: Backend, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """A write of unknown outcome must be looked for in the log, not in an image that may hold it."""
 
     def counters(on: Backend) -> SharedStateManager:
         return SharedStateManager(
-            on, topic, initializer=dict, acquire_timeout=20.0,
+            on,
+            topic,
+            initializer=dict,
+            acquire_timeout=20.0,
             applier=lambda s, op: s.__setitem__(op["k"], s.get(op["k"], 0) + op["d"]),
-            state_serializer=lambda s: json.dumps(s).encode(), state_deserializer=json.loads,
+            state_serializer=lambda s: json.dumps(s).encode(),
+            state_deserializer=json.loads,
         )
 
     faulty = FaultInjectingBackend(backend)
@@ -172,8 +184,14 @@ def test_replay_after_a_checkpoint_still_skips_zombie_frames(tmp_path: Any) -> N
             assert info is not None and (info.offset, info.epoch) == (1, 1)
             zombie_op = w._serialize_op((_PUT, "a", JSON.serialize("zombie")))
         # A send of an epoch-0 writer that landed late, right after the checkpointed record.
-        late = encode_frames(kind=RecordKind.DATA, epoch=0, offset=2, writer_id=b"z" * 16,
-                             body=encode_writes([(1, [zombie_op])]), max_frame_bytes=1 << 20)
+        late = encode_frames(
+            kind=RecordKind.DATA,
+            epoch=0,
+            offset=2,
+            writer_id=b"z" * 16,
+            body=encode_writes([(1, [zombie_op])]),
+            max_frame_bytes=1 << 20,
+        )
         backend.open_shared_writer(topic).append(late, timeout=5)
         with PulsarMap(backend, topic, checkpoint_after_bytes=None) as fresh:
             assert fresh.to_dict(latest=True) == {"a": 1, "b": 2}

@@ -31,7 +31,10 @@ def _trial(config: ConnectionConfig, topic: str) -> tuple[dict[str, str], list[s
     procs = [
         subprocess.Popen(
             [sys.executable, str(WORKER), json.dumps(dataclasses.asdict(config)), topic, f"w{i}", str(ROUNDS)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
         )
         for i in range(WRITERS)
     ]
@@ -50,7 +53,7 @@ def _trial(config: ConnectionConfig, topic: str) -> tuple[dict[str, str], list[s
                 key = line.split()[1]
                 acknowledged[key] = key.split("-")[0]
             elif line.startswith("@failed "):
-                failed.append(line[len("@failed "):])
+                failed.append(line[len("@failed ") :])
     return acknowledged, failed
 
 
@@ -67,6 +70,8 @@ def test_concurrent_takeovers_lose_no_acknowledged_write(backend_config: Connect
         finally:
             backend.close()
         missing = sorted(set(acknowledged) - set(state))
-        assert not missing, f"trial {trial}: acknowledged but not in the replayed log: {missing} (failures: {failed[:3]})"
+        assert not missing, (
+            f"trial {trial}: acknowledged but not in the replayed log: {missing} (failures: {failed[:3]})"
+        )
         assert all(state[k]["writer"] == w for k, w in acknowledged.items())
         assert skipped == 0, f"trial {trial}: {skipped} genuine entries were skipped as corrupt or forged"

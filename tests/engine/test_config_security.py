@@ -133,7 +133,9 @@ def test_full_topic_names_must_be_in_the_connection_namespace() -> None:
     config = ConnectionConfig(tenant="acme", namespace="jobs")
     assert config.topic_name("t1") == "persistent://acme/jobs/t1"
     assert config.topic_name("persistent://acme/jobs/t1") == "persistent://acme/jobs/t1"
-    with pytest.raises(ConfigurationError, match="outside the connection's namespace acme/jobs.*allow_other_namespaces"):
+    with pytest.raises(
+        ConfigurationError, match="outside the connection's namespace acme/jobs.*allow_other_namespaces"
+    ):
         config.topic_name("persistent://other/ns/t1")
     open_config = config.with_options(allow_other_namespaces=True)
     assert open_config.topic_name("persistent://other/ns/t1") == "persistent://other/ns/t1"

@@ -233,7 +233,9 @@ def test_idle_writer_is_released(maps: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------- reads
-def test_read_latest_sees_the_tail_and_linearizable_goes_through_the_writer(maps: Any, backend: Backend, topic: str) -> None:
+def test_read_latest_sees_the_tail_and_linearizable_goes_through_the_writer(
+    maps: Any, backend: Backend, topic: str
+) -> None:
     a, b = maps(writer_idle_timeout=0.1), maps(writer_idle_timeout=0.1)
     b.start()
     a.put("k", 1)
@@ -299,7 +301,9 @@ def test_unserializable_or_oversized_values_append_nothing(maps: Any, backend: B
 
 
 def test_unknown_op_type_names_topic_and_offset(maps: Any, backend: Backend, topic: str) -> None:
-    raw = SharedStateManager(backend, topic, initializer=dict, applier=lambda s, o: None, op_serializer=bytes, op_deserializer=bytes)
+    raw = SharedStateManager(
+        backend, topic, initializer=dict, applier=lambda s, o: None, op_serializer=bytes, op_deserializer=bytes
+    )
     raw.write(lambda s: [b"\x01\x00\x00\x00\x01a1"])  # a valid map put a=1
     raw.write(lambda s: [b"\x09junk"])  # op type 9 does not exist
     raw.close()
@@ -311,8 +315,12 @@ def test_unknown_op_type_names_topic_and_offset(maps: Any, backend: Backend, top
     assert skipping.to_dict(latest=True) == {"a": 1}
 
 
-def test_a_stored_value_that_does_not_decode_fails_on_read_naming_the_key(maps: Any, backend: Backend, topic: str) -> None:
-    raw = SharedStateManager(backend, topic, initializer=dict, applier=lambda s, o: None, op_serializer=bytes, op_deserializer=bytes)
+def test_a_stored_value_that_does_not_decode_fails_on_read_naming_the_key(
+    maps: Any, backend: Backend, topic: str
+) -> None:
+    raw = SharedStateManager(
+        backend, topic, initializer=dict, applier=lambda s, o: None, op_serializer=bytes, op_deserializer=bytes
+    )
     raw.write(lambda s: [b"\x01\x00\x00\x00\x02ok1", b"\x01\x00\x00\x00\x03bad{not json"])
     raw.close()
     m = maps()
@@ -323,7 +331,9 @@ def test_a_stored_value_that_does_not_decode_fails_on_read_naming_the_key(maps: 
         m.update("bad", lambda k, v: 0)  # a write from it fails before appending anything
 
 
-def test_undecodable_entry_stops_bootstrap_unless_skipped(maps: Any, backend: Backend, backend_config: Any, topic: str) -> None:
+def test_undecodable_entry_stops_bootstrap_unless_skipped(
+    maps: Any, backend: Backend, backend_config: Any, topic: str
+) -> None:
     m = maps(writer_idle_timeout=0.05)
     m.put("a", 1)
     wait_until(lambda: not m.manager.holds_writer, timeout=10, what="idle writer release")

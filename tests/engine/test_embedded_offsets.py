@@ -96,7 +96,9 @@ def test_a_state_file_from_before_offsets_keeps_working(tmp_path: Path) -> None:
     old = sqlite3.connect(path, isolation_level=None)
     old.execute("PRAGMA journal_mode=WAL")
     old.executescript(OLD_SCHEMA)
-    old.executemany("INSERT INTO entries VALUES (?, ?, ?, ?)", [("old-log", i, b"e%d" % i, 1000.0 + i) for i in range(3)])
+    old.executemany(
+        "INSERT INTO entries VALUES (?, ?, ?, ?)", [("old-log", i, b"e%d" % i, 1000.0 + i) for i in range(3)]
+    )
     old.close()
     backend = open_backend(ConnectionConfig(url=str(path)))
     try:
@@ -165,7 +167,9 @@ def test_sqlite_errors_become_ours(tmp_path: Path) -> None:
     assert backend._closed  # type: ignore[attr-defined]
 
 
-def test_a_failing_last_flush_is_logged_and_the_back_end_still_closes(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_failing_last_flush_is_logged_and_the_back_end_still_closes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     path = tmp_path / "state.db"
     backend = open_backend(ConnectionConfig(url=str(path)))
     create_topic(backend, TOPIC)
@@ -276,14 +280,18 @@ def test_concurrent_publishers_keep_offsets_dense_and_each_one_ordered(config: C
         messages = consumer.pull(0, max_messages=5000).messages
         assert [m.offset for m in messages] == list(range(1200))
         for i in range(3):
-            assert [m.value for m in messages if m.value.startswith(b"%d:" % i)] == [b"%d:%d" % (i, n) for n in range(400)]
+            assert [m.value for m in messages if m.value.startswith(b"%d:" % i)] == [
+                b"%d:%d" % (i, n) for n in range(400)
+            ]
         times = [m.publish_time for m in messages]
         assert times == sorted(times)  # time search relies on it
     for b in backends:
         b.close()
 
 
-def test_a_locked_file_times_out_a_flush_and_keeps_the_queue(backend: EmbeddedBackend, config: ConnectionConfig) -> None:
+def test_a_locked_file_times_out_a_flush_and_keeps_the_queue(
+    backend: EmbeddedBackend, config: ConnectionConfig
+) -> None:
     create_topic(backend, TOPIC)
     publisher = open_publisher(backend, TOPIC)
     publisher.send(b"first")
@@ -303,7 +311,9 @@ def test_a_locked_file_times_out_a_flush_and_keeps_the_queue(backend: EmbeddedBa
         assert [(m.value, m.key) for m in consumer.pull(0).messages] == [(b"first", None), (b"queued", "k")]
 
 
-def test_publish_times_never_decrease_when_the_clock_goes_back(backend: EmbeddedBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_publish_times_never_decrease_when_the_clock_goes_back(
+    backend: EmbeddedBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
     create_topic(backend, TOPIC)
     publish(backend, TOPIC, [b"a", b"b"])
     monkeypatch.setattr(offsets_embedded.time, "time", lambda: 1.0)  # a clock stepped back
@@ -412,7 +422,9 @@ def test_async_probe_never_blocks_the_event_loop(backend: EmbeddedBackend, confi
     assert longest_gap < 0.3 and count >= 30  # ...while the loop kept ticking
 
 
-def test_async_probe_can_be_cancelled_and_closed_while_a_read_waits(backend: EmbeddedBackend, config: ConnectionConfig) -> None:
+def test_async_probe_can_be_cancelled_and_closed_while_a_read_waits(
+    backend: EmbeddedBackend, config: ConnectionConfig
+) -> None:
     create_topic(backend, TOPIC)
     locker = hold_exclusive_lock(config.embedded_path)
     threading.Timer(2.0, locker.close).start()
@@ -456,7 +468,9 @@ def test_random_interleavings_keep_every_invariant(backend: EmbeddedBackend, see
                 publisher.flush(timeout=10)
                 model.extend(batch)
             elif op < 0.65:
-                start = cursor if cursor is not None and rng.random() < 0.5 else rng.randint(max(0, beginning - 5), end + 5)
+                start = (
+                    cursor if cursor is not None and rng.random() < 0.5 else rng.randint(max(0, beginning - 5), end + 5)
+                )
                 max_messages, max_bytes = rng.randint(1, 60), rng.choice([1, 50, 400, 10_000])
                 if not beginning <= start <= end:
                     with pytest.raises(OffsetOutOfRangeError) as caught:
@@ -496,14 +510,16 @@ def test_random_interleavings_keep_every_invariant(backend: EmbeddedBackend, see
 def _expected_pull(model: list[bytes], start: int, max_messages: int, max_bytes: int) -> list[bytes]:
     """The rule, stated independently: as many as fit in max_bytes, or the first one alone."""
     expected: list[bytes] = []
-    for value in model[start:start + max_messages]:
+    for value in model[start : start + max_messages]:
         if expected and sum(map(len, expected)) + len(value) > max_bytes:
             break
         expected.append(value)
     return expected
 
 
-def test_opening_retries_while_another_process_recovers_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_opening_retries_while_another_process_recovers_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # SQLite answers "locked" to the journal-mode statement during another process's WAL recovery
     # without calling the busy handler; opening waits that out instead of failing the caller
     real_connect = sqlite3.connect

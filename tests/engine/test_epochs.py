@@ -20,8 +20,12 @@ FORGED_EPOCH = 2**62
 def append_foreign_frame(backend: Backend, topic: str, op: bytes, *, epoch: int, offset: int) -> None:
     """A DATA frame appended by a foreign producer through a shared (non-exclusive) writer."""
     frames = encode_frames(
-        kind=RecordKind.DATA, epoch=epoch, offset=offset, writer_id=b"f" * 16,
-        body=encode_writes([(1, [op])]), max_frame_bytes=1 << 20,
+        kind=RecordKind.DATA,
+        epoch=epoch,
+        offset=offset,
+        writer_id=b"f" * 16,
+        body=encode_writes([(1, [op])]),
+        max_frame_bytes=1 << 20,
     )
     writer = backend.open_shared_writer(topic)
     try:
@@ -42,7 +46,9 @@ def read_all(reader: LogReader) -> list[Any]:
     return out
 
 
-def test_a_frame_claiming_an_epoch_never_granted_is_reported_and_not_obeyed(maps: Any, backend: Backend, topic: str) -> None:
+def test_a_frame_claiming_an_epoch_never_granted_is_reported_and_not_obeyed(
+    maps: Any, backend: Backend, topic: str
+) -> None:
     # operation_timeout=5: before epochs were checked, every later write timed out after it
     a = maps(writer_idle_timeout=0.1, operation_timeout=5)
     a.put("k", 1)
@@ -69,7 +75,9 @@ def test_a_frame_claiming_an_epoch_never_granted_is_reported_and_not_obeyed(maps
     assert [r.offset for r in data] == [0, 1, 2] and skipping.skipped == 1
 
 
-def test_the_back_end_is_asked_once_per_new_epoch(maps: Any, backend: Backend, topic: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_back_end_is_asked_once_per_new_epoch(
+    maps: Any, backend: Backend, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for i in range(3):  # three writers, three epochs
         w = maps(writer_idle_timeout=None)
         for j in range(5):

@@ -69,7 +69,9 @@ def append_raw(backend: Backend, topic: str, m: Any, writes: list[tuple[Any, ...
     m.manager.read(lambda s: None, latest=True)
     offset = m.manager.applied_offset
     m.manager.close()  # lets go of the writer (on Pulsar nothing appends beside an exclusive producer)
-    body = encode_writes([(seq, [m._serialize_op((_PUT, key, JSON.serialize(value)))], *fence) for seq, key, value, *fence in writes])
+    body = encode_writes(
+        [(seq, [m._serialize_op((_PUT, key, JSON.serialize(value)))], *fence) for seq, key, value, *fence in writes]
+    )
     writer = open_writer(backend, topic, writer_id=uuid.uuid4().bytes, mode=AcquireMode.FENCE, timeout=20)
     try:
         writer.append(RecordKind.DATA, body, offset=offset + 1, timeout=20)
@@ -94,7 +96,9 @@ def test_a_forged_token_of_2_62_is_refused_and_later_guarded_writes_land(maps: A
     assert m.get("k", latest=True) == "holder 3"
 
 
-def test_a_token_the_lease_log_never_granted_is_refused_even_one_above_the_last(maps: Any, lease_logs: Any, backend: Backend, topic: str) -> None:
+def test_a_token_the_lease_log_never_granted_is_refused_even_one_above_the_last(
+    maps: Any, lease_logs: Any, backend: Backend, topic: str
+) -> None:
     leases = lease_logs()
     m = maps()
     m.put("k", 1, lease=grant(leases, 1))
@@ -118,7 +122,9 @@ def test_two_lease_logs_with_the_same_lease_name_do_not_block_each_other(maps: A
     assert maps().to_dict(latest=True) == {"a": 3, "b": 1}
 
 
-def test_a_recreated_lease_log_whose_tokens_restart_at_1_is_not_blocked(maps: Any, backend: Backend, topic: str) -> None:
+def test_a_recreated_lease_log_whose_tokens_restart_at_1_is_not_blocked(
+    maps: Any, backend: Backend, topic: str
+) -> None:
     lease_log = f"{topic}-leases"
     with Leases(backend, lease_log) as old:
         lease = grant(old, 3)
@@ -143,7 +149,9 @@ def test_a_recreated_lease_log_whose_tokens_restart_at_1_is_not_blocked(maps: An
         ({"topic": "persistent://public/default/\ud800"}, "'topic'"),
     ],
 )
-def test_tokens_and_names_a_frame_cannot_hold_are_refused_at_the_boundary(maps: Any, lease_logs: Any, handle: dict[str, Any], field: str) -> None:
+def test_tokens_and_names_a_frame_cannot_hold_are_refused_at_the_boundary(
+    maps: Any, lease_logs: Any, handle: dict[str, Any], field: str
+) -> None:
     leases = lease_logs()
     good = {"name": "nightly", "holder": "h", "token": 1, "ttl": TTL, "topic": leases.topic}
     data = {**good, **handle}
@@ -212,7 +220,9 @@ def test_in_one_group_commit_a_write_that_cannot_be_encoded_fails_alone(
     assert maps().to_dict(latest=True) == {"start": 0, **{f"k{i}": i for i in range(20)}}
 
 
-def test_reset_fence_lifts_a_forged_fence_with_a_record_in_the_log(maps: Any, lease_logs: Any, backend: Backend, topic: str) -> None:
+def test_reset_fence_lifts_a_forged_fence_with_a_record_in_the_log(
+    maps: Any, lease_logs: Any, backend: Backend, topic: str
+) -> None:
     leases = lease_logs()
     m = maps()
     m.put("k", "holder 1", lease=grant(leases, 1))
@@ -237,7 +247,9 @@ def test_reset_fence_lifts_a_forged_fence_with_a_record_in_the_log(maps: Any, le
         m.manager.reset_fence("nightly", lease_log="\ud800")
 
 
-def test_frames_of_earlier_versions_replay_under_the_legacy_lease_log(maps: Any, lease_logs: Any, backend: Backend, topic: str) -> None:
+def test_frames_of_earlier_versions_replay_under_the_legacy_lease_log(
+    maps: Any, lease_logs: Any, backend: Backend, topic: str
+) -> None:
     """Earlier versions keyed fences by lease name only: their frames keep fencing each other on
     replay, under lease log "", and block no write that names its lease log."""
     m = maps()

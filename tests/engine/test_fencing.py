@@ -56,7 +56,9 @@ def data_records(backend: Backend, topic: str) -> list[Any]:
     return [r for r in records(backend, topic) if r.kind is RecordKind.DATA]
 
 
-def test_a_lower_token_is_refused_naming_lease_and_tokens_and_nothing_is_appended(maps: Any, backend: Backend, topic: str, lease: Any) -> None:
+def test_a_lower_token_is_refused_naming_lease_and_tokens_and_nothing_is_appended(
+    maps: Any, backend: Backend, topic: str, lease: Any
+) -> None:
     m = maps()
     m.put("k", "new leader", lease=lease(2))
     before = len(data_records(backend, topic))
@@ -88,7 +90,9 @@ def test_another_instance_with_an_older_token_is_refused_after_catching_up(maps:
     assert a.get("job", latest=True) == "run of the new holder"
 
 
-def test_a_write_under_a_new_token_records_it_even_when_it_changes_nothing(maps: Any, backend: Backend, topic: str, lease: Any) -> None:
+def test_a_write_under_a_new_token_records_it_even_when_it_changes_nothing(
+    maps: Any, backend: Backend, topic: str, lease: Any
+) -> None:
     m = maps()
     m.put("k", 1, lease=lease(1))
     records_before = len(data_records(backend, topic))
@@ -118,7 +122,9 @@ def test_in_one_group_commit_a_stale_write_fails_alone(maps: Any, lease: Any) ->
     assert "k1" not in m.to_dict(latest=True) and by_name(m.manager.fences) == {"nightly": 10}
 
 
-def test_a_forged_record_with_an_older_token_is_skipped_by_every_replica(maps: Any, backend: Backend, topic: str, lease: Any) -> None:
+def test_a_forged_record_with_an_older_token_is_skipped_by_every_replica(
+    maps: Any, backend: Backend, topic: str, lease: Any
+) -> None:
     """Only a broken or hostile writer can put one in the log (the writer checks first); replicas
     must still agree to ignore it."""
     live = maps(follow_interval=0.05)

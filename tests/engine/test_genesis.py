@@ -38,12 +38,20 @@ def data_frames(m: PulsarMap, epoch: int, offsets: range) -> list[bytes]:
     frames = []
     for offset in offsets:
         op = m._serialize_op((_PUT, f"k{offset}", JSON.serialize(offset)))
-        frames += encode_frames(kind=RecordKind.DATA, epoch=epoch, offset=offset, writer_id=b"w" * 16,
-                                body=encode_writes([(offset + 1, [op])]), max_frame_bytes=1 << 20)
+        frames += encode_frames(
+            kind=RecordKind.DATA,
+            epoch=epoch,
+            offset=offset,
+            writer_id=b"w" * 16,
+            body=encode_writes([(offset + 1, [op])]),
+            max_frame_bytes=1 << 20,
+        )
     return frames
 
 
-def test_every_log_starts_with_one_genesis_record_that_checkpoints_record(maps: Any, backend: Backend, topic: str) -> None:
+def test_every_log_starts_with_one_genesis_record_that_checkpoints_record(
+    maps: Any, backend: Backend, topic: str
+) -> None:
     a, b = maps(), maps()
     a.put("x", 1)
     b.put("y", 2)  # a second writer finds the GENESIS record and writes none
@@ -82,8 +90,9 @@ def test_a_log_that_lost_its_beginning_fails_loudly(maps: Any, backend: Backend,
     probe = maps()
     writer = backend.open_shared_writer(topic)
     try:
-        epoch = encode_frames(kind=RecordKind.EPOCH, epoch=3, offset=-1, writer_id=b"w" * 16, body=b"",
-                              max_frame_bytes=1 << 20)
+        epoch = encode_frames(
+            kind=RecordKind.EPOCH, epoch=3, offset=-1, writer_id=b"w" * 16, body=b"", max_frame_bytes=1 << 20
+        )
         writer.append(epoch + data_frames(probe, 3, range(5, 8)), timeout=10)
     finally:
         writer.close()

@@ -84,7 +84,9 @@ def test_a_state_managers_writer_name_is_what_observers_see(backend: Backend, to
         assert leader is not None and leader.startswith("pulsarstate-") and len(leader) == len("pulsarstate-") + 12
 
 
-def test_two_acquisitions_under_one_chosen_writer_name_get_distinct_producer_names(backend: Backend, topic: str) -> None:
+def test_two_acquisitions_under_one_chosen_writer_name_get_distinct_producer_names(
+    backend: Backend, topic: str
+) -> None:
     """A chosen name is not a producer name: each acquisition adds its own suffix, so an orphan
     left by one attempt (dropped by name) can never be confused with a live writer of another."""
     names = []
@@ -99,10 +101,18 @@ def test_two_acquisitions_under_one_chosen_writer_name_get_distinct_producer_nam
 
 def test_a_partitioned_topic_answers_per_partition(backend: Backend, topic: str) -> None:
     create_topic(backend, topic, partitions=3)
-    assert [(x.partition, x.has_leader) for x in read_leadership(backend, topic)] == [(0, False), (1, False), (2, False)]
+    assert [(x.partition, x.has_leader) for x in read_leadership(backend, topic)] == [
+        (0, False),
+        (1, False),
+        (2, False),
+    ]
     writer = backend.acquire_writer(f"{topic}-partition-1", mode=AcquireMode.FAIL_FAST, timeout=10, name="p1-leader")
     found = read_leadership(backend, topic)
-    assert [(x.topic, x.partition, x.leader) for x in found] == [(topic, 0, None), (topic, 1, "p1-leader"), (topic, 2, None)]
+    assert [(x.topic, x.partition, x.leader) for x in found] == [
+        (topic, 0, None),
+        (topic, 1, "p1-leader"),
+        (topic, 2, None),
+    ]
     writer.close()
 
 
@@ -111,7 +121,9 @@ def test_an_unknown_topic_is_a_clear_error(backend: Backend, topic: str) -> None
         read_leadership(backend, topic)
 
 
-def test_the_async_probe_sees_what_the_blocking_read_sees(backend: Backend, backend_config: ConnectionConfig, topic: str) -> None:
+def test_the_async_probe_sees_what_the_blocking_read_sees(
+    backend: Backend, backend_config: ConnectionConfig, topic: str
+) -> None:
     create_topic(backend, topic, partitions=2)
     writer = backend.acquire_writer(f"{topic}-partition-0", mode=AcquireMode.FAIL_FAST, timeout=10, name="async-seen")
 
@@ -138,7 +150,9 @@ def test_the_async_probe_sees_what_the_blocking_read_sees(backend: Backend, back
 def test_leadership_json_round_trips_and_bad_values_are_refused() -> None:
     seen = Leadership("persistent://public/default/t", 2, "a", "Exclusive", 7, 1, ("standalone-0-3",))
     assert Leadership.from_json(seen.topic, seen.as_json()) == seen
-    assert Leadership.from_json("t", Leadership("t", None, None, None, None).as_json()) == Leadership("t", None, None, None, None)
+    assert Leadership.from_json("t", Leadership("t", None, None, None, None).as_json()) == Leadership(
+        "t", None, None, None, None
+    )
     with pytest.raises(TypeError, match="epoch must be int"):
         Leadership.from_json("t", {**seen.as_json(), "epoch": "7"})
     with pytest.raises(TypeError, match="other_producers"):
@@ -334,7 +348,9 @@ def test_control_a_raw_wait_for_exclusive_producer_beside_a_shared_one(pulsar_br
         stray = client.create_producer(topic)
         started = time.monotonic()
         with pytest.raises(pulsar.Timeout):
-            client.create_producer(topic, producer_name="raw-waiter", access_mode=pulsar.ProducerAccessMode.WaitForExclusive)
+            client.create_producer(
+                topic, producer_name="raw-waiter", access_mode=pulsar.ProducerAccessMode.WaitForExclusive
+            )
         assert time.monotonic() - started >= 1.9
         seen = _one(backend, topic)
         assert not seen.has_leader and seen.waiting_publishers == 1

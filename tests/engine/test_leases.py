@@ -55,7 +55,10 @@ class Worker:
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
         self.proc = subprocess.Popen(
             [sys.executable, str(WORKER), json.dumps(dataclasses.asdict(config)), topic, map_topic],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
         )
 
     def ready(self) -> None:
@@ -70,7 +73,7 @@ class Worker:
             line = self.proc.stdout.readline()  # type: ignore[union-attr]
             assert line, f"worker {self.proc.pid} died (exit {self.proc.poll()})"
             if line.startswith("@reply "):
-                return json.loads(line[len("@reply "):])
+                return json.loads(line[len("@reply ") :])
 
     def call(self, **cmd: Any) -> dict[str, Any]:
         self.send(**cmd)

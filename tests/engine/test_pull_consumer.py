@@ -51,13 +51,18 @@ def consumers(backend: Backend, topic: str) -> Iterator[object]:
         consumer.close()
 
 
-def publish(backend: Backend, topic: str, values: list[bytes], *, batching: bool = True,
-            keys: list[str | None] | None = None, properties: list[dict[str, str]] | None = None) -> None:
+def publish(
+    backend: Backend,
+    topic: str,
+    values: list[bytes],
+    *,
+    batching: bool = True,
+    keys: list[str | None] | None = None,
+    properties: list[dict[str, str]] | None = None,
+) -> None:
     with open_publisher(backend, topic, batching=batching) as publisher:
         for i, value in enumerate(values):
-            publisher.send(
-                value, key=keys[i] if keys else None, properties=properties[i] if properties else None
-            )
+            publisher.send(value, key=keys[i] if keys else None, properties=properties[i] if properties else None)
         publisher.flush(timeout=FLUSH)
 
 
@@ -65,8 +70,9 @@ def values(n: int, prefix: str = "m") -> list[bytes]:
     return [f"{prefix}-{i:06d}".encode() for i in range(n)]
 
 
-def drain(consumer: PullConsumer, start: int, *, size: int | list[int], partition: int | None = None,
-          max_bytes: int = 1 << 20) -> list[PulledMessage]:
+def drain(
+    consumer: PullConsumer, start: int, *, size: int | list[int], partition: int | None = None, max_bytes: int = 1 << 20
+) -> list[PulledMessage]:
     """Pull from ``start`` to the end, checking each pull's own guarantees on the way."""
     out: list[PulledMessage] = []
     offset = start
@@ -158,7 +164,7 @@ def test_start_is_inclusive_at_every_offset(backend: Backend, topic: str, consum
     assert_exact(reference, expected)
     for i, message in enumerate(reference):  # inside a batch too: lower offsets of it are dropped
         result = consumer.pull(message.offset, max_messages=3)
-        assert result.messages == reference[i:i + 3], f"pull at offset {message.offset}"
+        assert result.messages == reference[i : i + 3], f"pull at offset {message.offset}"
 
 
 def test_pull_at_the_end_is_empty_and_waits_for_a_message(backend: Backend, topic: str, consumers) -> None:
@@ -212,10 +218,10 @@ def test_max_bytes_is_exceeded_only_by_one_larger_message(backend: Backend, topi
     def pulled(i: int, max_bytes: int) -> list[int]:
         return [len(m.value) for m in consumer.pull(offsets[i], max_bytes=max_bytes).messages]
 
-    assert pulled(0, 25) == [10, 10]          # a third would exceed 25
-    assert pulled(0, 30) == [10, 10, 10]      # exactly the limit is fine
-    assert pulled(2, 25) == [10]              # the next (50) would exceed: not added
-    assert pulled(3, 25) == [50]              # larger than the limit: returned alone
+    assert pulled(0, 25) == [10, 10]  # a third would exceed 25
+    assert pulled(0, 30) == [10, 10, 10]  # exactly the limit is fine
+    assert pulled(2, 25) == [10]  # the next (50) would exceed: not added
+    assert pulled(3, 25) == [50]  # larger than the limit: returned alone
     assert pulled(3, 1) == [50]
     assert pulled(4, 1 << 20) == [10, 10]
     assert [len(m.value) for m in drain(consumer, offsets[0], size=100, max_bytes=25)] == sizes
@@ -224,13 +230,16 @@ def test_max_bytes_is_exceeded_only_by_one_larger_message(backend: Backend, topi
 def test_messages_keep_key_properties_and_publish_time(backend: Backend, topic: str, consumers) -> None:
     create_topic(backend, topic)
     before = time.time()
-    publish(backend, topic, [b"a", b"b", b"c"], keys=["k1", None, "k3"],
-            properties=[{"p": "1", "q": "x"}, {}, {"p": "3"}])
+    publish(
+        backend, topic, [b"a", b"b", b"c"], keys=["k1", None, "k3"], properties=[{"p": "1", "q": "x"}, {}, {"p": "3"}]
+    )
     after = time.time()
     consumer = consumers(None)
     got = consumer.pull(consumer.beginning_offsets()[0]).messages
     assert [(m.value, m.key, dict(m.properties)) for m in got] == [
-        (b"a", "k1", {"p": "1", "q": "x"}), (b"b", None, {}), (b"c", "k3", {"p": "3"}),
+        (b"a", "k1", {"p": "1", "q": "x"}),
+        (b"b", None, {}),
+        (b"c", "k3", {"p": "3"}),
     ]
     assert all(before - 1 <= m.publish_time <= after + 1 for m in got)
     assert all(m.partition == 0 for m in got)
@@ -301,9 +310,15 @@ def test_unknown_partition_of_a_non_partitioned_topic(backend: Backend, topic: s
 def test_unknown_topic_is_a_clear_error_and_is_not_created(backend: Backend, consumers) -> None:
     missing = f"persistent://public/default/missing-{uuid.uuid4().hex[:12]}"
     consumer = consumers("sub", on=missing)
-    for call in (lambda: consumer.pull(0), consumer.end_offsets, consumer.beginning_offsets,
-                 consumer.lag, lambda: consumer.committed(), lambda: consumer.commit(0),
-                 lambda: consumer.offsets_for_times(0.0)):
+    for call in (
+        lambda: consumer.pull(0),
+        consumer.end_offsets,
+        consumer.beginning_offsets,
+        consumer.lag,
+        lambda: consumer.committed(),
+        lambda: consumer.commit(0),
+        lambda: consumer.offsets_for_times(0.0),
+    ):
         with pytest.raises(UnknownTopicError, match="missing-"):
             call()
     with pytest.raises(UnknownTopicError, match="create_topic"):  # a mistyped name never starts a topic
@@ -476,9 +491,16 @@ def test_close_releases_and_a_closed_consumer_raises(backend: Backend, topic: st
         result = consumer.pull(consumer.beginning_offsets()[0], max_messages=4)
         consumer.pull(result.next_offset, max_messages=4)  # a pooled continuation to release
         consumer.commit(result.next_offset)
-    for call in (lambda: consumer.pull(0), consumer.end_offsets, consumer.beginning_offsets, consumer.lag,
-                 lambda: consumer.commit(0), lambda: consumer.committed(), consumer.partitions,
-                 lambda: consumer.offsets_for_times(0.0)):
+    for call in (
+        lambda: consumer.pull(0),
+        consumer.end_offsets,
+        consumer.beginning_offsets,
+        consumer.lag,
+        lambda: consumer.commit(0),
+        lambda: consumer.committed(),
+        consumer.partitions,
+        lambda: consumer.offsets_for_times(0.0),
+    ):
         with pytest.raises(ClosedError, match="closed"):
             call()
     consumer.close()  # idempotent
@@ -496,8 +518,8 @@ def test_two_consumers_never_share_caches(backend: Backend, topic: str, consumer
     # Interleaved continuations from different places never cross.
     a, b = first.pull(reference[0].offset, max_messages=10), second.pull(reference[100].offset, max_messages=10)
     for _ in range(5):
-        assert a.messages == reference[reference.index(a.messages[0]):][:10]
-        assert b.messages == reference[reference.index(b.messages[0]):][:10]
+        assert a.messages == reference[reference.index(a.messages[0]) :][:10]
+        assert b.messages == reference[reference.index(b.messages[0]) :][:10]
         a, b = first.pull(a.next_offset, max_messages=10), second.pull(b.next_offset, max_messages=10)
     first.close()  # closing one leaves the other's readers and caches intact
     rest = drain(second, b.offset, size=13)
@@ -520,9 +542,9 @@ def test_one_consumer_shared_by_threads(backend: Backend, topic: str, consumers)
             for _ in range(40):
                 i, n = rng.randrange(300), rng.randint(1, 20)
                 result = consumer.pull(reference[i].offset, max_messages=n)
-                assert result.messages == reference[i:i + n]
+                assert result.messages == reference[i : i + n]
                 if rng.random() < 0.5:  # continuations too
-                    assert consumer.pull(result.next_offset, max_messages=n).messages == reference[i + n:i + 2 * n]
+                    assert consumer.pull(result.next_offset, max_messages=n).messages == reference[i + n : i + 2 * n]
                 consumer.commit(result.next_offset)
         except BaseException as exc:  # noqa: BLE001 - reported below
             failures.append(exc)

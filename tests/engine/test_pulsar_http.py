@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -65,7 +65,9 @@ def backend(config: ConnectionConfig) -> Iterator[PulsarBackend]:
 
 
 @pytest.mark.pulsar
-def test_http_and_client_read_what_the_other_wrote(http: PulsarHttpMessages, backend: PulsarBackend, topic: str) -> None:
+def test_http_and_client_read_what_the_other_wrote(
+    http: PulsarHttpMessages, backend: PulsarBackend, topic: str
+) -> None:
     address = http.publish(topic, '{"h":1}\n"über"'.encode(), properties={"k": "v"})  # creates the topic
     assert address is not None
     log = open_offset_log(backend, topic)
@@ -85,7 +87,9 @@ def test_http_and_client_read_what_the_other_wrote(http: PulsarHttpMessages, bac
 
 
 @pytest.mark.pulsar
-def test_what_http_cannot_do_exactly_is_left_to_the_client(http: PulsarHttpMessages, backend: PulsarBackend, topic: str) -> None:
+def test_what_http_cannot_do_exactly_is_left_to_the_client(
+    http: PulsarHttpMessages, backend: PulsarBackend, topic: str
+) -> None:
     at_limit = http.publish(topic, b"x" * HTTP_MESSAGE_MAX_BYTES)  # also creates the topic
     assert at_limit is not None and len(http.read(topic, at_limit).value) == HTTP_MESSAGE_MAX_BYTES  # type: ignore[union-attr]
     assert http.publish(topic, b"x" * (HTTP_MESSAGE_MAX_BYTES + 1)) is None

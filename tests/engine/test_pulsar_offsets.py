@@ -62,8 +62,15 @@ def consumers(backend: PulsarBackend) -> Iterator[Any]:
         c.close()
 
 
-def publish(backend: PulsarBackend, topic: str, values: list[bytes], *, batching: bool, bursts: list[int] | None = None,
-            keys: list[str] | None = None) -> None:
+def publish(
+    backend: PulsarBackend,
+    topic: str,
+    values: list[bytes],
+    *,
+    batching: bool,
+    bursts: list[int] | None = None,
+    keys: list[str] | None = None,
+) -> None:
     """Publish ``values`` in order; with ``bursts``, flush after each burst (one batch per burst)."""
     with open_publisher(backend, topic, batching=batching) as pub:
         sizes = iter(bursts or [len(values)])
@@ -77,7 +84,9 @@ def publish(backend: PulsarBackend, topic: str, values: list[bytes], *, batching
         pub.flush(timeout=30)
 
 
-def pull_all(consumer: PullConsumer, start: int, *, sizes: list[int] | None = None, partition: int | None = None) -> list[Any]:
+def pull_all(
+    consumer: PullConsumer, start: int, *, sizes: list[int] | None = None, partition: int | None = None
+) -> list[Any]:
     out = []
     offset = start
     sizes = sizes or [500]
@@ -118,7 +127,9 @@ def test_offsets_are_the_broker_index(backend: PulsarBackend, topic: str, consum
         assert len(entries) == 60 and all(m.position[2] == -1 for m in got)
 
 
-def test_consecutive_pulls_over_mixed_batches_never_repeat_or_skip(backend: PulsarBackend, topic: str, consumers: Any) -> None:
+def test_consecutive_pulls_over_mixed_batches_never_repeat_or_skip(
+    backend: PulsarBackend, topic: str, consumers: Any
+) -> None:
     rng = random.Random(8)
     values: list[bytes] = []
     # Alternate a batching and a non-batching producer, bursts of 1..400 messages (batches of every size).
@@ -138,8 +149,9 @@ def test_consecutive_pulls_over_mixed_batches_never_repeat_or_skip(backend: Puls
 
 
 @pytest.mark.parametrize("batching", [True, False])
-def test_pull_inside_a_batch_starts_exactly_there_on_a_cold_cache(backend: PulsarBackend, topic: str, consumers: Any,
-                                                                  batching: bool) -> None:
+def test_pull_inside_a_batch_starts_exactly_there_on_a_cold_cache(
+    backend: PulsarBackend, topic: str, consumers: Any, batching: bool
+) -> None:
     """Reference bugs: after a cache miss it started AFTER the resolved entry, and it did not drop
     the lower indexes of the batch."""
     values = [b"b%d" % i for i in range(40)]
@@ -154,7 +166,9 @@ def test_pull_inside_a_batch_starts_exactly_there_on_a_cold_cache(backend: Pulsa
         assert result.next_offset == min(target + 4, 40)
 
 
-def test_pull_at_the_end_is_empty_and_waits_for_the_next_message(backend: PulsarBackend, topic: str, consumers: Any) -> None:
+def test_pull_at_the_end_is_empty_and_waits_for_the_next_message(
+    backend: PulsarBackend, topic: str, consumers: Any
+) -> None:
     """Reference bug: a pull at the tail offset answered 404."""
     consumer = consumers(topic)
     empty = consumer.pull(0)  # a topic never written
@@ -224,7 +238,9 @@ def test_partitioned_topic(backend: PulsarBackend, consumers: Any) -> None:
 
 
 # -- out of range, no index, unknown ---------------------------------------------------------------
-def test_offsets_below_the_retained_range_raise_or_follow_auto_reset(backend: PulsarBackend, topic: str, consumers: Any) -> None:
+def test_offsets_below_the_retained_range_raise_or_follow_auto_reset(
+    backend: PulsarBackend, topic: str, consumers: Any
+) -> None:
     """Reference bug: an expired offset silently restarted from the earliest message."""
     admin = backend.admin
     publish(backend, topic, [b"old%d" % i for i in range(10)], batching=True, bursts=[4, 6])
@@ -277,11 +293,19 @@ def test_a_broker_without_the_index_interceptor_is_named(pulsar_noindex_broker: 
         create_topic(backend, topic)
         publish(backend, topic, [b"a", b"b"], batching=True)  # type: ignore[arg-type]
         with PullConsumer(backend, topic, "s") as consumer:
-            for call in (lambda: consumer.pull(0), consumer.beginning_offsets, consumer.end_offsets, lambda: consumer.commit(1)):
+            for call in (
+                lambda: consumer.pull(0),
+                consumer.beginning_offsets,
+                consumer.end_offsets,
+                lambda: consumer.commit(1),
+            ):
                 with pytest.raises(OffsetIndexUnavailableError) as info:
                     call()
                 message = str(info.value)
-                assert "brokerEntryMetadataInterceptors=org.apache.pulsar.common.intercept.AppendIndexMetadataInterceptor" in message
+                assert (
+                    "brokerEntryMetadataInterceptors=org.apache.pulsar.common.intercept.AppendIndexMetadataInterceptor"
+                    in message
+                )
                 assert "exposingBrokerEntryMetadataToClientEnabled=true" in message
     finally:
         backend.close()
@@ -290,8 +314,15 @@ def test_a_broker_without_the_index_interceptor_is_named(pulsar_noindex_broker: 
 def test_unknown_topic_is_an_error_and_never_created(backend: PulsarBackend, consumers: Any) -> None:
     missing = f"persistent://public/default/missing-{uuid.uuid4().hex[:8]}"
     consumer = consumers(missing, "s")
-    for call in (lambda: consumer.pull(0), consumer.end_offsets, consumer.beginning_offsets, consumer.committed,
-                 lambda: consumer.commit(0), consumer.lag, lambda: consumer.offsets_for_times(0)):
+    for call in (
+        lambda: consumer.pull(0),
+        consumer.end_offsets,
+        consumer.beginning_offsets,
+        consumer.committed,
+        lambda: consumer.commit(0),
+        consumer.lag,
+        lambda: consumer.offsets_for_times(0),
+    ):
         with pytest.raises(UnknownTopicError) as info:
             call()
         assert missing in str(info.value)
@@ -363,7 +394,9 @@ def receive_all(backend: PulsarBackend, topic: str, subscription: str) -> list[b
         consumer.close()
 
 
-def test_commit_inside_a_batch_acknowledges_exactly_the_messages_below(backend: PulsarBackend, topic: str, consumers: Any) -> None:
+def test_commit_inside_a_batch_acknowledges_exactly_the_messages_below(
+    backend: PulsarBackend, topic: str, consumers: Any
+) -> None:
     """Reference bug: cumulative acks per entry acknowledged a whole batch."""
     values = [b"c%d" % i for i in range(30)]
     publish(backend, topic, values, batching=True, bursts=[10, 10, 10])
@@ -388,7 +421,9 @@ def test_commit_inside_a_batch_acknowledges_exactly_the_messages_below(backend: 
     assert after[-9:] == values[21:] and set(after) <= set(values[20:])
 
 
-def test_commit_on_an_empty_topic_and_a_foreign_subscription(backend: PulsarBackend, topic: str, consumers: Any) -> None:
+def test_commit_on_an_empty_topic_and_a_foreign_subscription(
+    backend: PulsarBackend, topic: str, consumers: Any
+) -> None:
     consumer = consumers(topic, "sub-e")
     consumer.commit(0)
     assert consumer.committed() == 0
@@ -437,8 +472,9 @@ def test_two_consumers_share_nothing(backend: PulsarBackend, topic: str, consume
 
 
 # -- the async probe --------------------------------------------------------------------------------------
-def test_async_probe_reads_ends_and_commits_without_blocking(backend: PulsarBackend, topic: str, consumers: Any,
-                                                             pulsar_broker: Any) -> None:
+def test_async_probe_reads_ends_and_commits_without_blocking(
+    backend: PulsarBackend, topic: str, consumers: Any, pulsar_broker: Any
+) -> None:
     part = f"persistent://public/default/offsets-aprobe-{uuid.uuid4().hex[:8]}"
     create_topic(backend, part, partitions=2)
     publish(backend, topic, [b"a%d" % i for i in range(7)], batching=True)
@@ -463,8 +499,11 @@ def test_async_probe_reads_ends_and_commits_without_blocking(backend: PulsarBack
         t = asyncio.create_task(ticker())
         try:
             results = (
-                await p.end_offsets(topic), await p.committed(topic, "probe-sub"), await p.committed(topic, "nobody"),
-                await p.end_offsets(part), await p.committed(part, "probe-sub"),
+                await p.end_offsets(topic),
+                await p.committed(topic, "probe-sub"),
+                await p.committed(topic, "nobody"),
+                await p.end_offsets(part),
+                await p.committed(part, "probe-sub"),
             )
             with pytest.raises(UnknownTopicError):
                 await p.end_offsets(missing)
@@ -481,7 +520,9 @@ def test_async_probe_reads_ends_and_commits_without_blocking(backend: PulsarBack
     assert ticks > 0
 
 
-def test_concurrent_commits_from_two_consumers_retry_until_done(backend: PulsarBackend, topic: str, consumers: Any) -> None:
+def test_concurrent_commits_from_two_consumers_retry_until_done(
+    backend: PulsarBackend, topic: str, consumers: Any
+) -> None:
     """The broker answers "Subscription Busy" / BadVersion to concurrent cursor updates: each commit
     retries, and the subscription ends at one of the committed offsets."""
     publish(backend, topic, [b"x%d" % i for i in range(50)], batching=True, bursts=[10] * 5)
@@ -495,8 +536,10 @@ def test_concurrent_commits_from_two_consumers_retry_until_done(backend: PulsarB
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(a, list(range(0, 50, 3)))),
-               threading.Thread(target=work, args=(b, list(range(1, 50, 3))))]
+    threads = [
+        threading.Thread(target=work, args=(a, list(range(0, 50, 3)))),
+        threading.Thread(target=work, args=(b, list(range(1, 50, 3)))),
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -560,7 +603,9 @@ def test_async_probe_sends_the_token_and_hides_credentials() -> None:
     from airflow_provider_pulsarstate import ConnectionConfig
     from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError
 
-    config = ConnectionConfig(url="pulsar://127.0.0.1:6650", admin_url=admin_url, auth_token="tok", operation_timeout=2.0)
+    config = ConnectionConfig(
+        url="pulsar://127.0.0.1:6650", admin_url=admin_url, auth_token="tok", operation_timeout=2.0
+    )
 
     async def probe() -> None:
         p = open_async_probe(config)

@@ -47,7 +47,9 @@ def test_publishers_of_several_threads_need_no_exclusive_writer(backend: Backend
         p.close()
     log = open_offset_log(backend, topic)
     try:
-        assert {i: log.read_at(a, timeout=WAIT).value for i, a in results.items()} == {i: str(i).encode() for i in range(8)}
+        assert {i: log.read_at(a, timeout=WAIT).value for i, a in results.items()} == {
+            i: str(i).encode() for i in range(8)
+        }
     finally:
         log.close()
 

@@ -88,7 +88,11 @@ def own(commits: list[Any]) -> list[tuple[int, int | None, int | None]]:
 
 
 def test_feeds_of_one_table_share_one_reader_closed_with_the_last(
-    backend_config: ConnectionConfig, backend: Backend, topic: str, table: StateTable, monkeypatch: pytest.MonkeyPatch,
+    backend_config: ConnectionConfig,
+    backend: Backend,
+    topic: str,
+    table: StateTable,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     table.put("setup", {"v": 0})
     n = 20
@@ -118,13 +122,19 @@ def test_feeds_of_one_table_share_one_reader_closed_with_the_last(
             assert open_table_readers().get(topic) == 1 and live.most <= 2
             for f in feeds[1::2]:
                 await f.aclose()
-            await until(lambda: topic not in open_table_readers() and live.now == 0, "the shared reader closed with the last feed")
+            await until(
+                lambda: topic not in open_table_readers() and live.now == 0,
+                "the shared reader closed with the last feed",
+            )
 
     asyncio.run(scenario())
 
 
 def test_a_feed_starting_behind_the_others_gets_what_a_feed_of_its_own_would(
-    backend_config: ConnectionConfig, backend: Backend, topic: str, table: StateTable,
+    backend_config: ConnectionConfig,
+    backend: Backend,
+    topic: str,
+    table: StateTable,
 ) -> None:
     table.put("sku-0", {"p": 0})
     watermark = table.manager.applied_offset
@@ -158,7 +168,9 @@ def test_a_feed_starting_behind_the_others_gets_what_a_feed_of_its_own_would(
     asyncio.run(scenario())
 
 
-def test_a_backlog_comes_in_polls_of_at_most_limit(backend_config: ConnectionConfig, table: StateTable, topic: str) -> None:
+def test_a_backlog_comes_in_polls_of_at_most_limit(
+    backend_config: ConnectionConfig, table: StateTable, topic: str
+) -> None:
     table.put("k0", {"v": 0})
     start = table.manager.applied_offset
     for i in range(1, 8):
@@ -178,7 +190,10 @@ def test_a_backlog_comes_in_polls_of_at_most_limit(backend_config: ConnectionCon
 
 
 def test_polls_together_share_reads(
-    backend_config: ConnectionConfig, table: StateTable, topic: str, monkeypatch: pytest.MonkeyPatch,
+    backend_config: ConnectionConfig,
+    table: StateTable,
+    topic: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     table.put("k", {"v": 0})
     reads = []
@@ -207,7 +222,10 @@ def test_polls_together_share_reads(
 
 
 def test_a_feed_cancelled_mid_read_does_not_disturb_the_others(
-    backend_config: ConnectionConfig, table: StateTable, topic: str, monkeypatch: pytest.MonkeyPatch,
+    backend_config: ConnectionConfig,
+    table: StateTable,
+    topic: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     table.put("k", {"v": 0})
     gate, entered = threading.Event(), threading.Event()
@@ -244,7 +262,9 @@ def test_a_feed_cancelled_mid_read_does_not_disturb_the_others(
     asyncio.run(scenario())
 
 
-def test_a_feed_refused_alone_closes_the_reader(backend_config: ConnectionConfig, table: StateTable, topic: str) -> None:
+def test_a_feed_refused_alone_closes_the_reader(
+    backend_config: ConnectionConfig, table: StateTable, topic: str
+) -> None:
     table.put("k", {"v": 0})
 
     async def scenario() -> None:
@@ -257,7 +277,9 @@ def test_a_feed_refused_alone_closes_the_reader(backend_config: ConnectionConfig
     asyncio.run(scenario())
 
 
-def test_a_missing_table_is_reported_to_every_feed_starting_together(backend_config: ConnectionConfig, topic: str) -> None:
+def test_a_missing_table_is_reported_to_every_feed_starting_together(
+    backend_config: ConnectionConfig, topic: str
+) -> None:
     async def scenario() -> list[Any]:
         feeds = [AsyncTableFeed(backend_config, topic, after=None) for _ in range(5)]
         out = await asyncio.gather(*(f.start() for f in feeds), return_exceptions=True)

@@ -39,7 +39,12 @@ def test_a_fresh_instance_loads_the_checkpoint_and_equals_a_full_replay(tables: 
     applied = switch(w, rows, sources=[SourceRange("src", 0, 0, 50)])
     w.apply(applied)
     # an open, sealed, scoped view goes into the image
-    switch(w, {**{k: r for k, r in rows.items() if k.startswith("k1")}, "k1": {"v": -1}}, view_id="still-open", scope_prefix="k1")
+    switch(
+        w,
+        {**{k: r for k, r in rows.items() if k.startswith("k1")}, "k1": {"v": -1}},
+        view_id="still-open",
+        scope_prefix="k1",
+    )
     info = w.checkpoint()
     assert info is not None
     w.put("after", {"v": "tail"})  # a record after the checkpoint: replayed on top of the image
@@ -86,14 +91,17 @@ def test_the_writer_checkpoints_by_itself_after_enough_log(tables: Any) -> None:
     assert fresh.manager.stats["checkpoint_loaded_offset"] > 0
 
 
-def test_a_damaged_table_image_means_a_full_replay(tables: Any, backend: Backend, topic: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_damaged_table_image_means_a_full_replay(
+    tables: Any, backend: Backend, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
     w = tables(checkpoint_after_bytes=None)
     w.apply(switch(w, {f"k{i}": {"v": i} for i in range(20)}))
     info = w.checkpoint()
     assert info is not None
     # a complete, checksummed image that is not a table image (as anyone who can write the topics could store)
-    CheckpointStore(backend, topic).save(offset=info.offset, epoch=info.epoch, position=info.position,
-                                         data=b"\x93\x01\xc0\xc0", log_id=info.log_id)
+    CheckpointStore(backend, topic).save(
+        offset=info.offset, epoch=info.epoch, position=info.position, data=b"\x93\x01\xc0\xc0", log_id=info.log_id
+    )
     caplog.set_level(logging.WARNING, logger="airflow_provider_pulsarstate")
     fresh = tables()
     assert fresh.to_dict(latest=True) == {f"k{i}": {"v": i} for i in range(20)}
@@ -101,7 +109,9 @@ def test_a_damaged_table_image_means_a_full_replay(tables: Any, backend: Backend
     assert any("does not deserialize" in r.getMessage() for r in caplog.records)
 
 
-def test_closed_views_beyond_the_limit_are_forgotten_identically_everywhere(tables: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_closed_views_beyond_the_limit_are_forgotten_identically_everywhere(
+    tables: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(table_module, "KEEP_CLOSED_VIEWS", 3)
     w = tables(checkpoint_after_bytes=None)
     ids = [switch(w, {"k": {"v": n}}, view_id=f"v{n}") for n in range(6)]
@@ -130,14 +140,21 @@ def test_memory_held_does_not_grow_with_versions(tables: Any) -> None:
 def test_a_log_written_with_json_row_ops_stays_readable(backend: Backend, topic: str, tables: Any) -> None:
     """Row ops were JSON objects (the record as an object) before the binary layout."""
     old = SharedStateManager(
-        backend, topic, initializer=dict, applier=lambda s, op: None,
-        op_serializer=lambda op: json.dumps(op).encode(), op_deserializer=json.loads, acquire_timeout=30.0,
+        backend,
+        topic,
+        initializer=dict,
+        applier=lambda s, op: None,
+        op_serializer=lambda op: json.dumps(op).encode(),
+        op_deserializer=json.loads,
+        acquire_timeout=30.0,
     )
-    old.write(lambda s: [
-        {"o": "set", "k": "a", "v": {"b": 2.0, "a": "x"}, "w": None},
-        {"o": "set", "k": "gone", "v": {"v": 1}, "w": None},
-        {"o": "del", "k": "gone", "w": None},
-    ])
+    old.write(
+        lambda s: [
+            {"o": "set", "k": "a", "v": {"b": 2.0, "a": "x"}, "w": None},
+            {"o": "set", "k": "gone", "v": {"v": 1}, "w": None},
+            {"o": "del", "k": "gone", "w": None},
+        ]
+    )
     old.close()
     t = tables()
     assert t.to_dict(latest=True) == {"a": {"a": "x", "b": 2}}
@@ -146,22 +163,28 @@ def test_a_log_written_with_json_row_ops_stays_readable(backend: Backend, topic:
     assert t.apply(view).unchanged == 1  # equal as bytes: nothing published
 
 
-@pytest.mark.parametrize("op", [
-    {"o": "set", "k": "ключ/1", "v": b'{"a":1}', "w": "view-1"},
-    {"o": "set", "k": "k", "v": b'{}', "w": None},
-    {"o": "del", "k": "k", "w": "v"},
-    {"o": "view_end", "id": "v", "status": "applied", "result": {"set": 1}},
-])
+@pytest.mark.parametrize(
+    "op",
+    [
+        {"o": "set", "k": "ключ/1", "v": b'{"a":1}', "w": "view-1"},
+        {"o": "set", "k": "k", "v": b"{}", "w": None},
+        {"o": "del", "k": "k", "w": "v"},
+        {"o": "view_end", "id": "v", "status": "applied", "result": {"set": 1}},
+    ],
+)
 def test_ops_round_trip(op: dict[str, Any]) -> None:
     assert decode_op(encode_op(op)) == op
 
 
-@pytest.mark.parametrize("data, problem", [
-    (b"\x01\x00", "truncated"),
-    (b"\x01\x00\x00\x00\x00\x00\x09k", "declares a 9-byte key"),
-    (b"\x02\x00\x00\x00\x00\x00\x01kv", "declares a 1-byte key"),
-    (b'{"o":"exec"}', "unknown table op type 'exec'"),
-])
+@pytest.mark.parametrize(
+    "data, problem",
+    [
+        (b"\x01\x00", "truncated"),
+        (b"\x01\x00\x00\x00\x00\x00\x09k", "declares a 9-byte key"),
+        (b"\x02\x00\x00\x00\x00\x00\x01kv", "declares a 1-byte key"),
+        (b'{"o":"exec"}', "unknown table op type 'exec'"),
+    ],
+)
 def test_malformed_ops_are_refused(data: bytes, problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
         decode_op(data)

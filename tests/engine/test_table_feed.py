@@ -32,7 +32,9 @@ def apply_view(table: StateTable, rows: dict[str, dict], **options: Any) -> Any:
     return table.apply(switch(table, rows, **options).view_id, max_delete_fraction=None)
 
 
-def test_feed_reports_each_commit_after_the_watermark_in_counts(backend: Backend, topic: str, table: StateTable) -> None:
+def test_feed_reports_each_commit_after_the_watermark_in_counts(
+    backend: Backend, topic: str, table: StateTable
+) -> None:
     table.put("sku-1", {"p": 1})
     table.put("other", {"p": 1})
     with TableFeed(backend, topic, key_prefix="sku-") as feed:
@@ -62,7 +64,9 @@ def test_the_feed_holds_no_rows(backend: Backend, topic: str, table: StateTable)
         assert feed._manager is not None and feed._manager.read(lambda state: state) is None
 
 
-def test_a_restart_from_the_watermark_neither_misses_nor_repeats(backend: Backend, topic: str, table: StateTable) -> None:
+def test_a_restart_from_the_watermark_neither_misses_nor_repeats(
+    backend: Backend, topic: str, table: StateTable
+) -> None:
     table.put("a", {"v": 1})
     with TableFeed(backend, topic, after=-1) as feed:
         first = feed.poll()
@@ -75,7 +79,9 @@ def test_a_restart_from_the_watermark_neither_misses_nor_repeats(backend: Backen
         assert again.poll() == []
 
 
-def test_the_feed_starts_from_a_manifest_at_or_before_its_watermark(backend: Backend, topic: str, table: StateTable) -> None:
+def test_the_feed_starts_from_a_manifest_at_or_before_its_watermark(
+    backend: Backend, topic: str, table: StateTable
+) -> None:
     for i in range(3):
         table.put(f"k{i}", {"v": i})
     early = table.manager.checkpoint()
@@ -99,12 +105,20 @@ def test_read_commit_returns_exactly_that_commits_changes(backend: Backend, topi
     table.put("sku-9", {"p": 9})
     got = read_commit(backend, topic, result.commit_offset)
     assert sorted((c.type, c.key, c.value) for c in got.changes) == [
-        ("delete", "eur-1", None), ("delete", "sku-3", None), ("set", "eur-2", {"p": 5}), ("set", "sku-2", {"p": 20}),
+        ("delete", "eur-1", None),
+        ("delete", "sku-3", None),
+        ("set", "eur-2", {"p": 5}),
+        ("set", "sku-2", {"p": 20}),
     ]
-    assert {c.view_id for c in got.changes} == {result.view_id} and {c.offset for c in got.changes} == {result.commit_offset}
+    assert {c.view_id for c in got.changes} == {result.view_id} and {c.offset for c in got.changes} == {
+        result.commit_offset
+    }
     assert (got.commit.sets, got.commit.deletes, got.commit.view_id) == (2, 2, result.view_id)
     only_sku = read_commit(backend, topic, result.commit_offset, key_prefix="sku-")
-    assert [c.key for c in only_sku.changes] == ["sku-2", "sku-3"] or sorted(c.key for c in only_sku.changes) == ["sku-2", "sku-3"]
+    assert [c.key for c in only_sku.changes] == ["sku-2", "sku-3"] or sorted(c.key for c in only_sku.changes) == [
+        "sku-2",
+        "sku-3",
+    ]
     assert (only_sku.commit.prefix_sets, only_sku.commit.prefix_deletes) == (1, 1)
     summary = got.summary(sample=1)
     assert summary["changes"] == 4 and len(summary["set_keys"]) == 1 and "sample set" in got.table()
@@ -117,7 +131,9 @@ def test_errors_name_the_table_and_the_offset(backend: Backend, topic: str, tabl
         TableFeed(backend, topic).start()
     table.put("a", {"v": 1})
     last = table.manager.applied_offset
-    with pytest.raises(CommitNotFoundError, match=f"offset {last + 1} is not a commit of table .*last commit is {last}") as err:
+    with pytest.raises(
+        CommitNotFoundError, match=f"offset {last + 1} is not a commit of table .*last commit is {last}"
+    ) as err:
         read_commit(backend, topic, last + 1)
     assert (err.value.topic, err.value.offset, err.value.last_offset) == (topic, last + 1, last)
     with pytest.raises(CommitNotFoundError, match="start at 0"):
@@ -143,7 +159,9 @@ def test_a_write_refused_by_its_lease_fence_is_no_change(backend: Backend, topic
         offset = table.manager.applied_offset + 1
         writer = open_writer(backend, topic, writer_id=uuid.uuid4().bytes, mode=AcquireMode.FENCE, timeout=20)
         try:
-            body = encode_writes([(1, [encode_op(set_op("k", canonical({"v": "old holder"})))], (lease_log, "nightly", 1))])
+            body = encode_writes(
+                [(1, [encode_op(set_op("k", canonical({"v": "old holder"})))], (lease_log, "nightly", 1))]
+            )
             writer.append(RecordKind.DATA, body, offset=offset, timeout=20)
         finally:
             writer.close()

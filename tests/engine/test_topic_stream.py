@@ -175,8 +175,13 @@ def test_dead_letter_after_max_redeliveries_and_on_demand(config: ConnectionConf
 
     async def go() -> dict:
         async with open_topic_stream(
-            config, topics=[topic], subscription="s", initial_position="earliest", redelivery_delay=0.1,
-            dead_letter_topic=dlq, max_redeliveries=1,
+            config,
+            topics=[topic],
+            subscription="s",
+            initial_position="earliest",
+            redelivery_delay=0.1,
+            dead_letter_topic=dlq,
+            max_redeliveries=1,
         ) as stream:
             poison, refused, fine = await stream.receive_batch(max_messages=3, max_wait=2.0, timeout=10)
             await stream.dead_letter([refused], reason="refused by the filter")
@@ -269,7 +274,10 @@ def _publish_batched(config: ConnectionConfig, topic: str, payloads: list[bytes]
     client = pulsar.Client(config.url)
     try:
         producer = client.create_producer(
-            topic, batching_enabled=True, batching_max_messages=1000, batching_max_publish_delay_ms=50,
+            topic,
+            batching_enabled=True,
+            batching_max_messages=1000,
+            batching_max_publish_delay_ms=50,
             block_if_queue_full=True,
         )
         failures: list[object] = []
@@ -323,8 +331,13 @@ def test_a_poison_message_is_given_up_and_later_acks_stay_bounded(config: Connec
 
     async def go() -> tuple[dict, int, int, dict]:
         async with open_topic_stream(
-            config, topics=[topic], subscription="s", initial_position="earliest", redelivery_delay=0.1,
-            max_redeliveries=2, dead_letter_topic=dlq if dead_letter else None,
+            config,
+            topics=[topic],
+            subscription="s",
+            initial_position="earliest",
+            redelivery_delay=0.1,
+            max_redeliveries=2,
+            dead_letter_topic=dlq if dead_letter else None,
         ) as stream:
             good, worst = 0, 0
             deadline = asyncio.get_running_loop().time() + 60
@@ -358,7 +371,11 @@ def test_a_failing_dead_letter_topic_never_wedges_the_stream(config: ConnectionC
 
     async def go() -> tuple[dict, list[bytes]]:
         async with open_topic_stream(
-            config, topics=[topic], subscription="s", initial_position="earliest", dead_letter_topic=broken,
+            config,
+            topics=[topic],
+            subscription="s",
+            initial_position="earliest",
+            dead_letter_topic=broken,
             max_redeliveries=0,  # default retries: 3 sends, about 1 + 2 s apart
         ) as stream:
             poison = await stream.receive(timeout=10)
@@ -439,7 +456,11 @@ def test_a_failed_message_comes_again_without_rewinding_the_messages_in_flight(c
 
     async def go() -> tuple[dict, list[bytes]]:
         async with open_topic_stream(
-            config, topics=[topic], subscription="s", initial_position="earliest", redelivery_delay=0.1,
+            config,
+            topics=[topic],
+            subscription="s",
+            initial_position="earliest",
+            redelivery_delay=0.1,
         ) as stream:
             seen: list[bytes] = []
             failed_once = False
@@ -462,7 +483,9 @@ def test_a_failed_message_comes_again_without_rewinding_the_messages_in_flight(c
 
 
 @pytest.mark.pulsar
-def test_streams_subscribing_together_check_their_topic_once(config: ConnectionConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_streams_subscribing_together_check_their_topic_once(
+    config: ConnectionConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A thousand watchers of one topic starting together asked the admin API twice each whether
     the topic exists (a new HTTP client and connection each, ~12 s of CPU in all): one check now."""
     from airflow_provider_pulsarstate.engine.backends.admin_async import AsyncPulsarAdmin

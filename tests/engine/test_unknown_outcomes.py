@@ -171,7 +171,9 @@ def test_a_map_write_that_times_out_while_being_sent(maps: Any, backend: Backend
     assert maps().get("k", latest=True) == 2
 
 
-def test_a_first_replay_cut_short_by_a_timeout_is_resumed_not_restarted(maps: Any, backend: Backend, topic: str) -> None:
+def test_a_first_replay_cut_short_by_a_timeout_is_resumed_not_restarted(
+    maps: Any, backend: Backend, topic: str
+) -> None:
     w = maps(checkpoint_after_bytes=None)
     for i in range(400):
         w.put(f"k{i}", i)

@@ -65,15 +65,26 @@ def test_a_forged_previous_never_deletes_a_topic_that_is_not_an_own_image(
     assert fresh.to_dict(latest=True) == {f"k{i}": i for i in range(22)}
     with PulsarMap(backend, other, checkpoint_after_bytes=None) as again:
         assert again.to_dict(latest=True) == {"mine": 1}
-    assert count_entries(backend, store.index_topic) == 4  # the genuine manifest, the forged one and two new ones: none deleted
+    assert (
+        count_entries(backend, store.index_topic) == 4
+    )  # the genuine manifest, the forged one and two new ones: none deleted
 
 
 def test_only_exact_image_names_of_this_log_count_as_own_images(backend: Backend, topic: str) -> None:
     store = CheckpointStore(backend, topic)
     assert store.is_own_image(f"{topic}-checkpoint-41-0123abcd")
-    for name in (topic, store.index_topic, f"{topic}-checkpoint-41-0123abcd/x", f"{topic}-checkpoint-041-0123abcd",
-                 f"{topic}-checkpoint-41-0123ABCD", f"{topic}x-checkpoint-41-0123abcd", f"{topic}-checkpoint--1-0123abcd",
-                 "persistent://public/default/other-checkpoint-41-0123abcd", None, 7):
+    for name in (
+        topic,
+        store.index_topic,
+        f"{topic}-checkpoint-41-0123abcd/x",
+        f"{topic}-checkpoint-041-0123abcd",
+        f"{topic}-checkpoint-41-0123ABCD",
+        f"{topic}x-checkpoint-41-0123abcd",
+        f"{topic}-checkpoint--1-0123abcd",
+        "persistent://public/default/other-checkpoint-41-0123abcd",
+        None,
+        7,
+    ):
         assert not store.is_own_image(name), name
 
 
@@ -105,8 +116,14 @@ def test_a_forged_image_is_never_served(
         # The manifest is genuine (offset, epoch, position of the last record); the image's frames
         # say another offset.
         saved = store.save(offset=offset, epoch=epoch, position=position, data=image, log_id=info.log_id)
-        frames = encode_frames(kind=RecordKind.CHECKPOINT, epoch=epoch, offset=3, writer_id=bytes.fromhex(saved.checkpoint_id),
-                               body=image, max_frame_bytes=1 << 20)
+        frames = encode_frames(
+            kind=RecordKind.CHECKPOINT,
+            epoch=epoch,
+            offset=3,
+            writer_id=bytes.fromhex(saved.checkpoint_id),
+            body=image,
+            max_frame_bytes=1 << 20,
+        )
         backend.delete_topic(saved.data_topic)
         store._append(saved.data_topic, frames)
     else:

@@ -41,7 +41,12 @@ def table(backend: Backend, topic: str) -> Iterator[StateTable]:
 
 def _forge_view(table: StateTable, view_id: str, predicate: str) -> None:
     """Append a view record naming ``predicate`` straight to the log (as anyone with write access could)."""
-    meta = {"scope_prefix": None, "scope_predicate": predicate, "expires_at": time.time() + 3600, "created_at": time.time()}
+    meta = {
+        "scope_prefix": None,
+        "scope_predicate": predicate,
+        "expires_at": time.time() + 3600,
+        "created_at": time.time(),
+    }
     table.manager.write(lambda s: [{"o": "view", "id": view_id, "meta": meta}])
 
 
@@ -53,10 +58,14 @@ def _stage_foreign(backend: Backend, table: StateTable, view_id: str, ops: list[
         writer.close()
 
 
-def test_a_predicate_named_in_the_log_is_never_imported_or_called(table: StateTable, backend: Backend, tmp_path: Path) -> None:
+def test_a_predicate_named_in_the_log_is_never_imported_or_called(
+    table: StateTable, backend: Backend, tmp_path: Path
+) -> None:
     table.put("keep", {"v": 1})
     for name in ("os:system", "os.system", "tests.engine.test_view_safety:touch_marker"):
-        with pytest.raises(UnknownScopePredicateError, match=f"scope predicate {name!r} is not registered.*register_scope_predicate"):
+        with pytest.raises(
+            UnknownScopePredicateError, match=f"scope predicate {name!r} is not registered.*register_scope_predicate"
+        ):
             table.create_view(scope_predicate=name)
     marker = tmp_path / "predicate-ran"
     _forge_view(table, "forged", "tests.engine.test_view_safety:touch_marker")
@@ -64,7 +73,10 @@ def test_a_predicate_named_in_the_log_is_never_imported_or_called(table: StateTa
         stager.set(str(marker), {"v": 2})
     table.seal("forged", stagers=[stager])
     for attempt in (table.plan, table.apply):
-        with pytest.raises(UnknownScopePredicateError, match="view 'forged': scope predicate 'tests.engine.test_view_safety:touch_marker'"):
+        with pytest.raises(
+            UnknownScopePredicateError,
+            match="view 'forged': scope predicate 'tests.engine.test_view_safety:touch_marker'",
+        ):
             attempt("forged")
     assert not marker.exists() and MARKERS == []
     assert table.to_dict(latest=True) == {"keep": {"v": 1}}
@@ -79,7 +91,11 @@ _BAD_ROWS = [
     (encode_key_op(KEY_SET, b"k-list", b"[1,2]"), r"key 'k-list'.*must be a dict", False),
     (encode_key_op(KEY_SET, b"k-nested", b'{"a":{"b":1}}'), r"key 'k-nested'.*not a JSON scalar", False),
     (encode_key_op(KEY_SET, b"k-order", b'{"b":1,"a":2}'), r"key 'k-order'.*not canonical", False),
-    (bytes([KEY_SET]) + struct.pack(">I", 1000) + b"k-long", r"key b.*k-long.*key length of 1000 bytes but holds only 6", True),
+    (
+        bytes([KEY_SET]) + struct.pack(">I", 1000) + b"k-long",
+        r"key b.*k-long.*key length of 1000 bytes but holds only 6",
+        True,
+    ),
     (b"\x03\x92\x01", r"key '\?'.*batch of rows does not decode", True),
     (b"\x03" + msgspec.msgpack.encode([["k-int", 5]]), r"key '\?'.*batch of rows does not decode", True),
     (b"\x04" + msgspec.msgpack.encode({"k-int": 5}), r"key '\?'.*batch of rows does not decode", True),
@@ -128,7 +144,9 @@ def test_apply_refuses_by_default_to_delete_more_than_half_the_scope(table: Stat
         return v.view_id
 
     short = view(4)  # a job that staged too little would delete 6 of 10
-    with pytest.raises(ViewGuardError, match=r"would delete 6 key.*max_delete_fraction=0.5 of 10 row\(s\) in scope \(limit 5\)"):
+    with pytest.raises(
+        ViewGuardError, match=r"would delete 6 key.*max_delete_fraction=0.5 of 10 row\(s\) in scope \(limit 5\)"
+    ):
         table.apply(short)
     with pytest.raises(ViewGuardError, match="would delete 6"):
         table.apply(short, max_delete_fraction=0.55)
@@ -139,7 +157,9 @@ def test_apply_refuses_by_default_to_delete_more_than_half_the_scope(table: Stat
     assert table.apply(view(0), max_delete_fraction=None).delete == 5  # no limit
 
 
-def test_remote_stagers_that_wrote_elsewhere_make_apply_refuse(table: StateTable, backend: Backend, tmp_path: Path) -> None:
+def test_remote_stagers_that_wrote_elsewhere_make_apply_refuse(
+    table: StateTable, backend: Backend, tmp_path: Path
+) -> None:
     """Executors on other hosts with a private embedded file: their rows never reach this table's staging topic."""
     from airflow_provider_pulsarstate import ConnectionConfig, open_backend
     from airflow_provider_pulsarstate.engine.errors import ViewNotSealedError, ViewSealMismatchError
@@ -159,8 +179,11 @@ def test_remote_stagers_that_wrote_elsewhere_make_apply_refuse(table: StateTable
         table.apply(view.view_id, max_delete_fraction=None)
     table.seal(view.view_id, stagers=remote)  # the driver seals with the counts the executors reported
     for attempt in (table.plan, lambda v: table.apply(v, max_delete_fraction=None)):
-        with pytest.raises(ViewSealMismatchError, match=rf"{remote[0].stager_id}: 5 vs 0, {remote[1].stager_id}: 5 vs 0|"
-                           rf"{remote[1].stager_id}: 5 vs 0, {remote[0].stager_id}: 5 vs 0"):
+        with pytest.raises(
+            ViewSealMismatchError,
+            match=rf"{remote[0].stager_id}: 5 vs 0, {remote[1].stager_id}: 5 vs 0|"
+            rf"{remote[1].stager_id}: 5 vs 0, {remote[0].stager_id}: 5 vs 0",
+        ):
             attempt(view.view_id)
     assert table.to_dict(latest=True) == {f"k{i}": {"v": i} for i in range(10)}  # nothing deleted
 

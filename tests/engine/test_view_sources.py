@@ -49,7 +49,9 @@ def test_apply_records_the_consumed_offsets_in_the_diffs_commit(table: StateTabl
     assert table.manager.read(lambda s: dict(s.sources), latest=True) == {SOURCE: {0: 5, 1: 3}}
 
     # the next run starts where the table's record ends; an unchanged row is not republished
-    second = table.apply(ingest(table, {"a": {"n": 1}, "b": {"n": 7}}, source_ranges(SOURCE, {0: 5, 1: 3}, {0: 9, 1: 3})))
+    second = table.apply(
+        ingest(table, {"a": {"n": 1}, "b": {"n": 7}}, source_ranges(SOURCE, {0: 5, 1: 3}, {0: 9, 1: 3}))
+    )
     assert (second.set, second.unchanged) == (1, 1)
     assert table.source_offsets(SOURCE) == {0: 9, 1: 3}
     assert table.source_offsets("persistent://public/default/other") == {}
@@ -69,7 +71,9 @@ def test_a_view_of_an_already_consumed_range_is_refused(table: StateTable) -> No
     before = table.to_dict(latest=True)
     plan = table.plan(stale)
     assert plan.source_conflicts == [f"{SOURCE} partition 0: view starts at 0, table records 4"]
-    with pytest.raises(SourceOffsetsConflictError, match=rf"consumed {SOURCE} partition 0 from offset 0, but .* records 4") as info:
+    with pytest.raises(
+        SourceOffsetsConflictError, match=rf"consumed {SOURCE} partition 0 from offset 0, but .* records 4"
+    ) as info:
         table.apply(stale, overwrite=True)
     assert (info.value.topic, info.value.partition, info.value.start, info.value.recorded) == (SOURCE, 0, 0, 4)
     assert table.to_dict(latest=True) == before and table.source_offsets(SOURCE) == {0: 4}
@@ -122,4 +126,6 @@ def test_bad_source_ranges_are_refused_with_clear_errors(table: StateTable) -> N
     assert SourceRange.from_dict(SourceRange(SOURCE, 1, 2, 3).as_dict()) == SourceRange(SOURCE, 1, 2, 3)
     view = table.create_view()
     with pytest.raises(ConfigurationError, match=f"two source ranges of {SOURCE} partition 0"):
-        table.seal(view.view_id, stagers={}, source_offsets=[SourceRange(SOURCE, 0, 0, 1), SourceRange(SOURCE, 0, 1, 2)])
+        table.seal(
+            view.view_id, stagers={}, source_offsets=[SourceRange(SOURCE, 0, 0, 1), SourceRange(SOURCE, 0, 1, 2)]
+        )

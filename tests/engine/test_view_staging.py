@@ -21,14 +21,71 @@ from airflow_provider_pulsarstate.testing.harness import ForwardingBackend
 
 # ---------------------------------------------------------------------------------- canonical bytes
 EDGE_FLOATS = [
-    1e16, -1e16, 1e16 + 2.0, 9999999999999998.0, 4503599627370495.5, -0.0, 0.0, 1.5e-7, -1.5e-7, 1e-4, -1e-4,
-    math.nextafter(1e-4, 0), math.nextafter(1e-4, 1), 9.999999999999999e-05, math.nextafter(1e16, 0), 0.1, 0.30000000000000004,
-    5e-324, 2.2250738585072014e-308, 1.7976931348623157e308, 2.0**53, 2.0**53 + 2, 2.0**63, -(2.0**63), math.nextafter(2.0**63, 0),
-    2.0**64, 1e300, 123456789.123456789, float("nan"), float("inf"), float("-inf"),
+    1e16,
+    -1e16,
+    1e16 + 2.0,
+    9999999999999998.0,
+    4503599627370495.5,
+    -0.0,
+    0.0,
+    1.5e-7,
+    -1.5e-7,
+    1e-4,
+    -1e-4,
+    math.nextafter(1e-4, 0),
+    math.nextafter(1e-4, 1),
+    9.999999999999999e-05,
+    math.nextafter(1e16, 0),
+    0.1,
+    0.30000000000000004,
+    5e-324,
+    2.2250738585072014e-308,
+    1.7976931348623157e308,
+    2.0**53,
+    2.0**53 + 2,
+    2.0**63,
+    -(2.0**63),
+    math.nextafter(2.0**63, 0),
+    2.0**64,
+    1e300,
+    123456789.123456789,
+    float("nan"),
+    float("inf"),
+    float("-inf"),
 ]
 EDGE_INTS = [0, -1, 2**53, 2**53 + 1, -(2**53) - 1, 2**63 - 1, 2**63, -(2**63), -(2**63) - 1, 2**64, 10**30, -(10**30)]
-CHARS = ["a", "Z", "0", " ", "\"", "\\", "/", "\x00", "\x01", "\x08", "\t", "\n", "\x0b", "\x0c", "\r", "\x1f", "\x7f", "\x80",
-         "é", "ß", "\u2028", "\u2029", "\ud7ff", "\ue000", "\ufeff", "\uffff", "€", "中", "\U0001f600", "\U0010ffff"]
+CHARS = [
+    "a",
+    "Z",
+    "0",
+    " ",
+    '"',
+    "\\",
+    "/",
+    "\x00",
+    "\x01",
+    "\x08",
+    "\t",
+    "\n",
+    "\x0b",
+    "\x0c",
+    "\r",
+    "\x1f",
+    "\x7f",
+    "\x80",
+    "é",
+    "ß",
+    "\u2028",
+    "\u2029",
+    "\ud7ff",
+    "\ue000",
+    "\ufeff",
+    "\uffff",
+    "€",
+    "中",
+    "\U0001f600",
+    "\U0010ffff",
+]
 
 
 def _random_float(rng: random.Random) -> float:
@@ -80,7 +137,10 @@ def test_fast_canonical_spells_every_record_as_canonical_does() -> None:
     rng = random.Random(11)
     fast = 0
     for _ in range(200_000):
-        record = {_random_str(rng) if rng.random() < 0.3 else rng.choice("abcdefgh"): _random_value(rng) for _ in range(rng.randrange(0, 6))}
+        record = {
+            _random_str(rng) if rng.random() < 0.3 else rng.choice("abcdefgh"): _random_value(rng)
+            for _ in range(rng.randrange(0, 6))
+        }
         expected = _expected(dict(record))
         got = fast_canonical(record)
         if got is not None:
@@ -104,14 +164,17 @@ def test_stager_bytes_equal_canonical_on_edge_values(value: Any) -> None:
         assert stager.rows_staged == 0
 
 
-@pytest.mark.parametrize("key, record, problem", [
-    ("", {"a": 1}, "row key '' must be a non-empty str"),
-    (3, {"a": 1}, "row key 3 must be a non-empty str"),
-    ("k", [("a", 1)], "must be a dict of fields, got list"),
-    ("k", {1: "a"}, "field name 1 is not a str"),
-    ("k", {"a": [1]}, "field 'a' holds list, not a JSON scalar"),
-    ("k", {"a": float("nan")}, "is not JSON"),
-])
+@pytest.mark.parametrize(
+    "key, record, problem",
+    [
+        ("", {"a": 1}, "row key '' must be a non-empty str"),
+        (3, {"a": 1}, "row key 3 must be a non-empty str"),
+        ("k", [("a", 1)], "must be a dict of fields, got list"),
+        ("k", {1: "a"}, "field name 1 is not a str"),
+        ("k", {"a": [1]}, "field 'a' holds list, not a JSON scalar"),
+        ("k", {"a": float("nan")}, "is not JSON"),
+    ],
+)
 def test_stager_rejects_bad_rows_naming_them(key: Any, record: Any, problem: str) -> None:
     stager = ViewStager(_NullBackend(), "persistent://public/default/t", "v1")
     with pytest.raises(SerializationError, match=problem.replace("(", r"\(").replace("[", r"\[")):
@@ -130,8 +193,13 @@ def test_pipelined_batches_land_in_order_and_flush_waits_for_them(backend: Backe
         assert stager.pending == 0 and not stager._pending  # every batch acknowledged
         sealed = {stager.stager_id: stager.rows_staged}
         rows = read_staged(
-            backend, view_id=view.view_id, topic=staging_topic(table.topic, view.view_id), sealed=sealed,
-            in_scope=None, describe_scope="", timeout=10.0,
+            backend,
+            view_id=view.view_id,
+            topic=staging_topic(table.topic, view.view_id),
+            sealed=sealed,
+            in_scope=None,
+            describe_scope="",
+            timeout=10.0,
         )
         assert rows == {f"k{k:02d}": canonical({"i": max(i for i in range(95) if i % 40 == k)}) for k in range(40)}
         stager.set("late", {"i": 1})
@@ -183,8 +251,10 @@ class _FailingBackend(ForwardingBackend):
             def append_async(self, payloads: Sequence[bytes], *, timeout: float) -> Callable[[], list[Any]]:
                 owner.sent += 1
                 if owner.sent == owner.fail_at:
+
                     def lost() -> list[Any]:
                         raise UnknownOutcomeError("injected: no acknowledgement")
+
                     return lost
                 return inner.append_async(payloads, timeout=timeout)
 

@@ -77,15 +77,23 @@ def test_apply_publishes_exactly_the_minimal_diff(tables: Any) -> None:
     assert (result.set, result.delete, result.unchanged) == (4, 1, 3)
     assert result.sample_set == ["changed", "field-added", "field-removed", "new"] and result.sample_delete == ["gone"]
     assert sorted((c.type, c.key) for c in changes) == [
-        ("delete", "gone"), ("set", "changed"), ("set", "field-added"), ("set", "field-removed"), ("set", "new"),
+        ("delete", "gone"),
+        ("set", "changed"),
+        ("set", "field-added"),
+        ("set", "field-removed"),
+        ("set", "new"),
     ]
     assert {c.view_id for c in changes} == {view.view_id}
     assert {c.offset for c in changes} == {result.commit_offset}  # one commit point
     assert table.get("field-removed") == {"p": 1}  # a whole-record set: no del+set flicker
-    assert {k: canonical(v) for k, v in tables().to_dict(latest=True).items()} == {k: canonical(v) for k, v in new.items()}
+    assert {k: canonical(v) for k, v in tables().to_dict(latest=True).items()} == {
+        k: canonical(v) for k, v in new.items()
+    }
 
 
-def test_staged_rows_are_invisible_until_apply_and_plan_publishes_nothing(tables: Any, backend: Backend, topic: str) -> None:
+def test_staged_rows_are_invisible_until_apply_and_plan_publishes_nothing(
+    tables: Any, backend: Backend, topic: str
+) -> None:
     table = tables()
     table.apply(switch(table, {"a": {"v": 1}, "b": {"v": 1}}).view_id)
     view = switch(table, {"a": {"v": 2}, "c": {"v": 3}})
@@ -116,7 +124,7 @@ def test_a_second_producer_is_never_silently_lost(tables: Any) -> None:
     view = switch(table, {"a": {"v": 2}, "b": {"v": 1}, "c": {"v": 1}})
     other = tables()
     other.put("b", {"v": 99})  # written by another producer while the view is open
-    other.put("d", {"v": 5})   # a new key the view does not know: the diff would delete it
+    other.put("d", {"v": 5})  # a new key the view does not know: the diff would delete it
     with pytest.raises(ViewConflictError) as info:
         table.apply(view.view_id)
     assert info.value.keys == ["b", "d"] and "b, d" in str(info.value)
@@ -223,7 +231,9 @@ def test_bad_view_input_names_the_problem(tables: Any, backend: Backend) -> None
         stager.set("k", [1, 2])  # type: ignore[arg-type]
 
 
-def test_sigkill_during_apply_leaves_old_or_new_and_a_rerun_completes(backend_config: ConnectionConfig, tables: Any, tmp_path: Path) -> None:
+def test_sigkill_during_apply_leaves_old_or_new_and_a_rerun_completes(
+    backend_config: ConnectionConfig, tables: Any, tmp_path: Path
+) -> None:
     rng = random.Random(3)
     table = tables(max_frame_bytes=64 * 1024)  # many frames per apply: kills can land between them
     old = {f"k{i:05d}": {"v": i, "pad": "x" * 40} for i in range(20_000)}
@@ -233,7 +243,13 @@ def test_sigkill_during_apply_leaves_old_or_new_and_a_rerun_completes(backend_co
         current = tables().to_dict(latest=True)
         new = {k: ({"v": v["v"] + 1, "pad": v["pad"]} if i % 2 else v) for i, (k, v) in enumerate(current.items())}
         view = switch(table, new)
-        args = [sys.executable, str(APPLY_WORKER), json.dumps(dataclasses.asdict(backend_config)), table.topic, view.view_id]
+        args = [
+            sys.executable,
+            str(APPLY_WORKER),
+            json.dumps(dataclasses.asdict(backend_config)),
+            table.topic,
+            view.view_id,
+        ]
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         assert proc.stdout is not None and proc.stdout.readline().strip() == b"applying"
         time.sleep(rng.uniform(0.0, 0.8))  # about the length of one apply here

@@ -93,4 +93,3 @@ def test_a_batch_with_a_rejected_write_commits_the_others(maps: Any) -> None:
             results.append("rejected")
     assert results == [1, 2, "rejected", 3, 4, 5, 6, 7, 8, 9, 10]
     assert maps().get("n", latest=True) == 10
-

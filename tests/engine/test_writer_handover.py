@@ -40,7 +40,10 @@ WORKER_OPTIONS = {"writer_idle_timeout": IDLE, "acquire_timeout": ACQUIRE}
 def _log_of_keys(backend: Backend, topic: str, **options: Any) -> SharedStateManager[list[str], str]:
     """A manager whose state is the list of every key written, in log order (a duplicate shows)."""
     return SharedStateManager(
-        backend, topic, initializer=list, applier=lambda state, key: state.append(key),
+        backend,
+        topic,
+        initializer=list,
+        applier=lambda state, key: state.append(key),
         **{"writer_idle_timeout": IDLE, "acquire_timeout": ACQUIRE, **options},
     )
 
@@ -91,9 +94,18 @@ def workers(backend_config: ConnectionConfig, topic: str) -> Iterator[Callable[.
     def start(keys: list[str]) -> list[subprocess.Popen[str]]:
         procs = [
             subprocess.Popen(
-                [sys.executable, str(WORKER), json.dumps(dataclasses.asdict(backend_config)), topic, key,
-                 json.dumps(WORKER_OPTIONS)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                [
+                    sys.executable,
+                    str(WORKER),
+                    json.dumps(dataclasses.asdict(backend_config)),
+                    topic,
+                    key,
+                    json.dumps(WORKER_OPTIONS),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
             )
             for key in keys
         ]

@@ -72,7 +72,7 @@ def test_a_value_round_trips_by_its_address(logs: object) -> None:
 def test_a_reference_moved_to_another_row_push_or_run_is_refused_naming_the_key(logs: object, backend: Backend) -> None:
     log = logs()  # type: ignore[operator]
     victim, victim_msg = log.append(ident("victim", "secret"), '{"password":1}', type_name="dict")
-    mine, mine_msg = log.append(ident("me", "k"), '1', type_name="int")
+    mine, mine_msg = log.append(ident("me", "k"), "1", type_name="int")
     # my row, the victim's address: the message names another row
     with pytest.raises(XComReferenceError) as info:
         log.read(victim, identity=ident("me", "k"), writer_id=mine_msg.writer_id)

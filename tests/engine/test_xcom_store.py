@@ -33,8 +33,14 @@ def test_keys_are_quoted_and_cannot_be_forged(backend: Backend, topic: str) -> N
         assert store.get("d/1", "run/a%2F", "t", 3, "k/x", latest=True) == record
         assert record.size == 7 and record.type_name == "dict" and record.try_number == 2
         assert abs(record.written_at - time.time()) < 60 and record.json_value() == {"a": 1}
-        for bad in ["other/xcom/d/r/t/-1/k", "prod/xcom/d/r/t/-1", "prod/xcom/d/r/t/x/k", "prod/xcom/d/r/t/-1/k/extra",
-                    "prod/xcom/d/r/t/-1/", "prod/xcom/d/r%2f/t/-1/k"]:  # lower-case quoting: another spelling
+        for bad in [
+            "other/xcom/d/r/t/-1/k",
+            "prod/xcom/d/r/t/-1",
+            "prod/xcom/d/r/t/x/k",
+            "prod/xcom/d/r/t/-1/k/extra",
+            "prod/xcom/d/r/t/-1/",
+            "prod/xcom/d/r%2f/t/-1/k",
+        ]:  # lower-case quoting: another spelling
             with pytest.raises(XComReferenceError):
                 store.parse_key(bad)
         with pytest.raises(XComReferenceError):
@@ -53,7 +59,12 @@ def test_limits_and_corrupt_records(backend: Backend, topic: str) -> None:
         store.map.manager.write(lambda m: [(1, "prod/xcom/d/r/t/-1/bad", b"no header")], lambda m: None)
         with pytest.raises(SerializationError, match="prod/xcom/d/r/t/-1/bad"):
             store.get_by_key("prod/xcom/d/r/t/-1/bad", latest=True)
-    for garbage in [b"no header", b"[1]\n1", b'{"t":"x","n":1,"type":"int"}\n1', b'{"t":1,"n":1,"type":"int","try":true}\n1']:
+    for garbage in [
+        b"no header",
+        b"[1]\n1",
+        b'{"t":"x","n":1,"type":"int"}\n1',
+        b'{"t":1,"n":1,"type":"int","try":true}\n1',
+    ]:
         with pytest.raises(ValueError):
             RECORD_SERDE.deserialize(garbage)
 
@@ -69,7 +80,10 @@ def test_list_runs_and_delete_runs(backend: Backend, topic: str) -> None:
         assert set(runs) == {("dag", "r1"), ("dag", "r2"), ("dag2", "r1")}
         assert runs[("dag", "r1")].entries == 2 and runs[("dag", "r1")].bytes == 2 * len(json.dumps(["r1", "a"]))
         assert [r.run_id for r in store.list_runs(dag_id="dag")] == ["r1", "r2"]
-        assert [(e.task_id, e.record.json_value()) for e in store.list_run("dag", "r2")] == [("a", ["r2", "a"]), ("b", ["r2", "b"])]
+        assert [(e.task_id, e.record.json_value()) for e in store.list_run("dag", "r2")] == [
+            ("a", ["r2", "a"]),
+            ("b", ["r2", "b"]),
+        ]
 
         assert store.delete_runs([("dag", "r1"), ("dag2", "r1")]) == 3
         assert [(r.dag_id, r.run_id) for r in store.list_runs()] == [("dag", "r2")]
@@ -93,9 +107,16 @@ def test_find_stale_runs_missing_and_expired(backend: Backend, topic: str) -> No
 
         stale = store.find_stale_runs(existing_runs=existing, older_than=time.time() - 5 * 86400)
         assert asked == [("dag", ["gone", "kept", "old", "old-and-gone"])]
-        assert sorted((s.run.run_id, s.reason) for s in stale) == [("gone", "missing"), ("old", "expired"), ("old-and-gone", "missing")]
+        assert sorted((s.run.run_id, s.reason) for s in stale) == [
+            ("gone", "missing"),
+            ("old", "expired"),
+            ("old-and-gone", "missing"),
+        ]
         expired_only = store.find_stale_runs(older_than=time.time() - 5 * 86400)
-        assert sorted((s.run.run_id, s.reason) for s in expired_only) == [("old", "expired"), ("old-and-gone", "expired")]
+        assert sorted((s.run.run_id, s.reason) for s in expired_only) == [
+            ("old", "expired"),
+            ("old-and-gone", "expired"),
+        ]
         assert store.delete_runs(stale) == 3
         assert [r.run_id for r in store.list_runs()] == ["kept"]
 
@@ -127,18 +148,28 @@ print(json.dumps({"airflow_imported": any(m == "airflow" or m.startswith("airflo
 """
 
 
-def test_a_plain_python_process_reads_a_runs_xcoms(backend: Backend, backend_config: ConnectionConfig, topic: str) -> None:
+def test_a_plain_python_process_reads_a_runs_xcoms(
+    backend: Backend, backend_config: ConnectionConfig, topic: str
+) -> None:
     with _store(backend, topic) as store:
         store.put("etl", "manual__1", "extract", -1, "return_value", '{"rows":3}', type_name="dict")
-        store.put("etl", "manual__1", "load", 0, "return_value",
-                  '{"__classname__":"builtins.tuple","__version__":1,"__data__":[1,2]}', type_name="tuple")
+        store.put(
+            "etl",
+            "manual__1",
+            "load",
+            0,
+            "return_value",
+            '{"__classname__":"builtins.tuple","__version__":1,"__data__":[1,2]}',
+            type_name="tuple",
+        )
         store.put("etl", "manual__2", "extract", -1, "return_value", "1", type_name="int")
     args = {"url": backend_config.url, "operation_timeout": 15.0}
     if backend_config.kind != "embedded":
         args["admin_url"] = backend_config.admin_url
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([sys.executable, "-c", READER, json.dumps(args), topic], env=env, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", READER, json.dumps(args), topic], env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["airflow_imported"] is False
@@ -154,8 +185,18 @@ def test_run_topics_are_per_namespace_and_run_and_listed_by_prefix(backend: Back
 
     a = run_topic(topic, "prod", "dag", "run/1")
     assert a == run_topic(topic, "prod", "dag", "run/1")  # stable
-    assert len({a, run_topic(topic, "prod", "dag", "run/2"), run_topic(topic, "prod", "dag2", "run/1"),
-                run_topic(topic, "prod2", "dag", "run/1"), run_topic(topic, "prod", "dag/run", "1")}) == 5
+    assert (
+        len(
+            {
+                a,
+                run_topic(topic, "prod", "dag", "run/2"),
+                run_topic(topic, "prod", "dag2", "run/1"),
+                run_topic(topic, "prod2", "dag", "run/1"),
+                run_topic(topic, "prod", "dag/run", "1"),
+            }
+        )
+        == 5
+    )
     prefix = run_topic_prefix(topic, "prod")
     assert is_run_topic(a, prefix) and not is_run_topic(a + "-checkpoints", prefix)
     assert not is_run_topic(run_topic(topic, "prod2", "dag", "run/1"), prefix)

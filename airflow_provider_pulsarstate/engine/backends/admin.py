@@ -33,7 +33,9 @@ def admin_unreachable(
 def check_admin_status(method: str, path: str, status: int, text: str, *, ok: tuple[int, ...], shown_url: str) -> None:
     """Raise BackendUnavailableError naming the request and the answer when ``status`` is not in ``ok``."""
     if status not in ok:
-        raise BackendUnavailableError(f"Pulsar admin API {method} {shown_url}/admin/v2/{path} answered {status}: {text[:300]}")
+        raise BackendUnavailableError(
+            f"Pulsar admin API {method} {shown_url}/admin/v2/{path} answered {status}: {text[:300]}"
+        )
 
 
 class PulsarAdmin:
@@ -51,8 +53,13 @@ class PulsarAdmin:
     """
 
     def __init__(
-        self, url: str, *, auth_token: str | None = None, tls_trust_certs_file_path: str | None = None,
-        timeout: float = 30.0, origin: str = "",
+        self,
+        url: str,
+        *,
+        auth_token: str | None = None,
+        tls_trust_certs_file_path: str | None = None,
+        timeout: float = 30.0,
+        origin: str = "",
     ) -> None:
         self.url = url.rstrip("/")
         self._origin = origin
@@ -99,7 +106,9 @@ class PulsarAdmin:
         try:
             resp = session.request(method, url, timeout=self.timeout, **kwargs)
         except requests.RequestException as exc:
-            raise admin_unreachable(exc, method, path, url=self.url, shown_url=self._shown_url, origin=self._origin) from None
+            raise admin_unreachable(
+                exc, method, path, url=self.url, shown_url=self._shown_url, origin=self._origin
+            ) from None
         check_admin_status(method, path, resp.status_code, resp.text, ok=ok, shown_url=self._shown_url)
         return resp
 
@@ -117,7 +126,9 @@ class PulsarAdmin:
 
     def namespace_topics(self, tenant: str, namespace: str) -> list[str]:
         """``GET namespaces/{tenant}/{ns}/topics``: allowed to any role that may produce or consume there."""
-        return list(self.request("GET", f"namespaces/{quote(tenant, safe='')}/{quote(namespace, safe='')}/topics").json())
+        return list(
+            self.request("GET", f"namespaces/{quote(tenant, safe='')}/{quote(namespace, safe='')}/topics").json()
+        )
 
     def health(self) -> bool:
         """Whether ``/admin/v2/brokers/health`` answers ok."""
@@ -134,8 +145,12 @@ class PulsarAdmin:
         """The policy in force for ``topic`` (topic, else namespace, else broker level):
         ``GET .../{policy}?applied=true`` with ``policy`` ``retention`` or ``inactiveTopicPolicies``.
         None when this role may not read it (401/403) or the topic does not exist (404)."""
-        resp = self.request("GET", f"{self.topic_path(topic)}/{policy}", ok=(200, 401, 403, 404), params={"applied": "true"})
-        return resp.json() if resp.status_code == 200 and resp.text.strip() else ({} if resp.status_code == 200 else None)
+        resp = self.request(
+            "GET", f"{self.topic_path(topic)}/{policy}", ok=(200, 401, 403, 404), params={"applied": "true"}
+        )
+        return (
+            resp.json() if resp.status_code == 200 and resp.text.strip() else ({} if resp.status_code == 200 else None)
+        )
 
     def set_policy(self, topic: str, policy: str, value: dict[str, Any]) -> bool:
         """Set a topic-level policy; False when this role may not (401/403)."""
@@ -170,7 +185,9 @@ class PulsarAdmin:
         """The headers of the first (``position="earliest"``) or last (``"latest"``) retained entry;
         None when no message is retained (412)."""
         resp = self.request(
-            "HEAD", f"{self.topic_path(topic)}/examinemessage", ok=(200, 412),
+            "HEAD",
+            f"{self.topic_path(topic)}/examinemessage",
+            ok=(200, 412),
             params={"initialPosition": position, "messagePosition": 1},
         )
         return resp.headers if resp.status_code == 200 else None
@@ -187,8 +204,12 @@ class PulsarAdmin:
     def set_subscription_properties(self, topic: str, subscription: str, properties: Mapping[str, str]) -> bool:
         """Replace a subscription's properties (stored with its cursor; durable on return). False when
         a concurrent update of the cursor won (the broker's BadVersion): read again and retry."""
-        resp = self.request("PUT", f"{self._sub_path(topic, subscription)}/properties", ok=(200, 204, 409, 412, 500),
-                            json=dict(properties))
+        resp = self.request(
+            "PUT",
+            f"{self._sub_path(topic, subscription)}/properties",
+            ok=(200, 204, 409, 412, 500),
+            json=dict(properties),
+        )
         if resp.status_code == 500 and "BadVersion" not in resp.text:
             raise BackendUnavailableError(
                 f"Pulsar admin API PUT properties of {subscription} on {topic} answered 500: {resp.text[:300]}"

@@ -57,15 +57,20 @@ class _Shared:
 
 
 # event loop -> admin endpoint and credentials -> the shared client
-_CLIENTS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[_ClientKey, _Shared]]" = weakref.WeakKeyDictionary()
+_CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[_ClientKey, _Shared]] = weakref.WeakKeyDictionary()
 
 
 def _client_key(config: ConnectionConfig) -> _ClientKey:
-    return (config.resolved_admin_url, config.auth_token, config.tls_trust_certs_file_path, float(config.operation_timeout))
+    return (
+        config.resolved_admin_url,
+        config.auth_token,
+        config.tls_trust_certs_file_path,
+        float(config.operation_timeout),
+    )
 
 
 # event loop -> admin endpoint and credentials -> the client being made (awaited by every probe)
-_MAKING: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[_ClientKey, asyncio.Future[httpx.AsyncClient]]]" = (
+_MAKING: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[_ClientKey, asyncio.Future[httpx.AsyncClient]]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -79,9 +84,11 @@ def _make_client(config: ConnectionConfig) -> httpx.AsyncClient:
 
     headers = {"Authorization": f"Bearer {config.auth_token}"} if config.auth_token else {}
     return httpx.AsyncClient(
-        base_url=f"{config.resolved_admin_url}/admin/v2/", headers=headers,
+        base_url=f"{config.resolved_admin_url}/admin/v2/",
+        headers=headers,
         limits=httpx.Limits(max_connections=CONNECTIONS_PER_CLIENT, max_keepalive_connections=CONNECTIONS_PER_CLIENT),
-        verify=_ssl_context(config.tls_trust_certs_file_path), timeout=config.operation_timeout,
+        verify=_ssl_context(config.tls_trust_certs_file_path),
+        timeout=config.operation_timeout,
     )
 
 
@@ -108,7 +115,7 @@ async def _acquire_client(config: ConnectionConfig) -> _Shared:
     return shared
 
 
-def _retrieve(task: "asyncio.Task[Any]") -> None:
+def _retrieve(task: asyncio.Task[Any]) -> None:
     if not task.cancelled():
         task.exception()  # retrieved: its callers raise it (or were all cancelled)
 

@@ -110,16 +110,21 @@ _RECHECK = 0.25
 moves the writer to a new epoch without the old holder letting go of its lock)."""
 # Every row that belongs to one topic (delete_topic removes them all).
 _TOPIC_ROWS = (
-    ("entries", "topic"), ("topics", "name"), ("offset_topics", "name"), ("entry_meta", "topic"),
-    ("topic_trims", "topic"), ("subscriptions", "topic"), ("writer_holders", "topic"),
+    ("entries", "topic"),
+    ("topics", "name"),
+    ("offset_topics", "name"),
+    ("entry_meta", "topic"),
+    ("topic_trims", "topic"),
+    ("subscriptions", "topic"),
+    ("writer_holders", "topic"),
 )
-
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
     """Whether ``exc`` is SQLite's "locked"/"busy" answer, which passes once the other holder is done."""
     text = str(exc).lower()
     return "locked" in text or "busy" in text
+
 
 class EmbeddedBackend(Backend):
     """The embedded single-host log.
@@ -248,7 +253,9 @@ class EmbeddedBackend(Backend):
             try:
                 event = self._release_watch(path)
             except OSError as exc:
-                raise BackendUnavailableError(f"cannot watch the writer lock of {self.topic_url(topic)}: {exc}") from exc
+                raise BackendUnavailableError(
+                    f"cannot watch the writer lock of {self.topic_url(topic)}: {exc}"
+                ) from exc
             if event is not None:
                 event.wait(max(0.0, min(_RECHECK, deadline - time.monotonic())))
                 return True
@@ -347,8 +354,7 @@ class EmbeddedBackend(Backend):
                 _release_flock(fd, self.lock_path(topic, new_epoch))
                 return None
             conn.execute(
-                "INSERT INTO topics(name, epoch) VALUES (?, ?) "
-                "ON CONFLICT(name) DO UPDATE SET epoch = excluded.epoch",
+                "INSERT INTO topics(name, epoch) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET epoch = excluded.epoch",
                 (topic, new_epoch),
             )
             conn.execute(
@@ -457,7 +463,9 @@ class EmbeddedBackend(Backend):
 class EmbeddedWriter(RawWriter):
     """The exclusive writer of one topic in the embedded log (or, with epoch -1, a shared appender)."""
 
-    def __init__(self, backend: EmbeddedBackend, conn: sqlite3.Connection, topic: str, epoch: int, fd: int | None) -> None:
+    def __init__(
+        self, backend: EmbeddedBackend, conn: sqlite3.Connection, topic: str, epoch: int, fd: int | None
+    ) -> None:
         self.backend = backend
         self.topic = topic
         self.epoch = epoch

@@ -104,7 +104,9 @@ class OrphanSweeper:
                 orphans = [name for name in orphans if (topic, name) in self._watched]
             if not orphans:
                 return
-            log.warning("dropping the orphaned producer(s) %s of %s (unloading the topic; apache/pulsar#25936)", orphans, topic)
+            log.warning(
+                "dropping the orphaned producer(s) %s of %s (unloading the topic; apache/pulsar#25936)", orphans, topic
+            )
             admin.unload(topic)
         except Exception as exc:  # the broker may still be unreachable: look again at the next turn
             log.debug("looking for orphaned producers of %s: %s", topic, exc)

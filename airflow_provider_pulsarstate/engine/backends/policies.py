@@ -21,7 +21,8 @@ RETENTION = "retention"
 INACTIVE = "inactiveTopicPolicies"
 INFINITE_RETENTION = {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1}
 NEVER_DELETE = {
-    "deleteWhileInactive": False, "maxInactiveDurationSeconds": 3600,
+    "deleteWhileInactive": False,
+    "maxInactiveDurationSeconds": 3600,
     "inactiveTopicDeleteMode": "delete_when_no_subscriptions",
 }
 
@@ -74,7 +75,9 @@ def ensure_topic_policies(admin: PulsarAdmin, topic: str, *, timeout: float) -> 
         if applied is None:
             log.warning(
                 "%s: cannot read its %s policy (permission denied or topic not visible); make sure the log is kept: %s",
-                topic, _setting(policy), fix_commands(topic, policy),
+                topic,
+                _setting(policy),
+                fix_commands(topic, policy),
             )
             continue
         if ok(applied):
@@ -84,7 +87,8 @@ def ensure_topic_policies(admin: PulsarAdmin, topic: str, *, timeout: float) -> 
             raise RetentionPolicyError(
                 f"{topic}: the {_setting(policy)} policy in force ({applied}) would delete the state log, and this "
                 f"role may not set a topic policy. Fix it with {fix_commands(topic, policy)}",
-                topic=topic, setting=_setting(policy),
+                topic=topic,
+                setting=_setting(policy),
             )
         deadline = time.monotonic() + timeout
         while not ok(applied := admin.applied_policy(topic, policy) or {}):  # topic policies apply asynchronously
@@ -92,7 +96,8 @@ def ensure_topic_policies(admin: PulsarAdmin, topic: str, *, timeout: float) -> 
                 raise RetentionPolicyError(
                     f"{topic}: set the topic-level {_setting(policy)} policy to {safe} but the broker still applies "
                     f"{applied} after {timeout:.0f}s; fix it with {fix_commands(topic, policy)}",
-                    topic=topic, setting=_setting(policy),
+                    topic=topic,
+                    setting=_setting(policy),
                 )
             time.sleep(0.1)
         log.info("%s: set topic-level %s policy %s (was %s)", topic, _setting(policy), safe, before)

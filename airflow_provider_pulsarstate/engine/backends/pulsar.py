@@ -122,8 +122,10 @@ class PulsarBackend(Backend):
     def _open_admin(self) -> PulsarAdmin:
         cfg = self.config
         return PulsarAdmin(
-            cfg.resolved_admin_url, auth_token=cfg.auth_token,
-            tls_trust_certs_file_path=cfg.tls_trust_certs_file_path, timeout=cfg.operation_timeout,
+            cfg.resolved_admin_url,
+            auth_token=cfg.auth_token,
+            tls_trust_certs_file_path=cfg.tls_trust_certs_file_path,
+            timeout=cfg.operation_timeout,
             origin=cfg.field_origin("admin_url"),
         )
 
@@ -177,7 +179,9 @@ class PulsarBackend(Backend):
         owner: pulsar.Client | None = None  # the client of a granted wait (the producer lives on it)
         while True:
             try:
-                producer = self.client.create_producer(topic, producer_name=name, access_mode=access, **self._writer_options())
+                producer = self.client.create_producer(
+                    topic, producer_name=name, access_mode=access, **self._writer_options()
+                )
                 break
             except _BUSY as exc:
                 if timed_out and self._drop_orphan(topic, name, wait=0.0):
@@ -207,7 +211,9 @@ class PulsarBackend(Backend):
                 # The broker may still create the producer after the client gave up on it
                 # (apache/pulsar#25936): make sure no such orphan of ours holds the topic.
                 timed_out = True
-                if self._drop_orphan(topic, name, wait=min(self.config.operation_timeout, max(2.0, deadline - time.monotonic()))):
+                if self._drop_orphan(
+                    topic, name, wait=min(self.config.operation_timeout, max(2.0, deadline - time.monotonic()))
+                ):
                     timed_out = False
                 if mode is AcquireMode.FAIL_FAST or time.monotonic() >= deadline:
                     if timed_out:  # the broker may act on it long after this: watch on in the background
@@ -241,11 +247,16 @@ class PulsarBackend(Backend):
     def _writer_options(self) -> dict[str, Any]:
         """``create_producer`` options of an exclusive writer (besides name and access mode)."""
         return dict(
-            batching_enabled=False, chunking_enabled=False, block_if_queue_full=True, max_pending_messages=10000,
+            batching_enabled=False,
+            chunking_enabled=False,
+            block_if_queue_full=True,
+            max_pending_messages=10000,
             send_timeout_millis=max(1, int(self.config.operation_timeout * 1000)),
         )
 
-    def _queue_for_exclusive(self, topic: str, name: str, *, until: float) -> tuple[pulsar.Producer, pulsar.Client] | None:
+    def _queue_for_exclusive(
+        self, topic: str, name: str, *, until: float
+    ) -> tuple[pulsar.Producer, pulsar.Client] | None:
         """Wait in the broker's queue for exclusive access to ``topic`` until ``until`` (monotonic).
 
         Returns the producer and the client it lives on (closed with the writer), or None: not
@@ -277,7 +288,9 @@ class PulsarBackend(Backend):
         def create() -> None:
             try:
                 outcome["producer"] = client.create_producer(
-                    topic, producer_name=name, access_mode=pulsar.ProducerAccessMode.WaitForExclusive,
+                    topic,
+                    producer_name=name,
+                    access_mode=pulsar.ProducerAccessMode.WaitForExclusive,
                     **self._writer_options(),
                 )
             except Exception as exc:  # noqa: BLE001 - reported by the waiting thread
@@ -303,8 +316,11 @@ class PulsarBackend(Backend):
         fencer_name = f"{name}-fence"
         try:
             fencer = self.client.create_producer(
-                topic, producer_name=fencer_name, access_mode=pulsar.ProducerAccessMode.ExclusiveWithFencing,
-                batching_enabled=False, send_timeout_millis=max(1, int(self.config.operation_timeout * 1000)),
+                topic,
+                producer_name=fencer_name,
+                access_mode=pulsar.ProducerAccessMode.ExclusiveWithFencing,
+                batching_enabled=False,
+                send_timeout_millis=max(1, int(self.config.operation_timeout * 1000)),
             )
         except _BUSY as exc:  # fenced in turn by a concurrent candidate: the topic was taken over anyway
             log.debug("fencing %s: %s", topic, exc)
@@ -332,7 +348,8 @@ class PulsarBackend(Backend):
             return f"its producers could not be listed: {exc}"
         others = [
             f"{p.get('producerName')!r} ({p.get('accessMode', '?')})"
-            for p in stats.get("publishers") or [] if p.get("producerName") != name
+            for p in stats.get("publishers") or []
+            if p.get("producerName") != name
         ]
         waiting = int(stats.get("waitingPublishers") or 0)
         held = f"held by {', '.join(others)}" if others else "no producer listed now"
@@ -353,7 +370,9 @@ class PulsarBackend(Backend):
                 if time.monotonic() >= deadline:
                     return False
                 time.sleep(0.2)
-            log.warning("dropping the orphaned exclusive producer %r of %s (unloading the topic)", name, self.topic_url(topic))
+            log.warning(
+                "dropping the orphaned exclusive producer %r of %s (unloading the topic)", name, self.topic_url(topic)
+            )
             self.admin.unload(topic)
             return True
         except Exception as exc:
@@ -382,7 +401,9 @@ class PulsarBackend(Backend):
         except _UNREACHABLE as exc:
             raise self._unreachable("creating a producer of", topic, exc) from exc
         except _BUSY as exc:
-            raise WriterBusyError(f"{self.topic_url(topic)} has an exclusive writer; it takes no shared appends") from exc
+            raise WriterBusyError(
+                f"{self.topic_url(topic)} has an exclusive writer; it takes no shared appends"
+            ) from exc
         return self._track(PulsarWriter(self, topic, -1, producer))
 
     def delete_topic(self, topic: str) -> None:
@@ -399,7 +420,10 @@ class PulsarBackend(Backend):
         start_id = pulsar.MessageId.earliest if is_earliest(start) else start
         try:
             reader = self.client.create_reader(
-                topic, start_id, receiver_queue_size=2000, start_message_id_inclusive=False,
+                topic,
+                start_id,
+                receiver_queue_size=2000,
+                start_message_id_inclusive=False,
                 **unique_subscription(),
             )
         except _UNREACHABLE as exc:
@@ -410,7 +434,9 @@ class PulsarBackend(Backend):
         try:
             return self._read_one(topic, pulsar.MessageId.latest, timeout=timeout)
         except pulsar.Timeout as exc:
-            raise OperationTimeoutError(f"reading the last entry of {self.topic_url(topic)} took over {timeout:.1f}s") from exc
+            raise OperationTimeoutError(
+                f"reading the last entry of {self.topic_url(topic)} took over {timeout:.1f}s"
+            ) from exc
 
     def read_at(self, topic: str, position: Any, *, timeout: float) -> RawEntry | None:
         try:
@@ -482,7 +508,13 @@ class PulsarWriter(RawWriter):
     """An exclusive producer holding one topic epoch."""
 
     def __init__(
-        self, backend: PulsarBackend, topic: str, epoch: int, producer: pulsar.Producer, *, owner: pulsar.Client | None = None
+        self,
+        backend: PulsarBackend,
+        topic: str,
+        epoch: int,
+        producer: pulsar.Producer,
+        *,
+        owner: pulsar.Client | None = None,
     ) -> None:
         """``owner``: the client the producer lives on when it is not the back end's (a granted
         wait's); shut down with the writer."""
@@ -509,7 +541,9 @@ class PulsarWriter(RawWriter):
     def append_async(self, payloads: Sequence[bytes], *, timeout: float) -> Callable[[], list[Any]]:
         producer = self._producer
         if producer is None:
-            raise WriterFencedError(f"writer of {self.topic} at epoch {self.epoch} is closed", topic=self.topic, epoch=self.epoch)
+            raise WriterFencedError(
+                f"writer of {self.topic} at epoch {self.epoch} is closed", topic=self.topic, epoch=self.epoch
+            )
         self._last_append = time.monotonic()
         n = len(payloads)
         results: list[Any] = [None] * n

@@ -65,7 +65,6 @@ def open_publisher(
         )
     from airflow_provider_pulsarstate.engine.offsets.embedded import EmbeddedTopicPublisher
 
-
     return EmbeddedTopicPublisher(backend.underlying(), topic, create=create)  # type: ignore[arg-type]
 
 
@@ -119,6 +118,17 @@ def open_async_probe(config: ConnectionConfig, *, freshness: float = 0.0) -> Asy
 
 
 __all__ = [
-    "AsyncOffsetProbe", "OffsetLog", "PullConsumer", "PullResult", "PulledMessage", "StoredMessage", "TopicPublisher",
-    "create_topic", "delete_topic_if_unchanged", "last_position", "open_async_probe", "open_offset_log", "open_publisher",
+    "AsyncOffsetProbe",
+    "OffsetLog",
+    "PullConsumer",
+    "PullResult",
+    "PulledMessage",
+    "StoredMessage",
+    "TopicPublisher",
+    "create_topic",
+    "delete_topic_if_unchanged",
+    "last_position",
+    "open_async_probe",
+    "open_offset_log",
+    "open_publisher",
 ]

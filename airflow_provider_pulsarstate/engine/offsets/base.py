@@ -81,8 +81,11 @@ class PullResult:
     def as_dict(self) -> dict[str, int]:
         """The offsets (not the messages), e.g. for XCom or a log line."""
         return {
-            "partition": self.partition, "offset": self.offset, "count": len(self.messages),
-            "next_offset": self.next_offset, "end_offset": self.end_offset,
+            "partition": self.partition,
+            "offset": self.offset,
+            "count": len(self.messages),
+            "next_offset": self.next_offset,
+            "end_offset": self.end_offset,
         }
 
 

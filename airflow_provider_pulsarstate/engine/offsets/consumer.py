@@ -85,8 +85,10 @@ class PullConsumer:
         self.subscription = subscription
         self.auto_offset_reset = auto_offset_reset
         self._log: OffsetLog = open_offset_log(
-            backend, topic,
-            reader_pool_size=reader_pool_size, reader_idle_timeout=reader_idle_timeout,
+            backend,
+            topic,
+            reader_pool_size=reader_pool_size,
+            reader_idle_timeout=reader_idle_timeout,
             position_cache_size=position_cache_size,
         )
         self._closed = False

@@ -173,7 +173,11 @@ def _out_of_range(
     return OffsetOutOfRangeError(
         f"offset {offset} of topic {backend.topic_url(topic)} partition {partition} is {where}: "
         f"the retained range is [{beginning}, {end}] (pass auto_offset_reset='earliest' or 'latest' to reset)",
-        topic=topic, partition=partition, offset=offset, beginning=beginning, end=end,
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        beginning=beginning,
+        end=end,
     )
 
 
@@ -254,10 +258,17 @@ class EmbeddedOffsetLog(OffsetLog):
                 size = len(payload)
                 if messages and total + size > max_bytes:
                     break
-                messages.append(PulledMessage(
-                    offset=pos, partition=partition, value=bytes(payload), key=key,
-                    properties=_properties(properties, stored, pos), publish_time=publish_time, position=pos,
-                ))
+                messages.append(
+                    PulledMessage(
+                        offset=pos,
+                        partition=partition,
+                        value=bytes(payload),
+                        key=key,
+                        properties=_properties(properties, stored, pos),
+                        publish_time=publish_time,
+                        position=pos,
+                    )
+                )
                 total += size
         return messages, end
 
@@ -295,7 +306,8 @@ class EmbeddedOffsetLog(OffsetLog):
                 stored = _stored_topic(conn, self.backend, self.topic, partition)
             except (UnknownTopicError, UnknownPartitionError) as exc:
                 raise MessageNotFoundError(
-                    f"no message at {address} of {self.backend.topic_url(self.topic)}: {exc}", topic=self.topic,
+                    f"no message at {address} of {self.backend.topic_url(self.topic)}: {exc}",
+                    topic=self.topic,
                     address=address,
                 ) from exc
             row = conn.execute(
@@ -306,7 +318,8 @@ class EmbeddedOffsetLog(OffsetLog):
         if row is None:
             raise MessageNotFoundError(
                 f"no message at {address} of {self.backend.topic_url(self.topic)} (never written there, or trimmed)",
-                topic=self.topic, address=address,
+                topic=self.topic,
+                address=address,
             )
         return StoredMessage(address, bytes(row[0]), _properties(row[2], stored, position), float(row[1]))
 
@@ -380,9 +393,10 @@ class EmbeddedTopicPublisher(TopicPublisher):
             raise ConfigurationError(f"a message to {self.topic} must be bytes, got {type(value).__name__}")
         if key is not None and not isinstance(key, str):
             raise ConfigurationError(f"a message key must be a str, got {type(key).__name__} for topic {self.topic}")
-        if properties and (not isinstance(properties, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in properties.items()
-        )):
+        if properties and (
+            not isinstance(properties, Mapping)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in properties.items())
+        ):
             raise ConfigurationError(f"message properties must map str to str (topic {self.topic})")
 
     def send(self, value: bytes, *, key: str | None = None, properties: Mapping[str, str] | None = None) -> None:
@@ -532,8 +546,12 @@ class _OnBackendClose:
         try:
             self.publisher.close()
         except PulsarStateError as exc:
-            log.error("closing the back end: %d queued message(s) to %s were not published: %s",
-                      queued, self.publisher.topic, exc)
+            log.error(
+                "closing the back end: %d queued message(s) to %s were not published: %s",
+                queued,
+                self.publisher.topic,
+                exc,
+            )
 
 
 def delete_embedded_topic_if_last(backend: EmbeddedBackend, topic: str, last: bytes | None) -> bool:
@@ -629,7 +647,9 @@ class EmbeddedAsyncOffsetProbe(AsyncOffsetProbe):
             raise ConfigurationError(f"EmbeddedAsyncOffsetProbe needs an embedded connection, got {config.url!r}")
         self._worker: WorkerThread[_Store] = WorkerThread(
             lambda: _Store(EmbeddedBackend(config.embedded_path, busy_timeout=config.operation_timeout)),
-            _close_store, name="pulsarstate-offset-probe", what="this offset probe",
+            _close_store,
+            name="pulsarstate-offset-probe",
+            what="this offset probe",
             share_key=("embedded-offset-probe", config),  # one locked connection per file, thread-safe
         )
 
@@ -672,6 +692,9 @@ def _close_store(store: _Store) -> None:
 
 
 __all__ = [
-    "EmbeddedAsyncOffsetProbe", "EmbeddedOffsetLog", "EmbeddedTopicPublisher", "create_embedded_topic",
+    "EmbeddedAsyncOffsetProbe",
+    "EmbeddedOffsetLog",
+    "EmbeddedTopicPublisher",
+    "create_embedded_topic",
     "trim_embedded_topic",
 ]

@@ -251,7 +251,11 @@ class PulsarOffsetLog(OffsetLog):
         beginning, end = self.beginning_offset(partition), self.end_offset(partition)
         return OffsetOutOfRangeError(
             f"{what} {offset} is outside the retained range [{beginning}, {end}] of {self.topic} partition {partition}",
-            topic=self.topic, partition=partition, offset=offset, beginning=beginning, end=end,
+            topic=self.topic,
+            partition=partition,
+            offset=offset,
+            beginning=beginning,
+            end=end,
         )
 
     def _entry_ref(self, pt: str, ledger: int, entry: int) -> EntryRef | None:
@@ -651,8 +655,14 @@ class PulsarOffsetLog(OffsetLog):
                         f"the subscription stayed busy for {self._backend.config.operation_timeout:.0f}s"
                     )
                 backoff.sleep(deadline)
-        log.debug("committed %s partition %d subscription %s at %d (%s)",
-                  self.topic, partition, subscription, next_offset, target)
+        log.debug(
+            "committed %s partition %d subscription %s at %d (%s)",
+            self.topic,
+            partition,
+            subscription,
+            next_offset,
+            target,
+        )
 
     def _try_commit(self, pt: str, subscription: str, next_offset: int, target: dict[str, Any]) -> bool:
         properties = self._admin.subscription_properties(pt, subscription)
@@ -660,7 +670,10 @@ class PulsarOffsetLog(OffsetLog):
             # The committed offset goes in with the creation: the broker creates the cursor at the
             # latest entry before moving it, and a probe must not see that as committed.
             self._admin.create_subscription(
-                pt, subscription, ledger=target["ledger"], entry=target["entry"],
+                pt,
+                subscription,
+                ledger=target["ledger"],
+                entry=target["entry"],
                 properties={COMMITTED_PROPERTY: str(next_offset)},
             )
             properties = self._admin.subscription_properties(pt, subscription)

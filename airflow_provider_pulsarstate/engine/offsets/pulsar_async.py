@@ -63,7 +63,9 @@ class PulsarAsyncOffsetProbe(AsyncOffsetProbe):
     async def _examine(self, pt: str, position: str) -> httpx.Response:
         """The first or last retained entry's headers (412: no message retained)."""
         return await self._request(
-            "HEAD", f"{topic_path(pt)}/examinemessage", ok=(200, 412),
+            "HEAD",
+            f"{topic_path(pt)}/examinemessage",
+            ok=(200, 412),
             params={"initialPosition": position, "messagePosition": 1},
         )
 

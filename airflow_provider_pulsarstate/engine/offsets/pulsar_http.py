@@ -26,8 +26,8 @@ import encodings.idna  # noqa: F401  (getaddrinfo encodes host names with it: lo
 import http.client
 import json
 import threading
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Mapping
 from urllib.parse import ParseResult, quote, urlparse
 
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig, redact_url
@@ -98,7 +98,8 @@ def _int32(value: int) -> int:
 def address_of(ledger: int, entry: int, partition: int = -1) -> str:
     """The address a message at ``ledger:entry`` has (as the client's publisher gives it)."""
     return format_address(
-        PULSAR_ADDRESS, max(partition, 0),
+        PULSAR_ADDRESS,
+        max(partition, 0),
         base64.b64encode(encode_message_id(ledger, entry, partition=partition)).decode(),
     )
 
@@ -211,8 +212,11 @@ class PulsarHttpMessages:
             )
         if status != 200 or headers.get("X-Pulsar-Message-ID") != f"{ledger}:{entry}":
             return None
-        if any(h in headers for h in _NOT_PLAIN_HEADERS) or headers.get("X-Pulsar-Is-Encrypted", "false") != "false" \
-                or headers.get("X-Pulsar-compression", "NONE") != "NONE":
+        if (
+            any(h in headers for h in _NOT_PLAIN_HEADERS)
+            or headers.get("X-Pulsar-Is-Encrypted", "false") != "false"
+            or headers.get("X-Pulsar-compression", "NONE") != "NONE"
+        ):
             return None
         try:
             properties = json.loads(headers.get("X-Pulsar-PROPERTY") or "{}")
@@ -245,7 +249,9 @@ class PulsarHttpMessages:
             return status, headers, data
         return None
 
-    def _exchange(self, base: ParseResult, method: str, path: str, body: bytes | None) -> tuple[int, dict[str, str], bytes]:
+    def _exchange(
+        self, base: ParseResult, method: str, path: str, body: bytes | None
+    ) -> tuple[int, dict[str, str], bytes]:
         same = base == self._base
         for attempt in range(2):
             conn = self._connection() if same else self._new_connection(base)

@@ -13,4 +13,17 @@ from airflow_provider_pulsarstate.engine.recipes.table import (
 )
 from airflow_provider_pulsarstate.engine.recipes.xcom_store import XComRecord, XComStore
 
-__all__ = ["MapChange", "PulsarMap", "SourceRange", "StateTable", "TableChange", "ViewInfo", "ViewPlan", "ViewResult", "ViewStager", "XComRecord", "XComStore", "register_scope_predicate"]
+__all__ = [
+    "MapChange",
+    "PulsarMap",
+    "SourceRange",
+    "StateTable",
+    "TableChange",
+    "ViewInfo",
+    "ViewPlan",
+    "ViewResult",
+    "ViewStager",
+    "XComRecord",
+    "XComStore",
+    "register_scope_predicate",
+]

@@ -14,7 +14,12 @@ from airflow_provider_pulsarstate.engine.manager import SharedStateManager
 
 
 def reset_fence(
-    backend: Backend, topic: str, name: str, *, lease_log: str | None = None, operation_timeout: float = 30.0,
+    backend: Backend,
+    topic: str,
+    name: str,
+    *,
+    lease_log: str | None = None,
+    operation_timeout: float = 30.0,
     acquire_timeout: float = 30.0,
 ) -> dict[FenceKey, int]:
     """Remove the fence of lease ``name`` from the state log ``topic``, with a record in the log
@@ -28,8 +33,15 @@ def reset_fence(
     if read_beginning(backend, topic, timeout=operation_timeout).empty:
         raise TableNotFoundError(topic=topic)
     manager: SharedStateManager[None, bytes] = SharedStateManager(
-        backend, topic, initializer=_nothing, applier=_ignore, op_serializer=bytes, op_deserializer=bytes,
-        operation_timeout=operation_timeout, acquire_timeout=acquire_timeout, writer_idle_timeout=None,
+        backend,
+        topic,
+        initializer=_nothing,
+        applier=_ignore,
+        op_serializer=bytes,
+        op_deserializer=bytes,
+        operation_timeout=operation_timeout,
+        acquire_timeout=acquire_timeout,
+        writer_idle_timeout=None,
     )
     with manager:
         return manager.reset_fence(name, lease_log=lease_log)

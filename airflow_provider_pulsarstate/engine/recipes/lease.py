@@ -188,12 +188,18 @@ class LeaseInfo:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "holder": self.holder, "token": self.token, "ttl": self.ttl,
-            "acquired_at": self.acquired_at, "renewed_at": self.renewed_at, "transitions": self.transitions,
-            "observed_age": round(self.observed_age, 3), "held": self.held, "expired": self.expired,
+            "name": self.name,
+            "holder": self.holder,
+            "token": self.token,
+            "ttl": self.ttl,
+            "acquired_at": self.acquired_at,
+            "renewed_at": self.renewed_at,
+            "transitions": self.transitions,
+            "observed_age": round(self.observed_age, 3),
+            "held": self.held,
+            "expired": self.expired,
             "offset": self.offset,
         }
-
 
 
 @dataclass(slots=True)
@@ -319,34 +325,63 @@ class Leases(Recipe):
         _check_holder(holder)
         if not _positive(ttl):
             raise ConfigurationError(f"lease {name!r}: ttl must be a positive number of seconds, got {ttl!r}")
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                    or not math.isfinite(timeout) or timeout < 0):
-            raise ConfigurationError(f"lease {name!r}: timeout must be None or a number of seconds >= 0, got {timeout!r}")
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float))
+            or not math.isfinite(timeout)
+            or timeout < 0
+        ):
+            raise ConfigurationError(
+                f"lease {name!r}: timeout must be None or a number of seconds >= 0, got {timeout!r}"
+            )
         ttl = float(ttl)
         deadline = None if timeout is None else self._clock() + timeout
         while True:
             outcome: dict[str, Any] = {}
             sent = self._clock()
-            info = self._write(self._acquire_ops(name, holder, ttl, steal, outcome), lambda s: self._info(s, name),
-                               what=f"acquire lease {name!r} for {holder!r}", lease=name, until=math.inf if deadline is None else deadline)
+            info = self._write(
+                self._acquire_ops(name, holder, ttl, steal, outcome),
+                lambda s: self._info(s, name),
+                what=f"acquire lease {name!r} for {holder!r}",
+                lease=name,
+                until=math.inf if deadline is None else deadline,
+            )
             token = outcome.get("token")
             if token is not None and info is not None and info.token == token and info.holder == holder:
                 with self._sent_lock:
                     self._sent[(name, token)] = (sent, ttl)
                 previous = outcome.get("previous")
-                how = ("stolen from a valid holder" if outcome.get("stolen") else
-                       "after expiry" if outcome.get("expired") else "re-acquired" if previous == holder else "free")
-                log.info("%s: lease %r acquired by %r with token %d (previous holder %r, %s)",
-                         self.topic, name, holder, token, previous, how)
+                how = (
+                    "stolen from a valid holder"
+                    if outcome.get("stolen")
+                    else "after expiry"
+                    if outcome.get("expired")
+                    else "re-acquired"
+                    if previous == holder
+                    else "free"
+                )
+                log.info(
+                    "%s: lease %r acquired by %r with token %d (previous holder %r, %s)",
+                    self.topic,
+                    name,
+                    holder,
+                    token,
+                    previous,
+                    how,
+                )
                 return Lease(name=name, holder=holder, token=token, ttl=ttl, topic=self.topic)
             now = self._clock()
             if deadline is not None and now >= deadline:
-                held = f"held by {info.holder!r} with token {info.token}" if info is not None and info.held else "not won"
+                held = (
+                    f"held by {info.holder!r} with token {info.token}" if info is not None and info.held else "not won"
+                )
                 raise LeaseTimeoutError(
                     f"{self.topic}: lease {name!r} is still {held} (observed {info.observed_age:.1f}s ago, ttl "
-                    f"{info.ttl:g}s) after {timeout:g}s" if info is not None and info.held else
-                    f"{self.topic}: lease {name!r} was not won within {timeout:g}s",
-                    lease=name, current=info,
+                    f"{info.ttl:g}s) after {timeout:g}s"
+                    if info is not None and info.held
+                    else f"{self.topic}: lease {name!r} was not won within {timeout:g}s",
+                    lease=name,
+                    current=info,
                 )
             wait = min(self.poll_interval, outcome.get("expires_in", self.poll_interval))
             if deadline is not None:
@@ -368,8 +403,12 @@ class Leases(Recipe):
                     outcome["expires_in"] = left
                     return []
             token = (rec.token if rec is not None else 0) + 1
-            outcome.update(token=token, previous=rec.holder if rec is not None else None, expired=expired,
-                           stolen=steal and rec is not None and rec.holder not in (None, holder) and not expired)
+            outcome.update(
+                token=token,
+                previous=rec.holder if rec is not None else None,
+                expired=expired,
+                stolen=steal and rec is not None and rec.holder not in (None, holder) and not expired,
+            )
             return [{"op": _ACQUIRE, "name": name, "holder": holder, "token": token, "ttl": ttl, "at": time.time()}]
 
         return ops
@@ -398,13 +437,26 @@ class Leases(Recipe):
             rec = state.get(lease.name)
             if rec is None or rec.holder != lease.holder or rec.token != lease.token:
                 raise self._lost(lease, state, "renew")
-            return [{"op": _RENEW, "name": lease.name, "holder": lease.holder, "token": lease.token,
-                     "ttl": new_ttl, "at": time.time()}]
+            return [
+                {
+                    "op": _RENEW,
+                    "name": lease.name,
+                    "holder": lease.holder,
+                    "token": lease.token,
+                    "ttl": new_ttl,
+                    "at": time.time(),
+                }
+            ]
 
         sent = self._clock()
         try:
-            self._write(ops, what=f"renew lease {lease.name!r} (token {lease.token})", lease=lease.name,
-                        until=None if timeout is None else sent + max(0.0, timeout), at_most=timeout is not None)
+            self._write(
+                ops,
+                what=f"renew lease {lease.name!r} (token {lease.token})",
+                lease=lease.name,
+                until=None if timeout is None else sent + max(0.0, timeout),
+                at_most=timeout is not None,
+            )
         except LeaseLostError:
             self._forget(lease)
             raise
@@ -428,7 +480,9 @@ class Leases(Recipe):
             done[0] = rec is not None and rec.holder == lease.holder and rec.token == lease.token
             if not done[0]:
                 return []
-            return [{"op": _RELEASE, "name": lease.name, "holder": lease.holder, "token": lease.token, "at": time.time()}]
+            return [
+                {"op": _RELEASE, "name": lease.name, "holder": lease.holder, "token": lease.token, "at": time.time()}
+            ]
 
         try:
             self._write(ops, what=f"release lease {lease.name!r} (token {lease.token})", lease=lease.name)
@@ -492,8 +546,14 @@ class Leases(Recipe):
 
     # ------------------------------------------------------------------ internals
     def _write(
-        self, ops: Callable[[dict[str, _Record]], list[dict[str, Any]]], reader: Any = None, *,
-        what: str, lease: str, until: float | None = None, at_most: bool = False,
+        self,
+        ops: Callable[[dict[str, _Record]], list[dict[str, Any]]],
+        reader: Any = None,
+        *,
+        what: str,
+        lease: str,
+        until: float | None = None,
+        at_most: bool = False,
     ) -> Any:
         """A write whose ops see the tail, retried while the lease log's writer is contended.
 
@@ -523,7 +583,8 @@ class Leases(Recipe):
                     raise LeaseTimeoutError(
                         f"{self.topic}: could not {what}: {attempts} attempt(s) in which the lease log's writer "
                         f"was contended or unavailable; the last: {exc}",
-                        lease=lease, current=None,
+                        lease=lease,
+                        current=None,
                     ) from exc
                 log.info("%s: %s: attempt %d decided nothing (%s); trying again", self.topic, what, attempts, exc)
                 backoff.sleep(deadline=time.monotonic() + max(0.0, until - self._clock()))
@@ -550,7 +611,9 @@ class Leases(Recipe):
             now = f"it is held by {info.holder!r} with token {info.token}"
         return LeaseLostError(
             f"{self.topic}: cannot {what} lease {lease.name!r} of {lease.holder!r} with token {lease.token}: {now}",
-            lease=lease.name, token=lease.token, current=info,
+            lease=lease.name,
+            token=lease.token,
+            current=info,
         )
 
     def _info(self, state: dict[str, _Record], name: str) -> LeaseInfo | None:
@@ -558,9 +621,15 @@ class Leases(Recipe):
         if rec is None:
             return None
         return LeaseInfo(
-            name=name, holder=rec.holder, token=rec.token, ttl=rec.ttl, acquired_at=rec.acquired_at,
-            renewed_at=rec.renewed_at, transitions=rec.transitions,
-            observed_age=max(0.0, self._clock() - self._observed_at(name, rec)), offset=rec.offset,
+            name=name,
+            holder=rec.holder,
+            token=rec.token,
+            ttl=rec.ttl,
+            acquired_at=rec.acquired_at,
+            renewed_at=rec.renewed_at,
+            transitions=rec.transitions,
+            observed_age=max(0.0, self._clock() - self._observed_at(name, rec)),
+            offset=rec.offset,
         )
 
     def _observed_at(self, name: str, rec: _Record) -> float:
@@ -587,16 +656,29 @@ class Leases(Recipe):
         if kind == _ACQUIRE:
             expected = (rec.token if rec is not None else 0) + 1
             if token != expected:
-                log.warning("%s: ignoring the acquire of lease %r at offset %d: token %d, expected %d",
-                            self.topic, name, offset, token, expected)
+                log.warning(
+                    "%s: ignoring the acquire of lease %r at offset %d: token %d, expected %d",
+                    self.topic,
+                    name,
+                    offset,
+                    token,
+                    expected,
+                )
                 return
             transitions = 0 if rec is None else rec.transitions + (rec.holder != holder)
             state[name] = rec = _Record(holder, token, op["ttl"], op["at"], op["at"], transitions, offset)
             self._observe(name, rec)
             return
         if rec is None or rec.holder != holder or rec.token != token:
-            log.warning("%s: ignoring the %s of lease %r at offset %d: token %d of %r is not the current one",
-                        self.topic, kind, name, offset, token, holder)
+            log.warning(
+                "%s: ignoring the %s of lease %r at offset %d: token %d of %r is not the current one",
+                self.topic,
+                kind,
+                name,
+                offset,
+                token,
+                holder,
+            )
             return
         if kind == _RENEW:
             rec.ttl, rec.renewed_at, rec.offset = op["ttl"], op["at"], offset
@@ -625,7 +707,9 @@ class Leases(Recipe):
                     raise ValueError(f"lease {name!r}: image field {field!r} must be an integer >= 0, got {value!r}")
             if holder is not None and (not isinstance(holder, str) or not holder):
                 raise ValueError(f"lease {name!r}: image field 'holder' must be null or a non-empty string")
-            state[name] = rec = _Record(holder, token, float(ttl), float(acquired_at), float(renewed_at), transitions, offset)
+            state[name] = rec = _Record(
+                holder, token, float(ttl), float(acquired_at), float(renewed_at), transitions, offset
+            )
             self._observe(name, rec)  # observed at load time
         return state
 
@@ -736,11 +820,14 @@ class LeaseKeeper:
         while True:
             remaining = self._leases.remaining(self.lease)
             if remaining <= 0:
-                self._lose(LeaseLostError(
-                    f"{self._leases.topic}: lease {self.lease.name!r} (token {self.lease.token}) expired here: "
-                    f"not renewed within its ttl of {self.lease.ttl:g}s (the lease log did not answer in time)",
-                    lease=self.lease.name, token=self.lease.token,
-                ))
+                self._lose(
+                    LeaseLostError(
+                        f"{self._leases.topic}: lease {self.lease.name!r} (token {self.lease.token}) expired here: "
+                        f"not renewed within its ttl of {self.lease.ttl:g}s (the lease log did not answer in time)",
+                        lease=self.lease.name,
+                        token=self.lease.token,
+                    )
+                )
                 return
             # Short waits: Event.wait counts monotonic time, which stops during a suspend.
             if self._stop.wait(min(remaining, self.watch_interval)):
@@ -782,10 +869,14 @@ def _validate(op: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"lease op field 'op' must be one of acquire, renew, release, got {kind!r}")
     name = op.get("name")
     if not isinstance(name, str) or not name or len(name.encode()) > MAX_LEASE_NAME_BYTES:
-        raise ValueError(f"lease op field 'name' must be a non-empty string of at most {MAX_LEASE_NAME_BYTES} bytes, got {name!r:.80}")
+        raise ValueError(
+            f"lease op field 'name' must be a non-empty string of at most {MAX_LEASE_NAME_BYTES} bytes, got {name!r:.80}"
+        )
     holder = op.get("holder")
     if not isinstance(holder, str) or not holder or len(holder.encode()) > MAX_HOLDER_BYTES:
-        raise ValueError(f"lease {name!r}: op field 'holder' must be a non-empty string of at most {MAX_HOLDER_BYTES} bytes, got {holder!r:.80}")
+        raise ValueError(
+            f"lease {name!r}: op field 'holder' must be a non-empty string of at most {MAX_HOLDER_BYTES} bytes, got {holder!r:.80}"
+        )
     token = op.get("token")
     if isinstance(token, bool) or not isinstance(token, int) or not 1 <= token <= MAX_TOKEN:
         raise ValueError(f"lease {name!r}: op field 'token' must be an integer in 1 .. 2**64 - 1, got {token!r}")
@@ -827,7 +918,11 @@ def _check_holder(holder: object) -> str:
     try:
         size = len(holder.encode())
     except UnicodeEncodeError as exc:
-        raise ConfigurationError(f"lease holder (field 'holder') is not UTF-8 encodable ({exc.reason}): {holder[:40]!r}") from None
+        raise ConfigurationError(
+            f"lease holder (field 'holder') is not UTF-8 encodable ({exc.reason}): {holder[:40]!r}"
+        ) from None
     if size > MAX_HOLDER_BYTES:
-        raise ConfigurationError(f"lease holder (field 'holder') {holder[:40]!r}... is longer than {MAX_HOLDER_BYTES} bytes")
+        raise ConfigurationError(
+            f"lease holder (field 'holder') {holder[:40]!r}... is longer than {MAX_HOLDER_BYTES} bytes"
+        )
     return holder

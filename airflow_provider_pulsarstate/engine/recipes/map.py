@@ -190,7 +190,13 @@ class PulsarMap(Recipe, Generic[K, V]):
         return self.get_or_default(key, None, latest=latest, linearizable=linearizable, timeout=timeout)
 
     def get_or_default(
-        self, key: K, default: V | None, *, latest: bool = False, linearizable: bool = False, timeout: float | None = None
+        self,
+        key: K,
+        default: V | None,
+        *,
+        latest: bool = False,
+        linearizable: bool = False,
+        timeout: float | None = None,
     ) -> V | None:
         """The value of ``key``, or ``default``."""
         data = self.manager.read(lambda m: m.get(key), latest=latest, linearizable=linearizable, timeout=timeout)
@@ -237,7 +243,12 @@ class PulsarMap(Recipe, Generic[K, V]):
 
     # ------------------------------------------------------------------ writes
     def update(
-        self, key: K, operation: Callable[[K, V | None], V | None], *, retry: bool = True, timeout: float | None = None,
+        self,
+        key: K,
+        operation: Callable[[K, V | None], V | None],
+        *,
+        retry: bool = True,
+        timeout: float | None = None,
         lease: Fence | None = None,
     ) -> V | None:
         """Atomically set ``key`` to ``operation(key, current)``; None deletes it. Returns the new value.
@@ -253,7 +264,9 @@ class PulsarMap(Recipe, Generic[K, V]):
         """:meth:`update` returning a Future; concurrent updates share one commit."""
         return self.manager.write_async(*self._update(key, operation), retry=retry, lease=lease)
 
-    def _update(self, key: K, operation: Callable[[K, V | None], V | None]) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    def _update(
+        self, key: K, operation: Callable[[K, V | None], V | None]
+    ) -> tuple[Callable[..., Any], Callable[..., Any]]:
         self._key_bytes(key)  # a bad key fails now, not in the committer
 
         def ops(m: dict[K, bytes]) -> list[tuple[int, Any, Any]]:
@@ -266,7 +279,9 @@ class PulsarMap(Recipe, Generic[K, V]):
 
         return ops, lambda m: self._decode(key, m.get(key))
 
-    def _set(self, key: K, value: V | None, when: Callable[[V | None], bool]) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    def _set(
+        self, key: K, value: V | None, when: Callable[[V | None], bool]
+    ) -> tuple[Callable[..., Any], Callable[..., Any]]:
         """Set ``key`` to ``value`` (None: delete) if ``when(current)``; key and value serialized now."""
         self._key_bytes(key)
         data = None if value is None else self._encode(key, value)
@@ -327,12 +342,20 @@ class PulsarMap(Recipe, Generic[K, V]):
         return self.manager.write(*self._set(key, value, _is_none), retry=retry, timeout=timeout, lease=lease)
 
     def replace(
-        self, key: K, expected: V | None, value: V, *, retry: bool = True, timeout: float | None = None,
+        self,
+        key: K,
+        expected: V | None,
+        value: V,
+        *,
+        retry: bool = True,
+        timeout: float | None = None,
         lease: Fence | None = None,
     ) -> V | None:
         """Compare-and-set: set ``key`` to ``value`` only when it currently equals ``expected``
         (None: absent). Returns the value after the write."""
-        return self.manager.write(*self._set(key, value, lambda v: v == expected), retry=retry, timeout=timeout, lease=lease)
+        return self.manager.write(
+            *self._set(key, value, lambda v: v == expected), retry=retry, timeout=timeout, lease=lease
+        )
 
     def delete(self, key: K, *, retry: bool = True, timeout: float | None = None, lease: Fence | None = None) -> None:
         """Remove ``key`` (PIP semantics: returns the value after, i.e. None)."""
@@ -418,7 +441,6 @@ class PulsarMap(Recipe, Generic[K, V]):
         name = {_PUT: "set", _DELETE: "delete", _CLEAR: "clear"}[kind]
         value = self._decode(key, data) if kind == _PUT else None
         return MapChange(name, key, value, change.offset, change.publish_time)
-
 
 
 def _always(current: Any) -> bool:

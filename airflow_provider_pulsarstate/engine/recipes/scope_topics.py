@@ -36,7 +36,7 @@ def scope_topic(base_topic: str, namespace: str, kind: str, *identity: str) -> s
 
 def is_scope_topic(topic: str, prefix: str) -> bool:
     """Whether ``topic`` is a scope map's log under ``prefix`` (not one of its checkpoint topics)."""
-    rest = topic[len(prefix):]
+    rest = topic[len(prefix) :]
     return topic.startswith(prefix) and len(rest) == DIGEST_CHARS and all(c in "0123456789abcdef" for c in rest)
 
 
@@ -46,7 +46,12 @@ def list_scope_topics(backend: Backend, prefix: str) -> list[str]:
 
 
 def drop_map_if_unchanged(
-    backend: Backend, topic: str, *, read: Callable[[], dict[str, Any]], expected: dict[str, Any], timeout: float,
+    backend: Backend,
+    topic: str,
+    *,
+    read: Callable[[], dict[str, Any]],
+    expected: dict[str, Any],
+    timeout: float,
 ) -> bool:
     """Delete a map's topics (the log and its checkpoints) only if ``read()`` (a fresh replay of
     the map, made by the caller) still returns exactly ``expected`` (compare-and-delete). The check

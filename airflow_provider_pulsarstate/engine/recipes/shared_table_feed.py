@@ -111,7 +111,9 @@ class _Record:
         if prefix is None:
             return TableCommit(self.offset, self.publish_time, self.sets, self.deletes, tuple(self.applied))
         sets, deletes = self.under.get(prefix, (0, 0))
-        return TableCommit(self.offset, self.publish_time, self.sets, self.deletes, tuple(self.applied), prefix, sets, deletes)
+        return TableCommit(
+            self.offset, self.publish_time, self.sets, self.deletes, tuple(self.applied), prefix, sets, deletes
+        )
 
 
 class _LogTap:
@@ -137,7 +139,11 @@ class _LogTap:
         if self._manager is None:
             _check_exists(self.backend, self.topic, self.operation_timeout)
             self._manager = _open_manager(
-                self.backend, self.topic, limit=self._after, operation_timeout=self.operation_timeout, on_corrupt="raise",
+                self.backend,
+                self.topic,
+                limit=self._after,
+                operation_timeout=self.operation_timeout,
+                on_corrupt="raise",
             )
             self._manager.add_listener(self._on_change)
         if prefixes != self._prefixes.all:
@@ -216,8 +222,10 @@ class _Hub:
         self.config, self.topic = config, topic
         self._registry = registry
         self._worker: WorkerThread[tuple[_Taps, ConnectionConfig]] = WorkerThread(
-            lambda: open_on_shared_backend(config, lambda backend: _Taps(backend, config, topic)), close_on_shared_backend,
-            name="pulsarstate-table-feed", what=f"the shared table feed of {topic}",
+            lambda: open_on_shared_backend(config, lambda backend: _Taps(backend, config, topic)),
+            close_on_shared_backend,
+            name="pulsarstate-table-feed",
+            what=f"the shared table feed of {topic}",
         )
         self.members: set[AsyncTableFeed] = set()  # entered and not left (the hub closes after the last)
         self.feeds: set[AsyncTableFeed] = set()  # started: each has its watermark
@@ -346,7 +354,9 @@ class _Hub:
             feed._join_error = CommitNotFoundError(
                 f"the feed's watermark {feed._after} lies past the last commit {self._position} of table {self.topic!r}: "
                 "the table was recreated, or the watermark belongs to another table",
-                topic=self.topic, offset=feed._after, last_offset=self._position,
+                topic=self.topic,
+                offset=feed._after,
+                last_offset=self._position,
             )
         elif feed._after < self._covered_from(feed.key_prefix):
             return False
@@ -465,7 +475,12 @@ class AsyncTableFeed:
     """
 
     def __init__(
-        self, config: ConnectionConfig, topic: str, *, after: int | None, key_prefix: str | None = None,
+        self,
+        config: ConnectionConfig,
+        topic: str,
+        *,
+        after: int | None,
+        key_prefix: str | None = None,
         freshness: float = 0.0,
     ) -> None:
         if after is not None:

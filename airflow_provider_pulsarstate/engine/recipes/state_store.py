@@ -203,12 +203,13 @@ def parse_state_key(namespace: str, map_key: Any) -> tuple[StateScope, str]:
     :raises StateStoreDataError: not a state key of this namespace, malformed or not in canonical
         form (one spelling per entry); the message names the key.
     """
+
     def bad(why: str) -> StateStoreDataError:
         return StateStoreDataError(f"{map_key!r} does not name a state entry of namespace {namespace!r}: {why}")
 
     if not isinstance(map_key, str) or not map_key.startswith(f"{namespace}/"):
         raise bad("another namespace, or not a key")
-    kind, _, rest = map_key[len(namespace) + 1:].partition("/")
+    kind, _, rest = map_key[len(namespace) + 1 :].partition("/")
     parts = rest.split("/")
     scope: StateScope
     if kind == "task" and len(parts) == 5:
@@ -269,7 +270,12 @@ class StateStore:
     """
 
     def __init__(
-        self, maps: MapSource, base_topic: str, *, namespace: str, clock: Callable[[], float] = time.time,
+        self,
+        maps: MapSource,
+        base_topic: str,
+        *,
+        namespace: str,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         if not namespace or "/" in namespace:
             raise ValueError(f"namespace must be non-empty without '/': {namespace!r}")
@@ -314,8 +320,14 @@ class StateStore:
 
     # ------------------------------------------------------------------ records
     def _record(self, map_key: str, raw: Any, topic: str = "") -> StateEntry:
-        if not isinstance(raw, dict) or set(raw) != {"json", "expires_at"} or not isinstance(raw["json"], str) or not (
-            raw["expires_at"] is None or (isinstance(raw["expires_at"], (int, float)) and not isinstance(raw["expires_at"], bool))
+        if (
+            not isinstance(raw, dict)
+            or set(raw) != {"json", "expires_at"}
+            or not isinstance(raw["json"], str)
+            or not (
+                raw["expires_at"] is None
+                or (isinstance(raw["expires_at"], (int, float)) and not isinstance(raw["expires_at"], bool))
+            )
         ):
             raise StateStoreDataError(
                 f"{topic}: state entry {map_key!r} is not a state record "
@@ -350,7 +362,9 @@ class StateStore:
         try:
             return json.dumps(value)
         except (TypeError, ValueError) as exc:
-            raise StateStoreDataError(f"the value for state entry {map_key!r} is not JSON-serializable: {exc}") from None
+            raise StateStoreDataError(
+                f"the value for state entry {map_key!r} is not JSON-serializable: {exc}"
+            ) from None
 
     # ------------------------------------------------------------------ reads
     def get_entry(self, scope: StateScope, key: str, *, latest: bool = True) -> StateEntry | None:
@@ -390,7 +404,7 @@ class StateStore:
                 if entry is None:
                     return
                 if all_map_indices and isinstance(scope, TaskStateScope):
-                    index = int(map_key[len(prefix):].split("/", 1)[0])
+                    index = int(map_key[len(prefix) :].split("/", 1)[0])
                     out[(index, entry.key)] = entry.value
                 else:
                     out[entry.key] = entry.value
@@ -399,11 +413,15 @@ class StateStore:
         return out
 
     # ------------------------------------------------------------------ writes
-    def set_json(self, scope: StateScope, key: str, json_text: str, *, expires_at: datetime | float | None = None) -> None:
+    def set_json(
+        self, scope: StateScope, key: str, json_text: str, *, expires_at: datetime | float | None = None
+    ) -> None:
         """Store JSON text verbatim (checked to parse) until ``expires_at`` (None: never expires)."""
         map_key = self.map_key(scope, key)
         if not isinstance(json_text, str):
-            raise StateStoreDataError(f"the value for state entry {map_key!r} must be JSON text, not {type(json_text).__name__}")
+            raise StateStoreDataError(
+                f"the value for state entry {map_key!r} must be JSON text, not {type(json_text).__name__}"
+            )
         try:
             json.loads(json_text)
         except ValueError as exc:
@@ -442,9 +460,7 @@ class StateStore:
         with self.table(scope) as table:
             return table.update_multiple(lambda k: k.startswith(prefix), lambda k, v: None)
 
-    def update(
-        self, scope: StateScope, key: str, fn: Callable[[Any], Any], *, expires_at: Any = KEEP
-    ) -> Any:
+    def update(self, scope: StateScope, key: str, fn: Callable[[Any], Any], *, expires_at: Any = KEEP) -> Any:
         """Atomically replace the value with ``fn(current)`` (``current``: the decoded value, None
         when absent or expired); ``fn`` returning None deletes the entry. Returns the new value.
 

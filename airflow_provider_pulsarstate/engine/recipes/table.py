@@ -109,9 +109,21 @@ from airflow_provider_pulsarstate.engine.recipes.view_staging import (
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "KEEP_CLOSED_VIEWS", "SourceRange", "StateTable", "TableChange", "ViewInfo", "ViewPlan", "ViewResult",
-    "ViewStager", "canonical", "check_view_id", "register_scope_predicate", "resolve_predicate", "source_ranges",
-    "stager_name", "staging_topic",
+    "KEEP_CLOSED_VIEWS",
+    "SourceRange",
+    "StateTable",
+    "TableChange",
+    "ViewInfo",
+    "ViewPlan",
+    "ViewResult",
+    "ViewStager",
+    "canonical",
+    "check_view_id",
+    "register_scope_predicate",
+    "resolve_predicate",
+    "source_ranges",
+    "stager_name",
+    "staging_topic",
 ]
 
 _PREDICATE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
@@ -176,9 +188,7 @@ class SourceRange:
         return cls(data["topic"], data["partition"], data["start"], data["next"])
 
 
-def source_ranges(
-    topic: str, start: Mapping[int, int], next_offsets: Mapping[int, int]
-) -> list[SourceRange]:
+def source_ranges(topic: str, start: Mapping[int, int], next_offsets: Mapping[int, int]) -> list[SourceRange]:
     """The ranges ``[start[p], next_offsets[p])`` of every partition of ``topic`` (same partitions in both).
 
     :raises ConfigurationError: the two mappings name different partitions, or a bad range.
@@ -340,7 +350,11 @@ class StateTable(Recipe):
     """
 
     def __init__(
-        self, backend: Backend, topic: str, *, checkpoint_after_bytes: int | None = DEFAULT_CHECKPOINT_AFTER_BYTES,
+        self,
+        backend: Backend,
+        topic: str,
+        *,
+        checkpoint_after_bytes: int | None = DEFAULT_CHECKPOINT_AFTER_BYTES,
         **manager_options: Any,
     ) -> None:
         self.backend = backend
@@ -349,10 +363,16 @@ class StateTable(Recipe):
         self._key_index: tuple[int, _TableState, list[str]] | None = None
         manager_options.setdefault("operation_timeout", 120.0)
         self.manager: SharedStateManager[_TableState, dict[str, Any]] = SharedStateManager(
-            backend, topic, initializer=_TableState, applier=self._apply,
-            op_serializer=encode_op, op_deserializer=decode_checked_op,
-            state_serializer=_serialize_image, state_deserializer=_deserialize_image,
-            checkpoint_after_bytes=checkpoint_after_bytes, **manager_options,
+            backend,
+            topic,
+            initializer=_TableState,
+            applier=self._apply,
+            op_serializer=encode_op,
+            op_deserializer=decode_checked_op,
+            state_serializer=_serialize_image,
+            state_deserializer=_deserialize_image,
+            checkpoint_after_bytes=checkpoint_after_bytes,
+            **manager_options,
         )
 
     # ------------------------------------------------------------------ replication
@@ -396,9 +416,15 @@ class StateTable(Recipe):
         def on_change(change: Change[dict[str, Any]]) -> None:
             op = change.op
             if op["o"] in ("set", "del"):
-                listener(TableChange(
-                    "set" if op["o"] == "set" else "delete", op["k"], decode_row(op["k"], op.get("v")), op.get("w"), change.offset
-                ))
+                listener(
+                    TableChange(
+                        "set" if op["o"] == "set" else "delete",
+                        op["k"],
+                        decode_row(op["k"], op.get("v")),
+                        op.get("w"),
+                        change.offset,
+                    )
+                )
 
         self.manager.add_listener(on_change)
 
@@ -415,7 +441,12 @@ class StateTable(Recipe):
         return self.manager.read(lambda s: len(s.rows), latest=latest, timeout=timeout)
 
     def rows_page(
-        self, *, prefix: str = "", after: str | None = None, limit: int = 100, latest: bool = False,
+        self,
+        *,
+        prefix: str = "",
+        after: str | None = None,
+        limit: int = 100,
+        latest: bool = False,
         timeout: float | None = None,
     ) -> tuple[list[tuple[str, Record]], str | None]:
         """One page of rows, in key order: at most ``limit`` rows whose key starts with ``prefix``
@@ -432,7 +463,11 @@ class StateTable(Recipe):
 
         def run(s: _TableState) -> tuple[list[tuple[str, bytes]], bool]:
             keys = self._sorted_keys(s)
-            start = bisect.bisect_right(keys, after) if after is not None and after >= prefix else bisect.bisect_left(keys, prefix)
+            start = (
+                bisect.bisect_right(keys, after)
+                if after is not None and after >= prefix
+                else bisect.bisect_left(keys, prefix)
+            )
             page: list[tuple[str, bytes]] = []
             for key in keys[start : start + limit + 1]:
                 if not key.startswith(prefix):
@@ -478,14 +513,17 @@ class StateTable(Recipe):
 
     def delete(self, key: str, *, timeout: float | None = None, lease: Fence | None = None) -> None:
         """Delete one row directly (not through a view)."""
-        self.manager.write(
-            lambda s: [del_op(key)] if key in s.rows else [], timeout=timeout, lease=lease
-        )
+        self.manager.write(lambda s: [del_op(key)] if key in s.rows else [], timeout=timeout, lease=lease)
 
     # ------------------------------------------------------------------ views
     def create_view(
-        self, *, view_id: str | None = None, scope_prefix: str | None = None, scope_predicate: str | None = None,
-        ttl: float = 86400.0, lease: Fence | None = None,
+        self,
+        *,
+        view_id: str | None = None,
+        scope_prefix: str | None = None,
+        scope_predicate: str | None = None,
+        ttl: float = 86400.0,
+        lease: Fence | None = None,
     ) -> ViewInfo:
         """Open a view; its baseline is the table's commit offset at creation.
 
@@ -510,15 +548,23 @@ class StateTable(Recipe):
             out = self._expiry_ops(s, expired)
             if vid not in s.views:
                 meta = {
-                    "scope_prefix": scope_prefix, "scope_predicate": scope_predicate,
-                    "expires_at": time.time() + ttl, "created_at": time.time(),
+                    "scope_prefix": scope_prefix,
+                    "scope_predicate": scope_predicate,
+                    "expires_at": time.time() + ttl,
+                    "created_at": time.time(),
                 }
                 out.append({"o": "view", "id": vid, "meta": meta})
             return out
 
         info = self.manager.write(ops, lambda s: self._info(s, vid), lease=lease)
         self._delete_staging(expired)
-        log.info("view %s on %s open at baseline offset %d (scope: %s)", vid, self.topic, info.baseline, info.describe_scope())
+        log.info(
+            "view %s on %s open at baseline offset %d (scope: %s)",
+            vid,
+            self.topic,
+            info.baseline,
+            info.describe_scope(),
+        )
         return info
 
     def view_info(self, view_id: str, *, latest: bool = True) -> ViewInfo | None:
@@ -532,8 +578,12 @@ class StateTable(Recipe):
         return ViewStager(self.backend, self.topic, view_id, **options)
 
     def seal(
-        self, view_id: str, *, stagers: Iterable[ViewStager] | Mapping[str, int],
-        source_offsets: Iterable[SourceRange] = (), lease: Fence | None = None,
+        self,
+        view_id: str,
+        *,
+        stagers: Iterable[ViewStager] | Mapping[str, int],
+        source_offsets: Iterable[SourceRange] = (),
+        lease: Fence | None = None,
     ) -> ViewInfo:
         """Record that staging is complete: which stagers staged how many rows, and from which source offsets.
 
@@ -584,7 +634,9 @@ class StateTable(Recipe):
             return [op]
 
         info = self.manager.write(ops, lambda s: self._info(s, check_view_id(view_id)), lease=lease)
-        log.info("view %s on %s sealed: %d row(s) from %d stager(s)", view_id, self.topic, sum(counts.values()), len(counts))
+        log.info(
+            "view %s on %s sealed: %d row(s) from %d stager(s)", view_id, self.topic, sum(counts.values()), len(counts)
+        )
         return info
 
     def plan(self, view_id: str, *, sample: int = 10) -> ViewPlan:
@@ -599,16 +651,28 @@ class StateTable(Recipe):
                 for r, recorded in self._source_conflicts(s, info)
             ]
             return ViewPlan(
-                view_id, len(diff.sets), len(diff.deletes), diff.unchanged,
-                diff.sample_sets(sample), diff.sample_deletes(sample), self._conflicts(s, info, diff), stale,
+                view_id,
+                len(diff.sets),
+                len(diff.deletes),
+                diff.unchanged,
+                diff.sample_sets(sample),
+                diff.sample_deletes(sample),
+                self._conflicts(s, info, diff),
+                stale,
             )
 
         return self.manager.read(run, latest=True)
 
     def apply(
-        self, view_id: str, *, overwrite: bool = False, max_deletes: int | None = None,
-        max_delete_fraction: float | None = DEFAULT_MAX_DELETE_FRACTION, sample: int = 10,
-        timeout: float | None = None, lease: Fence | None = None,
+        self,
+        view_id: str,
+        *,
+        overwrite: bool = False,
+        max_deletes: int | None = None,
+        max_delete_fraction: float | None = DEFAULT_MAX_DELETE_FRACTION,
+        sample: int = 10,
+        timeout: float | None = None,
+        lease: Fence | None = None,
     ) -> ViewResult:
         """Publish the minimal diff between the committed table and the view, atomically.
 
@@ -656,7 +720,9 @@ class StateTable(Recipe):
             if meta.get("sealed") != info.sealed or (meta.get("sources") or []) != [
                 [r.topic, r.partition, r.start, r.next] for r in info.sources
             ]:
-                raise ViewSealMismatchError(f"view {view_id!r} on {self.topic} was sealed again during apply; apply again")
+                raise ViewSealMismatchError(
+                    f"view {view_id!r} on {self.topic} was sealed again during apply; apply again"
+                )
             stale = self._source_conflicts(s, info)
             if stale:
                 r, recorded = stale[0]
@@ -665,7 +731,10 @@ class StateTable(Recipe):
                     f"{self.topic} records {recorded} as its next offset: that range was consumed by another "
                     "view already (applying would count it twice); nothing was published -- recompute the view "
                     "from the table's recorded offsets",
-                    topic=r.topic, partition=r.partition, start=r.start, recorded=recorded,
+                    topic=r.topic,
+                    partition=r.partition,
+                    start=r.start,
+                    recorded=recorded,
                 )
             diff = self._diff(s, info, target)
             _check_deletes(view_id, self.topic, diff, target, max_deletes, max_delete_fraction)
@@ -679,8 +748,11 @@ class StateTable(Recipe):
             out: list[dict[str, Any]] = [set_op(k, v, view_id) for k, v in diff.sets.items()]
             out += [del_op(k, view_id) for k in diff.deletes]
             counts = {
-                "set": len(diff.sets), "delete": len(diff.deletes), "unchanged": diff.unchanged,
-                "sample_set": diff.sample_sets(sample), "sample_delete": diff.sample_deletes(sample),
+                "set": len(diff.sets),
+                "delete": len(diff.deletes),
+                "unchanged": diff.unchanged,
+                "sample_set": diff.sample_sets(sample),
+                "sample_delete": diff.sample_deletes(sample),
                 "sources": [r.as_dict() for r in info.sources],
             }
             end: dict[str, Any] = {"o": "view_end", "id": view_id, "status": "applied", "result": counts}
@@ -695,7 +767,13 @@ class StateTable(Recipe):
         if not result.already_applied:
             log.info(
                 "view %s applied to %s at offset %d in %.1fs: set=%d delete=%d unchanged=%d",
-                view_id, self.topic, result.commit_offset, time.monotonic() - start, result.set, result.delete, result.unchanged,
+                view_id,
+                self.topic,
+                result.commit_offset,
+                time.monotonic() - start,
+                result.set,
+                result.delete,
+                result.unchanged,
             )
         self._delete_staging_later(view_id)
         return result
@@ -744,17 +822,32 @@ class StateTable(Recipe):
     def _info(self, s: _TableState, view_id: str) -> ViewInfo:
         m = s.views[view_id]
         return ViewInfo(
-            view_id, self.topic, m["baseline"], m["scope_prefix"], m["expires_at"], m["status"],
-            staging_topic(self.topic, view_id), m.get("result"), m.get("commit_offset", -1), m.get("sealed"),
-            m.get("scope_predicate"), [SourceRange(*r) for r in m.get("sources") or ()],
+            view_id,
+            self.topic,
+            m["baseline"],
+            m["scope_prefix"],
+            m["expires_at"],
+            m["status"],
+            staging_topic(self.topic, view_id),
+            m.get("result"),
+            m.get("commit_offset", -1),
+            m.get("sealed"),
+            m.get("scope_predicate"),
+            [SourceRange(*r) for r in m.get("sources") or ()],
         )
 
     @staticmethod
     def _result(info: ViewInfo, *, already: bool) -> ViewResult:
         counts = info.result or {}
         return ViewResult(
-            info.view_id, counts.get("set", 0), counts.get("delete", 0), counts.get("unchanged", 0),
-            info.commit_offset, already, counts.get("sample_set", []), counts.get("sample_delete", []),
+            info.view_id,
+            counts.get("set", 0),
+            counts.get("delete", 0),
+            counts.get("unchanged", 0),
+            info.commit_offset,
+            already,
+            counts.get("sample_set", []),
+            counts.get("sample_delete", []),
             counts.get("sources", []),
         )
 
@@ -775,8 +868,12 @@ class StateTable(Recipe):
             )
         scoped = info.scope_prefix is not None or info.scope_predicate is not None
         return read_staged(
-            self.backend, view_id=info.view_id, topic=info.staging_topic, sealed=info.sealed,
-            in_scope=info.in_scope() if scoped else None, describe_scope=info.describe_scope(),
+            self.backend,
+            view_id=info.view_id,
+            topic=info.staging_topic,
+            sealed=info.sealed,
+            in_scope=info.in_scope() if scoped else None,
+            describe_scope=info.describe_scope(),
             timeout=self.manager.operation_timeout,
         )
 
@@ -913,8 +1010,12 @@ def resolve_predicate(name: str, *, view_id: str | None = None) -> Callable[[str
 
 
 def _check_deletes(
-    view_id: str, topic: str, diff: _Diff, target: dict[str, bytes | None],
-    max_deletes: int | None, max_delete_fraction: float | None,
+    view_id: str,
+    topic: str,
+    diff: _Diff,
+    target: dict[str, bytes | None],
+    max_deletes: int | None,
+    max_delete_fraction: float | None,
 ) -> None:
     """Raise ViewGuardError when the diff deletes more than the caller allows."""
     deletes = len(diff.deletes)

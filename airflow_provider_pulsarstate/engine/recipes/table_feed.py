@@ -88,9 +88,13 @@ class TableCommit:
     def as_json(self) -> dict[str, Any]:
         """Plain JSON (an asset event's extra)."""
         out: dict[str, Any] = {
-            "offset": self.offset, "publish_time": self.publish_time, "view_id": self.view_id,
-            "view_apply": self.view_apply, "applied_views": list(self.applied_views),
-            "sets": self.sets, "deletes": self.deletes,
+            "offset": self.offset,
+            "publish_time": self.publish_time,
+            "view_id": self.view_id,
+            "view_apply": self.view_apply,
+            "applied_views": list(self.applied_views),
+            "sets": self.sets,
+            "deletes": self.deletes,
         }
         if self.key_prefix is not None:
             out.update(key_prefix=self.key_prefix, prefix_sets=self.prefix_sets, prefix_deletes=self.prefix_deletes)
@@ -125,8 +129,14 @@ class _Tally:
     def commit(self, offset: int) -> TableCommit:
         with_prefix = self.prefix is not None
         return TableCommit(
-            offset, self.publish_time, self.sets, self.deletes, tuple(self.applied), self.prefix,
-            self.prefix_sets if with_prefix else None, self.prefix_deletes if with_prefix else None,
+            offset,
+            self.publish_time,
+            self.sets,
+            self.deletes,
+            tuple(self.applied),
+            self.prefix,
+            self.prefix_sets if with_prefix else None,
+            self.prefix_deletes if with_prefix else None,
         )
 
 
@@ -146,7 +156,9 @@ class CommitChanges:
         sets = [c.key for c in self.changes if c.type == "set"]
         deletes = [c.key for c in self.changes if c.type == "delete"]
         return {
-            **self.commit.as_json(), "changes": len(self.changes), "set_keys": sets[:sample],
+            **self.commit.as_json(),
+            "changes": len(self.changes),
+            "set_keys": sets[:sample],
             "delete_keys": deletes[:sample],
         }
 
@@ -154,11 +166,18 @@ class CommitChanges:
         """:meth:`summary` as aligned text lines (for a task log)."""
         s = self.summary(sample=sample)
         rows = [
-            ("offset", s["offset"]), ("view", s["view_id"] or "-"), ("set", s["sets"]), ("delete", s["deletes"]),
-            ("sample set", ", ".join(s["set_keys"]) or "-"), ("sample delete", ", ".join(s["delete_keys"]) or "-"),
+            ("offset", s["offset"]),
+            ("view", s["view_id"] or "-"),
+            ("set", s["sets"]),
+            ("delete", s["deletes"]),
+            ("sample set", ", ".join(s["set_keys"]) or "-"),
+            ("sample delete", ", ".join(s["delete_keys"]) or "-"),
         ]
         if self.commit.key_prefix is not None:
-            rows[4:4] = [(f"set {self.commit.key_prefix}*", s["prefix_sets"]), (f"delete {self.commit.key_prefix}*", s["prefix_deletes"])]
+            rows[4:4] = [
+                (f"set {self.commit.key_prefix}*", s["prefix_sets"]),
+                (f"delete {self.commit.key_prefix}*", s["prefix_deletes"]),
+            ]
         return "\n".join(f"  {name:<16} {value}" for name, value in rows)
 
 
@@ -209,13 +228,25 @@ def _no_rows(image: bytes) -> None:
 
 
 def _open_manager(
-    backend: Backend, topic: str, *, limit: int | None, operation_timeout: float, on_corrupt: CorruptPolicy,
+    backend: Backend,
+    topic: str,
+    *,
+    limit: int | None,
+    operation_timeout: float,
+    on_corrupt: CorruptPolicy,
 ) -> SharedStateManager[None, dict[str, Any]]:
     """A manager of the table's log with no state: the table's op decoder, its acceptance rules,
     started from the newest manifest at or before ``limit`` (None: the newest)."""
     manager: SharedStateManager[None, dict[str, Any]] = SharedStateManager(
-        backend, topic, initializer=_nothing, applier=_ignore, op_serializer=encode_op, op_deserializer=decode_checked_op,
-        state_deserializer=_no_rows, operation_timeout=operation_timeout, on_corrupt=on_corrupt,
+        backend,
+        topic,
+        initializer=_nothing,
+        applier=_ignore,
+        op_serializer=encode_op,
+        op_deserializer=decode_checked_op,
+        state_deserializer=_no_rows,
+        operation_timeout=operation_timeout,
+        on_corrupt=on_corrupt,
     )
     manager.checkpoints = _ManifestsOnly(manager.checkpoints, limit)
     return manager
@@ -251,8 +282,14 @@ class TableFeed:
     """
 
     def __init__(
-        self, backend: Backend, topic: str, *, after: int | None = None, key_prefix: str | None = None,
-        operation_timeout: float = 30.0, on_corrupt: CorruptPolicy = "raise",
+        self,
+        backend: Backend,
+        topic: str,
+        *,
+        after: int | None = None,
+        key_prefix: str | None = None,
+        operation_timeout: float = 30.0,
+        on_corrupt: CorruptPolicy = "raise",
     ) -> None:
         if after is not None:
             _check_offset("after", after, -1)
@@ -297,7 +334,10 @@ class TableFeed:
         if self._manager is None:
             _check_exists(self.backend, self.topic, self.operation_timeout)
             self._manager = _open_manager(
-                self.backend, self.topic, limit=self._after, operation_timeout=self.operation_timeout,
+                self.backend,
+                self.topic,
+                limit=self._after,
+                operation_timeout=self.operation_timeout,
                 on_corrupt=self.on_corrupt,
             )
             self._manager.add_listener(self._on_change)
@@ -310,7 +350,9 @@ class TableFeed:
                 raise CommitNotFoundError(
                     f"the feed's watermark {self._after} lies past the last commit {last} of table {self.topic!r}: "
                     "the table was recreated, or the watermark belongs to another table",
-                    topic=self.topic, offset=self._after, last_offset=last,
+                    topic=self.topic,
+                    offset=self._after,
+                    last_offset=last,
                 )
             self._started = True
         assert self._after is not None
@@ -334,7 +376,11 @@ class TableFeed:
     def changes_at(self, offset: int, *, timeout: float | None = None) -> CommitChanges:
         """:func:`read_commit` of this feed's table and prefix."""
         return read_commit(
-            self.backend, self.topic, offset, key_prefix=self.key_prefix, operation_timeout=self.operation_timeout,
+            self.backend,
+            self.topic,
+            offset,
+            key_prefix=self.key_prefix,
+            operation_timeout=self.operation_timeout,
             timeout=timeout,
         )
 
@@ -355,7 +401,12 @@ def _nothing_read(state: None) -> None:
 
 
 def read_commit(
-    backend: Backend, topic: str, offset: int, *, key_prefix: str | None = None, operation_timeout: float = 30.0,
+    backend: Backend,
+    topic: str,
+    offset: int,
+    *,
+    key_prefix: str | None = None,
+    operation_timeout: float = 30.0,
     timeout: float | None = None,
 ) -> CommitChanges:
     """The row changes of the commit at ``offset`` of table ``topic``.
@@ -374,7 +425,9 @@ def read_commit(
     if offset < 0:
         raise CommitNotFoundError(
             f"offset {offset} is not a commit of table {topic!r}: commit offsets start at 0",
-            topic=topic, offset=offset, last_offset=-1,
+            topic=topic,
+            offset=offset,
+            last_offset=-1,
         )
     _check_exists(backend, topic, operation_timeout)
     ops: list[Change[dict[str, Any]]] = []
@@ -393,13 +446,17 @@ def read_commit(
     if offset > last:
         raise CommitNotFoundError(
             f"offset {offset} is not a commit of table {topic!r}: its last commit is {last}",
-            topic=topic, offset=offset, last_offset=last,
+            topic=topic,
+            offset=offset,
+            last_offset=last,
         )
     if not ops:
         raise CommitNotFoundError(
             f"offset {offset} of table {topic!r} changed nothing: its writes were refused by a lease fence "
             "or it was skipped as corrupt",
-            topic=topic, offset=offset, last_offset=last,
+            topic=topic,
+            offset=offset,
+            last_offset=last,
         )
     tally = _Tally(ops[0].publish_time, key_prefix)
     changes: list[TableChange] = []
@@ -407,7 +464,13 @@ def read_commit(
         op = change.op
         tally.add(op)
         if op["o"] in ("set", "del") and (key_prefix is None or op["k"].startswith(key_prefix)):
-            changes.append(TableChange(
-                "set" if op["o"] == "set" else "delete", op["k"], decode_row(op["k"], op.get("v")), op.get("w"), offset,
-            ))
+            changes.append(
+                TableChange(
+                    "set" if op["o"] == "set" else "delete",
+                    op["k"],
+                    decode_row(op["k"], op.get("v")),
+                    op.get("w"),
+                    offset,
+                )
+            )
     return CommitChanges(tally.commit(offset), changes)

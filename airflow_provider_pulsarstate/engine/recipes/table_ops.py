@@ -147,7 +147,13 @@ def encode_op(op: dict[str, Any]) -> bytes:
     if kind == "set" or kind == "del":
         view = (op.get("w") or "").encode()
         key = op["k"].encode()
-        head = bytes([ROW_SET if kind == "set" else ROW_DELETE]) + _VIEW_LEN.pack(len(view)) + view + _KEY_LEN.pack(len(key)) + key
+        head = (
+            bytes([ROW_SET if kind == "set" else ROW_DELETE])
+            + _VIEW_LEN.pack(len(view))
+            + view
+            + _KEY_LEN.pack(len(key))
+            + key
+        )
         return head + op["v"] if kind == "set" else head
     try:
         return json.dumps(op, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()

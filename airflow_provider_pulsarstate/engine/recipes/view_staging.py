@@ -92,8 +92,14 @@ class ViewStager:
     """
 
     def __init__(
-        self, backend: Backend, table_topic: str, view_id: str, *,
-        batch_rows: int = 1000, batch_bytes: int = 1 << 20, max_pending: int = 16,
+        self,
+        backend: Backend,
+        table_topic: str,
+        view_id: str,
+        *,
+        batch_rows: int = 1000,
+        batch_bytes: int = 1 << 20,
+        max_pending: int = 16,
     ) -> None:
         self.backend = backend
         self.topic = staging_topic(table_topic, check_view_id(view_id))
@@ -207,8 +213,14 @@ class ViewStager:
 
 
 def read_staged(
-    backend: Backend, *, view_id: str, topic: str, sealed: Mapping[str, int],
-    in_scope: Callable[[str], Any] | None, describe_scope: str, timeout: float,
+    backend: Backend,
+    *,
+    view_id: str,
+    topic: str,
+    sealed: Mapping[str, int],
+    in_scope: Callable[[str], Any] | None,
+    describe_scope: str,
+    timeout: float,
 ) -> dict[str, bytes | None]:
     """The rows the sealed stagers staged: key -> canonical value (None: staged as deleted).
 
@@ -269,7 +281,9 @@ def check_staged_value(view_id: str, key: str, value: bytes) -> None:
     try:
         check_canonical(key, value)
     except ValueError as exc:
-        raise _bad(view_id, "?", key, f"value {value[:64]!r} is not the canonical JSON of a dict of JSON scalars ({exc})") from None
+        raise _bad(
+            view_id, "?", key, f"value {value[:64]!r} is not the canonical JSON of a dict of JSON scalars ({exc})"
+        ) from None
 
 
 def _bad(view_id: str, stager: str, key: object, problem: str) -> ViewStagedRowError:
@@ -277,7 +291,9 @@ def _bad(view_id: str, stager: str, key: object, problem: str) -> ViewStagedRowE
     return ViewStagedRowError(f"view {view_id!r}: staged row of key {key!r}{who}: {problem}; nothing was published")
 
 
-def _decode_batch(ops: list[bytes], *, view_id: str, stager: str) -> dict[str, bytes | None] | list[tuple[str, bytes | None]]:
+def _decode_batch(
+    ops: list[bytes], *, view_id: str, stager: str
+) -> dict[str, bytes | None] | list[tuple[str, bytes | None]]:
     if len(ops) == 1 and ops[0][:1] in (_MAP, _PAIRS):
         try:
             return (_MAP_DECODER if ops[0][:1] == _MAP else _PAIRS_DECODER).decode(memoryview(ops[0])[1:])

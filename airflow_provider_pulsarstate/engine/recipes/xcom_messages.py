@@ -37,8 +37,9 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_pulsarstate.engine.backends.base import Backend
 from airflow_provider_pulsarstate.engine.errors import (
@@ -129,9 +130,18 @@ def encode_message(message: XComMessage) -> bytes:
     """The payload: a JSON header line (identity, writer, time, size, type, try), then the value text."""
     i, r = message.identity, message.record
     header = {
-        "f": MESSAGE_FORMAT, "ns": i.namespace, "dag": i.dag_id, "run": i.run_id, "task": i.task_id,
-        "mi": i.map_index, "key": i.key, "w": message.writer_id, "t": r.written_at, "n": r.size,
-        "type": r.type_name, "try": r.try_number,
+        "f": MESSAGE_FORMAT,
+        "ns": i.namespace,
+        "dag": i.dag_id,
+        "run": i.run_id,
+        "task": i.task_id,
+        "mi": i.map_index,
+        "key": i.key,
+        "w": message.writer_id,
+        "t": r.written_at,
+        "n": r.size,
+        "type": r.type_name,
+        "try": r.try_number,
     }
     return json.dumps(header, separators=(",", ":")).encode() + b"\n" + r.value_json.encode()
 
@@ -150,9 +160,14 @@ def decode_message(data: bytes) -> XComMessage:
         raise SerializationError("not an XCom message (no header line of format 1)")
     strings = [header.get(k) for k in ("ns", "dag", "run", "task", "key", "w", "type")]
     index, written_at, size, try_number = header.get("mi"), header.get("t"), header.get("n"), header.get("try")
-    if not all(isinstance(s, str) and s for s in strings) or not _is_int(index) or not _is_int(size) \
-            or not isinstance(written_at, (int, float)) or isinstance(written_at, bool) \
-            or not (try_number is None or _is_int(try_number)):
+    if (
+        not all(isinstance(s, str) and s for s in strings)
+        or not _is_int(index)
+        or not _is_int(size)
+        or not isinstance(written_at, (int, float))
+        or isinstance(written_at, bool)
+        or not (try_number is None or _is_int(try_number))
+    ):
         raise SerializationError(f"XCom message header is malformed: {head[:300]!r}")
     ns, dag, run, task, key, writer, type_name = strings
     record = XComRecord(body.decode(), float(written_at), size, type_name, try_number)
@@ -185,8 +200,13 @@ class XComMessageLog:
     """
 
     def __init__(
-        self, backend: Backend | Callable[[], Backend], topic: str, *, namespace: str,
-        max_value_bytes: int = DEFAULT_MAX_RECORD_BYTES, operation_timeout: float = 30.0,
+        self,
+        backend: Backend | Callable[[], Backend],
+        topic: str,
+        *,
+        namespace: str,
+        max_value_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        operation_timeout: float = 30.0,
         http: PulsarHttpMessages | None = None,
     ) -> None:
         _KeyLayout(namespace)  # validates it
@@ -210,7 +230,7 @@ class XComMessageLog:
                 self._backend_or_opener = self._backend_or_opener()
             return self._backend_or_opener
 
-    def __enter__(self) -> "XComMessageLog":
+    def __enter__(self) -> XComMessageLog:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -218,7 +238,12 @@ class XComMessageLog:
 
     # ------------------------------------------------------------------ push
     def append(
-        self, identity: XComIdentity, value_json: str, *, type_name: str, try_number: int | None = None,
+        self,
+        identity: XComIdentity,
+        value_json: str,
+        *,
+        type_name: str,
+        try_number: int | None = None,
     ) -> tuple[str, XComMessage]:
         """Append one value; returns its address and the message as written.
 
@@ -230,13 +255,17 @@ class XComMessageLog:
         """
         where = self._own(identity)
         if not isinstance(value_json, str):
-            raise SerializationError(f"{self.topic}: XCom {where!r}: value_json must be str, got {type(value_json).__name__}")
+            raise SerializationError(
+                f"{self.topic}: XCom {where!r}: value_json must be str, got {type(value_json).__name__}"
+            )
         size = len(value_json.encode())
         if size > self.max_value_bytes:
             raise ValueTooLargeError(
                 f"{self.topic}: XCom {where!r} is {size:,} bytes, over the {self.max_value_bytes:,}-byte limit"
             )
-        message = XComMessage(identity, uuid.uuid4().hex, XComRecord(value_json, time.time(), size, type_name, try_number))
+        message = XComMessage(
+            identity, uuid.uuid4().hex, XComRecord(value_json, time.time(), size, type_name, try_number)
+        )
         payload = encode_message(message)
         address = self._http.publish(self.topic, payload) if self._http is not None else None
         if address is None:
@@ -265,7 +294,8 @@ class XComMessageLog:
             raise XComEntryNotFoundError(
                 f"XCom {where!r} is not at {address} of {self.topic}: its run's values were cleaned up "
                 f"(xcom-cleanup, retention) or the topic was replaced ({exc})",
-                key=where, topic=self.topic,
+                key=where,
+                topic=self.topic,
             ) from exc
         except ConfigurationError as exc:
             raise XComReferenceError(f"XCom reference to key {where!r} has a bad address: {exc}") from exc
@@ -306,9 +336,7 @@ class XComMessageLog:
             while True:
                 entry = reader.read_next(timeout=self.operation_timeout)
                 if entry is None:
-                    raise OperationTimeoutError(
-                        f"{self.topic}: the scan stopped before the last entry it started with"
-                    )
+                    raise OperationTimeoutError(f"{self.topic}: the scan stopped before the last entry it started with")
                 try:
                     message: XComMessage | None = decode_message(entry.payload)
                 except SerializationError:

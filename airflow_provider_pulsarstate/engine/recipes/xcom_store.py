@@ -99,7 +99,12 @@ class XComRecordSerde:
         header = json.loads(head)
         if not isinstance(header, dict):
             raise ValueError("not an XCom record (header is not an object)")
-        written_at, size, type_name, try_number = header.get("t"), header.get("n"), header.get("type"), header.get("try")
+        written_at, size, type_name, try_number = (
+            header.get("t"),
+            header.get("n"),
+            header.get("type"),
+            header.get("try"),
+        )
         if not isinstance(written_at, (int, float)) or isinstance(written_at, bool):
             raise ValueError(f"XCom record header: bad written-at time {written_at!r}")
         if not isinstance(size, int) or isinstance(size, bool) or not isinstance(type_name, str):
@@ -195,7 +200,7 @@ class _KeyLayout:
             raise XComReferenceError(
                 f"{map_key!r} is not an XCom key of namespace {self.namespace!r} (keys start with {self.prefix!r})"
             )
-        parts = map_key[len(self.prefix):].split("/")
+        parts = map_key[len(self.prefix) :].split("/")
         if len(parts) != 5 or not all(parts):
             raise XComReferenceError(f"{map_key!r} is not an XCom key: expected <dag>/<run>/<task>/<map_index>/<key>")
         dag_id, run_id, task_id, index, key = (unquote(p) for p in parts)
@@ -206,7 +211,6 @@ class _KeyLayout:
         if self.map_key(dag_id, run_id, task_id, map_index, key) != map_key:  # one spelling per entry
             raise XComReferenceError(f"{map_key!r} is not in canonical form")
         return dag_id, run_id, task_id, map_index, key
-
 
 
 class XComStore(Recipe, _KeyLayout):
@@ -272,7 +276,9 @@ class XComStore(Recipe, _KeyLayout):
         """
         map_key = self.map_key(dag_id, run_id, task_id, map_index, key)
         if not isinstance(value_json, str):
-            raise SerializationError(f"{self.topic}: XCom {map_key!r}: value_json must be str, got {type(value_json).__name__}")
+            raise SerializationError(
+                f"{self.topic}: XCom {map_key!r}: value_json must be str, got {type(value_json).__name__}"
+            )
         record = XComRecord(value_json, time.time(), len(value_json.encode()), type_name, try_number)
         if record.size > self.max_value_bytes:
             raise ValueTooLargeError(
@@ -282,7 +288,14 @@ class XComStore(Recipe, _KeyLayout):
         return map_key, record
 
     def get(
-        self, dag_id: str, run_id: str, task_id: str, map_index: int, key: str, *, latest: bool = False,
+        self,
+        dag_id: str,
+        run_id: str,
+        task_id: str,
+        map_index: int,
+        key: str,
+        *,
+        latest: bool = False,
         timeout: float | None = None,
     ) -> XComRecord | None:
         """The record of one XCom, or None."""
@@ -296,7 +309,9 @@ class XComStore(Recipe, _KeyLayout):
         self.parse_key(map_key)
         return self.map.get(map_key, latest=latest, timeout=timeout)
 
-    def delete(self, dag_id: str, run_id: str, task_id: str, map_index: int, key: str, *, timeout: float | None = None) -> bool:
+    def delete(
+        self, dag_id: str, run_id: str, task_id: str, map_index: int, key: str, *, timeout: float | None = None
+    ) -> bool:
         """Remove one XCom; True when it was there."""
         return self.delete_key(self.map_key(dag_id, run_id, task_id, map_index, key), timeout=timeout)
 
@@ -313,12 +328,15 @@ class XComStore(Recipe, _KeyLayout):
         prefix = self.run_prefix(dag_id, run_id) + f"{quote(task_id, safe='')}/{map_index}/"
         stale = self.map.manager.read(
             lambda m: [k for k, data in m.items() if k.startswith(prefix) and _try_of(data, try_number)],
-            latest=True, timeout=timeout,
+            latest=True,
+            timeout=timeout,
         )
         return self._delete_keys(set(stale), timeout=timeout)
 
     # ------------------------------------------------------------------ listing
-    def list_run(self, dag_id: str, run_id: str, *, latest: bool = True, timeout: float | None = None) -> list[XComEntry]:
+    def list_run(
+        self, dag_id: str, run_id: str, *, latest: bool = True, timeout: float | None = None
+    ) -> list[XComEntry]:
         """Every entry of one DAG run, ordered by task, map index and key."""
         prefix = self.run_prefix(dag_id, run_id)
         entries: list[XComEntry] = []
@@ -330,7 +348,9 @@ class XComStore(Recipe, _KeyLayout):
         self.map.scan(lambda k: k.startswith(prefix), collect, latest=latest, timeout=timeout)
         return sorted(entries, key=lambda e: (e.task_id, e.map_index, e.key))
 
-    def list_runs(self, *, dag_id: str | None = None, latest: bool = True, timeout: float | None = None) -> list[XComRunInfo]:
+    def list_runs(
+        self, *, dag_id: str | None = None, latest: bool = True, timeout: float | None = None
+    ) -> list[XComRunInfo]:
         """The runs with entries (of ``dag_id``, or all), with count, bytes and newest written-at,
         ordered by dag id and newest written-at. Reads only the record headers."""
         prefix = self.prefix if dag_id is None else f"{self.prefix}{quote(dag_id, safe='')}/"
@@ -341,7 +361,7 @@ class XComStore(Recipe, _KeyLayout):
             for k, data in m.items():
                 if not k.startswith(prefix):
                     continue
-                parts = k[len(own):].split("/")
+                parts = k[len(own) :].split("/")
                 if len(parts) != 5:
                     continue
                 written_at, size = _header_time_size(data)
@@ -392,7 +412,9 @@ class XComStore(Recipe, _KeyLayout):
                     stale[(info.dag_id, info.run_id)] = StaleRun(info, "expired")
         return sorted(stale.values(), key=lambda s: (s.run.dag_id, s.run.newest_written_at, s.run.run_id))
 
-    def delete_runs(self, runs: Iterable[tuple[str, str] | XComRunInfo | StaleRun], *, timeout: float | None = None) -> int:
+    def delete_runs(
+        self, runs: Iterable[tuple[str, str] | XComRunInfo | StaleRun], *, timeout: float | None = None
+    ) -> int:
         """Delete every entry of the given runs (``(dag_id, run_id)`` pairs, run infos or stale
         runs) in one atomic write; returns how many entries were deleted."""
         prefixes = set()
@@ -424,7 +446,7 @@ def _drop(key: str, value: Any) -> None:
 def _run_prefix_of(map_key: str, prefix: str) -> str | None:
     if not map_key.startswith(prefix):
         return None
-    rest = map_key[len(prefix):].split("/", 2)
+    rest = map_key[len(prefix) :].split("/", 2)
     return f"{prefix}{rest[0]}/{rest[1]}/" if len(rest) == 3 else None
 
 
@@ -452,7 +474,12 @@ def _try_of(data: bytes, current: int) -> bool:
 
 
 def drop_run_map(
-    backend: Backend, topic: str, *, namespace: str, expected: dict[str, XComRecord], timeout: float,
+    backend: Backend,
+    topic: str,
+    *,
+    namespace: str,
+    expected: dict[str, XComRecord],
+    timeout: float,
 ) -> bool:
     """Delete a run map's topics (the log and its checkpoints) only if it still holds exactly
     ``expected`` (compare-and-delete): the check and the deletion happen while this call holds the

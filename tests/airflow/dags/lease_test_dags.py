@@ -60,9 +60,16 @@ with DAG(
     start_date=START,
     params={**COMMON, "seconds": Param(0, type="number"), "fail": Param(False, type="boolean")},
 ) as guarded_work:
-    work = RecordUnderLease(task_id="work", marker="{{ params.marker }}", seconds="{{ params.seconds }}", fail="{{ params.fail }}")
+    work = RecordUnderLease(
+        task_id="work", marker="{{ params.marker }}", seconds="{{ params.seconds }}", fail="{{ params.fail }}"
+    )
     lease_task_group(
-        "lease", lease_name="{{ params.lease_name }}", ttl=TTL, timeout="{{ params.timeout }}", holder=HOLDER, guard=[work]
+        "lease",
+        lease_name="{{ params.lease_name }}",
+        ttl=TTL,
+        timeout="{{ params.timeout }}",
+        holder=HOLDER,
+        guard=[work],
     )
 
 with DAG(
@@ -71,9 +78,16 @@ with DAG(
     start_date=START,
     params={**COMMON, "table_topic": Param("t", type="string"), "view_id": Param("", type="string")},
 ) as guarded_apply:
-    apply = ApplyTempViewOperator(task_id="apply_view", table_topic="{{ params.table_topic }}", view_id="{{ params.view_id }}")
+    apply = ApplyTempViewOperator(
+        task_id="apply_view", table_topic="{{ params.table_topic }}", view_id="{{ params.view_id }}"
+    )
     lease_task_group(
-        "lease", lease_name="{{ params.lease_name }}", ttl=TTL, timeout="{{ params.timeout }}", holder=HOLDER, guard=[apply]
+        "lease",
+        lease_name="{{ params.lease_name }}",
+        ttl=TTL,
+        timeout="{{ params.timeout }}",
+        holder=HOLDER,
+        guard=[apply],
     )
 
 with DAG(
@@ -84,7 +98,12 @@ with DAG(
 ) as guarded_create_view:
     create = CreateTempViewOperator(task_id="create_view", table_topic="{{ params.table_topic }}", scope_prefix="sku-")
     lease_task_group(
-        "lease", lease_name="{{ params.lease_name }}", ttl=TTL, timeout="{{ params.timeout }}", holder=HOLDER, guard=[create]
+        "lease",
+        lease_name="{{ params.lease_name }}",
+        ttl=TTL,
+        timeout="{{ params.timeout }}",
+        holder=HOLDER,
+        guard=[create],
     )
 
 with DAG(
@@ -99,9 +118,16 @@ with DAG(
         application_args=["--marker", "{{ params.marker }}", "--seconds", "{{ params.seconds }}"],
         conf={"spark.ui.enabled": "false"},
         # a plain SparkSubmitOperator: find the venv's spark-submit and Python as ViewSparkSubmitOperator does
-        env_vars={"PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
-                  "PYSPARK_PYTHON": sys.executable},
+        env_vars={
+            "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
+            "PYSPARK_PYTHON": sys.executable,
+        },
     )
     lease_task_group(
-        "lease", lease_name="{{ params.lease_name }}", ttl=TTL, timeout="{{ params.timeout }}", holder=HOLDER, guard=[spark]
+        "lease",
+        lease_name="{{ params.lease_name }}",
+        ttl=TTL,
+        timeout="{{ params.timeout }}",
+        holder=HOLDER,
+        guard=[spark],
     )

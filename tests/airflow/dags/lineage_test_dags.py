@@ -71,8 +71,14 @@ with DAG(
             return {str(p): o for p, o in hook.get_pull_consumer(topic).end_offsets().items()}
 
     wait = OffsetProgressSensor(
-        task_id="wait_for_events", topic="{{ params.source_topic }}", condition="new_messages", target="1",
-        watermark_key="lineage/{{ params.source_topic }}", poke_interval=0.5, timeout=120, mode="poke",
+        task_id="wait_for_events",
+        topic="{{ params.source_topic }}",
+        condition="new_messages",
+        target="1",
+        watermark_key="lineage/{{ params.source_topic }}",
+        poke_interval=0.5,
+        timeout=120,
+        mode="poke",
     )
     create_o = CreateTempViewOperator(task_id="create_view", table_topic="{{ params.table_topic }}")
 
@@ -86,16 +92,22 @@ with DAG(
             with ViewStager(hook.get_conn(), table.topic, view["view_id"]) as stager:
                 for p, o in end.items():
                     stager.set(f"partition-{p}", {"events": o})
-            table.seal(view["view_id"], stagers=[stager],
-                       source_offsets=[SourceRange(source, int(p), 0, int(o)) for p, o in sorted(end.items())])
+            table.seal(
+                view["view_id"],
+                stagers=[stager],
+                source_offsets=[SourceRange(source, int(p), 0, int(o)) for p, o in sorted(end.items())],
+            )
 
     apply_o = ApplyTempViewOperator(
-        task_id="apply_view", table_topic="{{ params.table_topic }}",
+        task_id="apply_view",
+        table_topic="{{ params.table_topic }}",
         view_id="{{ ti.xcom_pull(task_ids='create_view')['view_id'] }}",
     )
     commit = CommitSourceOffsetsOperator(
-        task_id="commit_offsets", table_topic="{{ params.table_topic }}",
-        source_topic="{{ params.source_topic }}", subscription="lineage-ingest",
+        task_id="commit_offsets",
+        table_topic="{{ params.table_topic }}",
+        source_topic="{{ params.source_topic }}",
+        subscription="lineage-ingest",
     )
     ends = publish()
     ends >> wait >> create_o
@@ -105,7 +117,10 @@ with DAG(
     "lineage_hook_task",
     schedule=None,
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
-    params={"source_topic": Param("lineage-hook-in", type="string"), "target_topic": Param("lineage-hook-out", type="string")},
+    params={
+        "source_topic": Param("lineage-hook-in", type="string"),
+        "target_topic": Param("lineage-hook-out", type="string"),
+    },
 ) as lineage_hook_task:
 
     @task

@@ -47,17 +47,30 @@ with DAG(
     published = publish()
     end = "ti.xcom_pull(task_ids='publish')['end_offset']"
     wait_poke = OffsetProgressSensor(
-        task_id="wait_poke", topic="{{ params.topic }}", target=f"{{{{ {end} + params.extra }}}}",
-        deferrable=False, timeout=60, **FAST,
+        task_id="wait_poke",
+        topic="{{ params.topic }}",
+        target=f"{{{{ {end} + params.extra }}}}",
+        deferrable=False,
+        timeout=60,
+        **FAST,
     )
     wait_deferred = OffsetProgressSensor(
-        task_id="wait_deferred", topic="{{ params.topic }}", target=f"{{{{ {end} + 2 * params.extra }}}}",
-        deferrable=True, timeout=60, **FAST,
+        task_id="wait_deferred",
+        topic="{{ params.topic }}",
+        target=f"{{{{ {end} + 2 * params.extra }}}}",
+        deferrable=True,
+        timeout=60,
+        **FAST,
     )
     wait_from_trigger = OffsetProgressSensor(
         # dag.test() runs it on the worker (it bypasses start_from_trigger): then it defers as above
-        task_id="wait_from_trigger", topic="{{ params.topic }}", target=f"{{{{ {end} + 3 * params.extra }}}}",
-        deferrable=True, start_from_trigger=True, timeout=60, **FAST,
+        task_id="wait_from_trigger",
+        topic="{{ params.topic }}",
+        target=f"{{{{ {end} + 3 * params.extra }}}}",
+        deferrable=True,
+        start_from_trigger=True,
+        timeout=60,
+        **FAST,
     )
     published >> wait_poke >> wait_deferred >> wait_from_trigger
 
@@ -76,8 +89,13 @@ with DAG(
         ("soft_deferred", True, True),
     ):
         published >> OffsetProgressSensor(
-            task_id=name, topic="{{ params.topic }}", target=never, deferrable=deferrable, soft_fail=soft_fail,
-            timeout=2, **FAST,
+            task_id=name,
+            topic="{{ params.topic }}",
+            target=never,
+            deferrable=deferrable,
+            soft_fail=soft_fail,
+            timeout=2,
+            **FAST,
         )
 
 for _mode, _deferrable in (("poke", False), ("deferred", True)):
@@ -88,7 +106,13 @@ for _mode, _deferrable in (("poke", False), ("deferred", True)):
         params={**COMMON_PARAMS, "n": Param(5, type="integer")},
     ) as _dag:
         publish() >> OffsetProgressSensor(
-            task_id="wait_new", topic="{{ params.topic }}", condition="new_messages", target="{{ params.n }}",
-            watermark_key="{{ params.topic }}/" + _mode, deferrable=_deferrable, timeout=60, **FAST,
+            task_id="wait_new",
+            topic="{{ params.topic }}",
+            condition="new_messages",
+            target="{{ params.n }}",
+            watermark_key="{{ params.topic }}/" + _mode,
+            deferrable=_deferrable,
+            timeout=60,
+            **FAST,
         )
     globals()[f"watermark_{_mode}_dag"] = _dag

@@ -112,13 +112,13 @@ def state_store_isolation():
         # a row of this task whose reference names another key of this very task
         from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook, TaskStateScope
 
-        mine = PulsarStateHook().get_state_store().map_key(
-            TaskStateScope(ti.dag_id, ti.run_id, ti.task_id, -1), "mine")
+        mine = PulsarStateHook().get_state_store().map_key(TaskStateScope(ti.dag_id, ti.run_id, ti.task_id, -1), "mine")
         forged["other_key"] = mine
         out = {}
         for key, ref in forged.items():
-            SUPERVISOR_COMMS.send(SetTaskStateStore(
-                ti_id=ti.id, key=key, value={"__airflow_state_ref__": ref}, expires_at=None))
+            SUPERVISOR_COMMS.send(
+                SetTaskStateStore(ti_id=ti.id, key=key, value={"__airflow_state_ref__": ref}, expires_at=None)
+            )
             out[key] = refused(lambda key=key: out.setdefault(f"{key}-value", store.get(key)))
         return out
 
@@ -139,8 +139,13 @@ def state_store_isolation():
             "ref": refused(lambda: backend.serialize_task_state_store_to_ref(value=1, key="mine", scope=other)),
             "delete": refused(lambda: backend.delete(other, "mine")),
             "clear": refused(lambda: backend.clear(other)),
-            "own": refused(lambda: backend.serialize_task_state_store_to_ref(
-                value=1, key="own", scope=TaskScope(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, map_index=-1))),
+            "own": refused(
+                lambda: backend.serialize_task_state_store_to_ref(
+                    value=1,
+                    key="own",
+                    scope=TaskScope(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, map_index=-1),
+                )
+            ),
         }
 
     value_shaped_like_a_reference() >> forged_rows() >> other_scopes()

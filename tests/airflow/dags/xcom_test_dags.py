@@ -11,8 +11,13 @@ from tests.airflow.xcom_values import EXPECTED, same
 
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 
-with DAG("xcom_backend_values", schedule=None, start_date=START, catchup=False,
-         params={"big_size": Param(10, type="integer")}):
+with DAG(
+    "xcom_backend_values",
+    schedule=None,
+    start_date=START,
+    catchup=False,
+    params={"big_size": Param(10, type="integer")},
+):
 
     @task
     def push(**context: Any) -> dict[str, Any]:
@@ -91,8 +96,17 @@ with DAG("xcom_backend_retry", schedule=None, start_date=START, catchup=False):
     flaky()
 
 
-with DAG("xcom_backend_cleanup", schedule=None, start_date=START, catchup=False,
-         params={"older_than_days": Param(None, type=["null", "number"]), "dry_run": Param(False, type="boolean"), "dag_id": Param("xcom_backend_plain", type="string")}):
+with DAG(
+    "xcom_backend_cleanup",
+    schedule=None,
+    start_date=START,
+    catchup=False,
+    params={
+        "older_than_days": Param(None, type=["null", "number"]),
+        "dry_run": Param(False, type="boolean"),
+        "dag_id": Param("xcom_backend_plain", type="string"),
+    },
+):
     from airflow_provider_pulsarstate.operators.xcom_cleanup import XComCleanupOperator
 
     XComCleanupOperator(
@@ -103,10 +117,19 @@ with DAG("xcom_backend_cleanup", schedule=None, start_date=START, catchup=False,
     )
 
 
-with DAG("xcom_isolation", schedule=None, start_date=START, catchup=False,
-         params={"victim_topic": Param("", type="string"), "victim_key": Param("", type="string"),
-                 "victim_dag": Param("", type="string"), "victim_run": Param("", type="string"),
-                 "victim_ref": Param("", type="string")}):
+with DAG(
+    "xcom_isolation",
+    schedule=None,
+    start_date=START,
+    catchup=False,
+    params={
+        "victim_topic": Param("", type="string"),
+        "victim_key": Param("", type="string"),
+        "victim_dag": Param("", type="string"),
+        "victim_run": Param("", type="string"),
+        "victim_ref": Param("", type="string"),
+    },
+):
     # Attacks on another DAG's XCom through this backend; each must be refused and leave it intact.
 
     def _forged(params: dict[str, Any]) -> dict[str, Any]:
@@ -116,8 +139,14 @@ with DAG("xcom_isolation", schedule=None, start_date=START, catchup=False,
 
         if params.get("victim_ref"):  # the victim's own reference, copied whole (address and writer too)
             return json.loads(params["victim_ref"])
-        return {REFERENCE_MARKER: 2, "topic": params["victim_topic"], "key": params["victim_key"],
-                "size": 1, "type": "dict", "written_at": "2026-01-01T00:00:00+00:00"}
+        return {
+            REFERENCE_MARKER: 2,
+            "topic": params["victim_topic"],
+            "key": params["victim_key"],
+            "size": 1,
+            "type": "dict",
+            "written_at": "2026-01-01T00:00:00+00:00",
+        }
 
     @task(retries=1, retry_delay=pendulum.duration(seconds=0))
     def forge(**context: Any) -> dict[str, str]:
@@ -130,8 +159,14 @@ with DAG("xcom_isolation", schedule=None, start_date=START, catchup=False,
         if ti.try_number == 1:
             raise RuntimeError("injected: Airflow purges this try's XComs ('stolen') when try 2 starts")
         try:
-            XCom.set("return_value", "overwritten", dag_id=params["victim_dag"], task_id="produce",
-                     run_id=params["victim_run"], map_index=-1)
+            XCom.set(
+                "return_value",
+                "overwritten",
+                dag_id=params["victim_dag"],
+                task_id="produce",
+                run_id=params["victim_run"],
+                map_index=-1,
+            )
             overwrite = "accepted"
         except Exception as exc:
             overwrite = f"{type(exc).__name__}: {exc}"

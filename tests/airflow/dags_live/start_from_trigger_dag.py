@@ -41,7 +41,11 @@ with DAG(
     "offset_sensor_start_from_trigger",
     schedule=None,
     start_date=START,
-    params={"topic": Param("events", type="string"), "target": Param(1, type="integer"), "marker": Param("", type="string")},
+    params={
+        "topic": Param("events", type="string"),
+        "target": Param(1, type="integer"),
+        "marker": Param("", type="string"),
+    },
 ) as dag:
     MarkedOffsetSensor(
         task_id="wait",
@@ -57,7 +61,11 @@ with DAG(
     "leadership_sensor_start_from_trigger",
     schedule=None,
     start_date=START,
-    params={"topic": Param("state", type="string"), "leader": Param("x", type="string"), "marker": Param("", type="string")},
+    params={
+        "topic": Param("state", type="string"),
+        "leader": Param("x", type="string"),
+        "marker": Param("", type="string"),
+    },
 ) as leadership_dag:
     MarkedLeadershipSensor(
         task_id="wait",

@@ -21,18 +21,39 @@ HELD_TOPIC = os.environ.get("PULSARSTATE_TEST_HELD_TOPIC", "persistent://public/
 CONN = "pulsarstate_default"
 common = dict(topics=SHARED_TOPIC, subscription="live-watchers", initial_position="earliest", redelivery_delay=0.5)
 
-orders_a = Asset("pulsar-orders-a", watchers=[AssetWatcher(
-    name="orders_a", trigger=PulsarMessageTrigger(**common, payload_encoding="text"),
-)])
-orders_b = Asset("pulsar-orders-b", watchers=[AssetWatcher(
-    name="orders_b", trigger=MessageQueueTrigger(scheme="pulsar", **common, payload_encoding="base64"),
-)])
-held = Asset("pulsar-held", watchers=[AssetWatcher(
-    name="held", trigger=PulsarMessageTrigger(
-        topics=HELD_TOPIC, subscription="live-held", initial_position="earliest", redelivery_delay=0.5,
-        apply_function="tests.airflow.message_functions.hold_while_file_exists",
-    ),
-)])
+orders_a = Asset(
+    "pulsar-orders-a",
+    watchers=[
+        AssetWatcher(
+            name="orders_a",
+            trigger=PulsarMessageTrigger(**common, payload_encoding="text"),
+        )
+    ],
+)
+orders_b = Asset(
+    "pulsar-orders-b",
+    watchers=[
+        AssetWatcher(
+            name="orders_b",
+            trigger=MessageQueueTrigger(scheme="pulsar", **common, payload_encoding="base64"),
+        )
+    ],
+)
+held = Asset(
+    "pulsar-held",
+    watchers=[
+        AssetWatcher(
+            name="held",
+            trigger=PulsarMessageTrigger(
+                topics=HELD_TOPIC,
+                subscription="live-held",
+                initial_position="earliest",
+                redelivery_delay=0.5,
+                apply_function="tests.airflow.message_functions.hold_while_file_exists",
+            ),
+        )
+    ],
+)
 
 
 @task

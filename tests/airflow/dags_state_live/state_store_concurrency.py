@@ -18,8 +18,13 @@ COUNTER = Asset(name="pulsarstate-counter", uri="test://pulsarstate/counter")
 WORKERS = 8
 
 
-@dag(dag_id="state_store_concurrency", schedule=None, catchup=False, max_active_tasks=WORKERS,
-     params={"pattern": "atomic", "n": 5, "key": "n", "gap": 0.3, "barrier": ""})
+@dag(
+    dag_id="state_store_concurrency",
+    schedule=None,
+    catchup=False,
+    max_active_tasks=WORKERS,
+    params={"pattern": "atomic", "n": 5, "key": "n", "gap": 0.3, "barrier": ""},
+)
 def state_store_concurrency():
     @task(outlets=[COUNTER])
     def increment(worker: int) -> dict:

@@ -7,8 +7,9 @@ from typing import Any
 import pendulum
 from airflow.sdk import DAG, task
 
-with DAG("xcom_fanout", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False,
-         max_active_tasks=64):
+with DAG(
+    "xcom_fanout", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False, max_active_tasks=64
+):
 
     @task
     def items(**context: Any) -> list[int]:

@@ -26,8 +26,11 @@ def main() -> int:
             F.format_string("sku-%06d", F.col("id")).alias("sku"), (F.col("id") * 2).alias("stock")
         )
         staged = write_view(
-            rows, config=load_config(args.config_json), table_topic=args.table_topic,
-            view_id=args.view_id, key_column="sku",
+            rows,
+            config=load_config(args.config_json),
+            table_topic=args.table_topic,
+            view_id=args.view_id,
+            key_column="sku",
         )
     finally:
         spark.stop()

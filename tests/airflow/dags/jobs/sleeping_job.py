@@ -9,7 +9,9 @@ import time
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--marker", required=True, help="file the job appends 'spark-start <time>' / 'spark-end <time>' to")
+    parser.add_argument(
+        "--marker", required=True, help="file the job appends 'spark-start <time>' / 'spark-end <time>' to"
+    )
     parser.add_argument("--seconds", type=float, default=60.0)
     args = parser.parse_args()
 
