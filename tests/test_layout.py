@@ -74,11 +74,11 @@ def test_a_violation_breaks_the_build(tmp_path: Path, module: str, line: str, co
 def test_a_new_subpackage_must_take_a_layer(tmp_path: Path) -> None:
     """The layers contract is exhaustive: a part nobody placed fails the build, whatever it imports."""
     package = _copy(tmp_path)
-    (package / "plugins").mkdir()
-    (package / "plugins" / "__init__.py").write_text("import airflow_provider_pulsarstate.engine.errors\n")
+    (package / "newpart").mkdir()
+    (package / "newpart" / "__init__.py").write_text("import airflow_provider_pulsarstate.engine.errors\n")
     result = _lint(tmp_path)
     assert result.returncode != 0
-    assert "plugins" in result.stdout + result.stderr, result.stdout + result.stderr
+    assert "newpart" in result.stdout + result.stderr, result.stdout + result.stderr
 
 
 def _copy(tmp_path: Path) -> Path:

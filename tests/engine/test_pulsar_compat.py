@@ -49,3 +49,22 @@ def test_a_live_reader_hands_out_its_raw_reader(pulsar_broker: object) -> None:
         reader.close()
     finally:
         client.close()
+
+
+def test_the_async_transport_preload_imports_what_anyio_loads_on_a_loop() -> None:
+    import importlib
+    import sys
+
+    pulsar_compat.preload_async_http_transport()
+    assert pulsar_compat.ASYNCIO_TRANSPORT_MODULE in sys.modules
+    # anyio's own lookup of the asyncio back end still names that module
+    import anyio._core._eventloop as eventloop
+
+    source = inspect.getsource(eventloop)
+    assert "_backends._" in source or "anyio._backends." in source, (
+        "anyio no longer loads its back ends from anyio._backends: update engine/backends/pulsar_compat.py"
+    )
+    assert (
+        importlib.import_module(pulsar_compat.ASYNCIO_TRANSPORT_MODULE)
+        is sys.modules[pulsar_compat.ASYNCIO_TRANSPORT_MODULE]
+    )

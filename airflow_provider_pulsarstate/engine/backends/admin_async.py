@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from airflow_provider_pulsarstate.engine.backends.admin import admin_unreachable, check_admin_status
+from airflow_provider_pulsarstate.engine.backends.pulsar_compat import preload_async_http_transport
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig, redact_url
 from airflow_provider_pulsarstate.engine.errors import ClosedError
 
@@ -78,9 +79,7 @@ _MAKING: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[_ClientKey, a
 def _make_client(config: ConnectionConfig) -> httpx.AsyncClient:
     """The HTTP client of ``config``'s admin endpoint. Blocking (loading the CA store takes 40-200 ms
     of CPU, the first request's transport modules as long to import): run off the loop."""
-    import anyio._backends._asyncio  # noqa: F401  (what the first request would import on the loop)
-    import anyio.streams.tls  # noqa: F401
-    import anyio.to_thread  # noqa: F401
+    preload_async_http_transport()
 
     headers = {"Authorization": f"Bearer {config.auth_token}"} if config.auth_token else {}
     return httpx.AsyncClient(

@@ -1,4 +1,5 @@
-"""The one engine module that relies on parts of pulsar-client with no public API.
+"""The one engine module that relies on parts of other projects with no public API (pulsar-client,
+and anyio for the async admin client).
 
 The offset log's pull loop reads the C++ client's reader directly: ``pulsar.Reader.read_next``
 builds a ``pulsar.Message`` wrapper per message, a measurable share of a pull's cost (BENCHMARKS.md,
@@ -24,3 +25,16 @@ RAW_MESSAGE_METHODS = ("data", "message_id", "partition_key", "properties", "pub
 def raw_reader(reader: Any, default: Any = None) -> Any:
     """The C++ reader inside a ``pulsar.Reader`` (``default`` when ``reader`` wraps none)."""
     return getattr(reader, RAW_READER_ATTRIBUTE, default)
+
+
+ASYNCIO_TRANSPORT_MODULE = "anyio._backends._asyncio"
+"""The module anyio loads by name at the first network call on an asyncio loop (httpx's first request)."""
+
+
+def preload_async_http_transport() -> None:
+    """Import what an async HTTP client's first request on an asyncio loop would import there
+    (anyio's asyncio back end, its TLS streams and thread helpers), so that it is done off the loop:
+    on the loop it held a triggerer for 0.4-0.5 s while a thousand probes started."""
+    import anyio._backends._asyncio  # noqa: F401
+    import anyio.streams.tls  # noqa: F401
+    import anyio.to_thread  # noqa: F401
