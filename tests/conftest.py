@@ -4,16 +4,24 @@ The broker is started by the test session itself (no Docker). Set PULSARSTATE_TE
 and PULSARSTATE_TEST_ADMIN_URL to use a broker you started yourself instead (and
 PULSARSTATE_TEST_BROKER_PID for the tests that freeze it with SIGSTOP). A broker that does
 not come up is an error, never a skip: deselect Pulsar tests explicitly with ``-m "not pulsar"``.
+
+Under pytest-xdist (``-n N``, as ``dev/test`` runs) the controller starts that broker once, before
+the workers, and hands its URLs to them through the same variables; tests that freeze or restart a
+broker get one of their own (``freezable_broker``, or a module's dedicated broker), pinned by an
+``xdist_group`` to one worker so that each is started once. When a test fails, the last lines of
+the log of every broker it used are added to its report.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -21,6 +29,86 @@ from airflow_provider_pulsarstate import ConnectionConfig, open_backend
 from airflow_provider_pulsarstate.engine.backends.base import Backend
 
 ARTIFACTS = Path(os.environ.get("PULSARSTATE_ARTIFACTS", Path(__file__).resolve().parent.parent / ".artifacts"))
+
+SERVICE_URL_ENV, ADMIN_URL_ENV, PID_ENV = (
+    "PULSARSTATE_TEST_SERVICE_URL",
+    "PULSARSTATE_TEST_ADMIN_URL",
+    "PULSARSTATE_TEST_BROKER_PID",
+)
+LOG_ENV = "PULSARSTATE_TEST_BROKER_LOG"  # the shared broker's log, for the failure reports
+BROKER_LOG_TAIL_LINES = 50
+_SHARED_BROKER_KEY = pytest.StashKey[Any]()
+
+
+def _is_xdist_controller(config: pytest.Config) -> bool:
+    return not hasattr(config, "workerinput") and bool(getattr(config.option, "numprocesses", 0))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist, the controller starts the session broker once and gives its URLs to the workers
+    (they inherit the environment); without its pid, so no worker freezes what the others use."""
+    if not _is_xdist_controller(config) or os.environ.get(SERVICE_URL_ENV) or config.option.collectonly:
+        return
+    import tempfile
+
+    from airflow_provider_pulsarstate.testing.broker import PulsarStandalone
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    broker = PulsarStandalone(
+        data_dir=Path(tempfile.mkdtemp(prefix="pulsarstate-test-broker-")), log_file=ARTIFACTS / "pulsar-broker.log"
+    )
+    broker.start()
+    config.stash[_SHARED_BROKER_KEY] = broker
+    os.environ.update(
+        {SERVICE_URL_ENV: broker.service_url, ADMIN_URL_ENV: broker.admin_url, LOG_ENV: str(broker.log_file)}
+    )
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    broker = config.stash.get(_SHARED_BROKER_KEY, None)
+    if broker is not None:
+        import shutil
+
+        broker.stop()
+        shutil.rmtree(broker.data_dir, ignore_errors=True)
+        for name in (SERVICE_URL_ENV, ADMIN_URL_ENV, LOG_ENV):
+            os.environ.pop(name, None)
+
+
+def _log_tail(path: Path, lines: int = BROKER_LOG_TAIL_LINES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 256 * 1024))
+            return b"".join(collections.deque(f, maxlen=lines)).decode("utf-8", "replace")
+    except OSError as exc:
+        return f"(cannot read {path}: {exc})"
+
+
+def _broker_logs_used(item: pytest.Item) -> dict[str, Path]:
+    """The logs of the brokers ``item`` used: its broker fixtures, and the session broker for a
+    Pulsar test (marked ``pulsar`` or asking for it)."""
+    logs: dict[str, Path] = {}
+    funcargs = getattr(item, "funcargs", {}) or {}
+    for name, value in funcargs.items():
+        log_file = getattr(value, "log_file", None)
+        if "broker" in name and log_file:
+            logs[name] = Path(log_file)
+    if "pulsar" in item.keywords or "pulsar_broker" in getattr(item, "fixturenames", ()):
+        shared = os.environ.get(LOG_ENV)
+        if shared and "pulsar_broker" not in logs:
+            logs["pulsar_broker"] = Path(shared)
+    return logs
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failed Pulsar test's report ends with the tail of the broker log(s) it used."""
+    report = yield
+    if report.failed:
+        for name, path in _broker_logs_used(item).items():
+            report.sections.append((f"last {BROKER_LOG_TAIL_LINES} lines of {path} ({name})", _log_tail(path)))
+    return report
 
 
 def _standalone(tmp_path_factory: pytest.TempPathFactory, name: str, **conf_overrides: str) -> Iterator[object]:
@@ -41,17 +129,45 @@ def _standalone(tmp_path_factory: pytest.TempPathFactory, name: str, **conf_over
         broker.stop()
 
 
+def _owns_session_broker(config: pytest.Config) -> bool:
+    """True when the session broker is this process's alone: started by this pytest process, or
+    given with its pid (the user then vouches that nothing else uses it)."""
+    if os.environ.get(PID_ENV):
+        return True
+    return not os.environ.get(SERVICE_URL_ENV) and not hasattr(config, "workerinput")
+
+
 @pytest.fixture(scope="session")
 def pulsar_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """The session's real Pulsar broker (``service_url``, ``admin_url``)."""
-    url = os.environ.get("PULSARSTATE_TEST_SERVICE_URL")
+    url = os.environ.get(SERVICE_URL_ENV)
     if url:
-        pid = os.environ.get("PULSARSTATE_TEST_BROKER_PID")  # for the tests that freeze the broker
+        pid = os.environ.get(PID_ENV)  # for the tests that freeze the broker
+        log_file = os.environ.get(LOG_ENV)
         yield SimpleNamespace(
-            service_url=url, admin_url=os.environ.get("PULSARSTATE_TEST_ADMIN_URL", ""), pid=int(pid) if pid else None
+            service_url=url,
+            admin_url=os.environ.get(ADMIN_URL_ENV, ""),
+            pid=int(pid) if pid else None,
+            log_file=Path(log_file) if log_file else None,
         )
         return
-    yield from _standalone(tmp_path_factory, "pulsar")
+    for broker in _standalone(tmp_path_factory, "pulsar"):
+        os.environ[LOG_ENV] = str(broker.log_file)  # type: ignore[attr-defined]
+        try:
+            yield broker
+        finally:
+            os.environ.pop(LOG_ENV, None)
+
+
+@pytest.fixture(scope="session")
+def freezable_broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A broker a test may freeze with SIGSTOP (it has a ``pid``): the session broker when this
+    process alone uses it, else one of its own (under xdist: freezing the shared one would stall the
+    other workers' tests). Tests sharing it are pinned to one worker by ``xdist_group("freezable-broker")``."""
+    if _owns_session_broker(request.config):
+        yield request.getfixturevalue("pulsar_broker")
+        return
+    yield from _standalone(tmp_path_factory, "pulsar-freezable")
 
 
 @pytest.fixture(scope="session")

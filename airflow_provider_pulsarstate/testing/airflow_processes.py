@@ -23,6 +23,7 @@ import contextlib
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -43,6 +44,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def copy_sqlite_db(source: Path, target: Path) -> None:
+    """Copy a SQLite DB through SQLite's backup API (safe while others have it open)."""
+    src, dst = sqlite3.connect(source, timeout=60), sqlite3.connect(target)
+    try:
+        src.backup(dst)
+    finally:
+        dst.close()
+        src.close()
+
+
 class AirflowProcessError(RuntimeError):
     """A component did not start, died, or a run did not reach the expected state; the message
     carries the end of the component's log."""
@@ -58,6 +69,8 @@ class AirflowProcesses:
     :param parallelism: LocalExecutor worker processes.
     :param start_timeout: seconds for the DB migration and each component to come up.
     :param airflow: the ``airflow`` executable (default: the one next to ``sys.executable``).
+    :param metadata_db: a SQLite metadata DB already migrated by the same Airflow version, copied
+        (SQLite backup API) to start from instead of running ``airflow db migrate`` (~12 s of CPU).
     """
 
     def __init__(
@@ -70,8 +83,10 @@ class AirflowProcesses:
         parallelism: int = 4,
         start_timeout: float = 180.0,
         airflow: str | Path | None = None,
+        metadata_db: Path | None = None,
     ) -> None:
         self.home = Path(home)
+        self.metadata_db = Path(metadata_db) if metadata_db is not None else None
         self.dags_folder = Path(dags_folder)
         self.components = tuple(components)
         unknown = set(self.components) - set(COMPONENTS)
@@ -109,14 +124,23 @@ class AirflowProcesses:
         return self.home / "process-logs" / f"{component}.log"
 
     def start(self) -> AirflowProcesses:
-        """Migrate the DB, then start every component and wait until the API answers."""
+        """Migrate the DB (or copy ``metadata_db``), then start every component and wait until the API answers."""
         self.home.mkdir(parents=True, exist_ok=True)
         (self.home / "process-logs").mkdir(exist_ok=True)
-        migrate = subprocess.run(
-            [self.airflow, "db", "migrate"], env=self.env, capture_output=True, text=True, timeout=self.start_timeout
-        )
-        if migrate.returncode != 0:
-            raise AirflowProcessError(f"airflow db migrate failed:\n{migrate.stdout[-2000:]}\n{migrate.stderr[-2000:]}")
+        if self.metadata_db is not None:
+            copy_sqlite_db(self.metadata_db, self.home / "airflow.db")
+        else:
+            migrate = subprocess.run(
+                [self.airflow, "db", "migrate"],
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=self.start_timeout,
+            )
+            if migrate.returncode != 0:
+                raise AirflowProcessError(
+                    f"airflow db migrate failed:\n{migrate.stdout[-2000:]}\n{migrate.stderr[-2000:]}"
+                )
         for component in self.components:
             self.start_component(component)
         if "api-server" in self.components:

@@ -91,7 +91,7 @@ _PASSWORD = "form-test-" + os.urandom(8).hex()
 
 
 @pytest.fixture(scope="module")
-def api_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowProcesses]:
+def api_server(tmp_path_factory: pytest.TempPathFactory, migrated_db: Path) -> Iterator[AirflowProcesses]:
     """A real ``airflow api-server`` with SimpleAuthManager logins on (user ``admin``) and
     connection tests enabled; no pulsarstate connection in its environment."""
     home = tmp_path_factory.mktemp("form-api")
@@ -102,6 +102,7 @@ def api_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowProc
         home=home / "airflow",
         dags_folder=home / "dags",
         components=("api-server",),
+        metadata_db=migrated_db,
         env={
             "PYTHONPATH": str(ROOT),
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",

@@ -85,7 +85,7 @@ class _Env:
 
 
 @pytest.fixture(scope="module")
-def live(pulsar_broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Env]:
+def live(pulsar_broker: Any, tmp_path_factory: pytest.TempPathFactory, migrated_db: Path) -> Iterator[_Env]:
     tmp = tmp_path_factory.mktemp("messages-live")
     shared = f"persistent://public/default/live-orders-{uuid.uuid4().hex[:8]}"
     held = f"persistent://public/default/live-held-{uuid.uuid4().hex[:8]}"
@@ -105,7 +105,9 @@ def live(pulsar_broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         # a restarted triggerer takes over the killed one's triggers once its heartbeat is this old
         "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "5",
     }
-    with AirflowProcesses(home=tmp / "airflow", dags_folder=DAGS, env=env, parallelism=2) as af:
+    with AirflowProcesses(
+        home=tmp / "airflow", dags_folder=DAGS, env=env, parallelism=2, metadata_db=migrated_db
+    ) as af:
         for dag_id in ("on_orders_a", "on_orders_b", "on_held"):
             af.wait_for_dag(dag_id)
         yield _Env(af, pulsar_broker, shared, held, hold, receipts)

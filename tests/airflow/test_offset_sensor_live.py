@@ -27,6 +27,7 @@ import pytest
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.testing.airflow_processes import free_port
 from tests.airflow.conftest import AIRFLOW_BIN
+from tests.airflow.metadata_db import copy_airflow_db
 
 LIVE_DAG = Path(__file__).resolve().parent / "dags_live" / "start_from_trigger_dag.py"
 DAG_ID = "offset_sensor_start_from_trigger"
@@ -58,7 +59,9 @@ def _query(sql: str, *args: Any) -> list[tuple[Any, ...]]:
 class _Live:
     """A scheduler and a triggerer of their own (AIRFLOW_HOME, metadata DB) over one embedded state file."""
 
-    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dag_file: Path, dag_id: str) -> None:
+    def __init__(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dag_file: Path, dag_id: str, migrated_db: Path
+    ) -> None:
         # Its own AIRFLOW_HOME and metadata DB: triggers and runs left by the session's dag.test() runs
         # must not reach this scheduler and triggerer. State: one embedded file, shared explicitly.
         global _DB
@@ -91,9 +94,15 @@ class _Live:
             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
         }
-        for args in (["db", "migrate"], ["dags", "reserialize", "--bundle-name", "live"]):
-            done = subprocess.run([AIRFLOW_BIN, *args], env=self.env, capture_output=True, text=True, timeout=300)
-            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        copy_airflow_db(migrated_db, _DB)
+        done = subprocess.run(
+            [AIRFLOW_BIN, "dags", "reserialize", "--bundle-name", "live"],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         self.logs = [tmp_path / "scheduler.log", tmp_path / "triggerer.log"]
         self.procs: list[subprocess.Popen[bytes]] = []
 
@@ -166,9 +175,9 @@ class _Live:
 
 @pytest.mark.slow
 def test_start_from_trigger_completes_the_task_without_a_worker(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, migrated_db: Path
 ) -> None:
-    live = _Live(tmp_path, monkeypatch, LIVE_DAG, DAG_ID)
+    live = _Live(tmp_path, monkeypatch, LIVE_DAG, DAG_ID, migrated_db)
     topic = f"live-{uuid.uuid4().hex[:10]}"
     marker = tmp_path / "worker-ran"
     with PulsarStateHook() as hook:
@@ -195,11 +204,11 @@ def test_start_from_trigger_completes_the_task_without_a_worker(
 
 @pytest.mark.slow
 def test_a_leadership_sensor_started_from_the_trigger_sees_the_named_writer(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, migrated_db: Path
 ) -> None:
     from airflow_provider_pulsarstate.engine.backends.base import AcquireMode
 
-    live = _Live(tmp_path, monkeypatch, LIVE_DAG, "leadership_sensor_start_from_trigger")
+    live = _Live(tmp_path, monkeypatch, LIVE_DAG, "leadership_sensor_start_from_trigger", migrated_db)
     topic = f"live-{uuid.uuid4().hex[:10]}"
     marker = tmp_path / "worker-ran"
     with PulsarStateHook() as hook:

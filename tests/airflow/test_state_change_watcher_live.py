@@ -95,7 +95,7 @@ def apply_view(table: StateTable, prices: dict[str, float]) -> Any:
 
 @pytest.mark.parametrize("back_end", ["embedded", pytest.param("pulsar", marks=pytest.mark.pulsar)])
 def test_a_view_apply_runs_the_dag_once_even_when_the_triggerer_dies_before_storing_it(
-    tmp_path: Path, back_end: str, request: pytest.FixtureRequest
+    tmp_path: Path, back_end: str, request: pytest.FixtureRequest, migrated_db: Path
 ) -> None:
     table_name = f"price-table-{uuid.uuid4().hex[:8]}"  # the session broker outlives this test
     dags = tmp_path / "dags"
@@ -122,7 +122,7 @@ def test_a_view_apply_runs_the_dag_once_even_when_the_triggerer_dies_before_stor
     db = home / "airflow.db"
     try:
         apply_view(table, {f"sku-{i}": 10.0 + i for i in range(20)})  # before the watcher: not an event
-        with AirflowProcesses(home=home, dags_folder=dags, env=env) as af:
+        with AirflowProcesses(home=home, dags_folder=dags, env=env, metadata_db=migrated_db) as af:
             af.wait_for_dag(DAG_ID)
             start = wait(lambda: watermark(db), "the trigger's first watermark", af)
             assert start["offset"] == table.manager.applied_offset

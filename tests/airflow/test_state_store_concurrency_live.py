@@ -47,7 +47,7 @@ def _db_xcoms(db: Path, run_id: str) -> list[str]:
 
 @pytest.mark.parametrize("back_end", ["embedded", pytest.param("pulsar", marks=pytest.mark.pulsar)])
 def test_eight_concurrent_tasks_atomic_update_loses_nothing_get_set_loses(
-    tmp_path: Path, back_end: str, request: pytest.FixtureRequest
+    tmp_path: Path, back_end: str, request: pytest.FixtureRequest, migrated_db: Path
 ) -> None:
     if back_end == "pulsar":
         broker = request.getfixturevalue("pulsar_broker")
@@ -73,6 +73,7 @@ def test_eight_concurrent_tasks_atomic_update_loses_nothing_get_set_loses(
         home=tmp_path / "airflow",
         dags_folder=DAGS,
         env=env,
+        metadata_db=migrated_db,
         components=("api-server", "scheduler", "dag-processor"),
         parallelism=8,
     ) as af:

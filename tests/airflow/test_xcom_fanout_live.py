@@ -54,7 +54,7 @@ def _states(db: Path, run_id: str) -> dict[str, int]:
 
 @pytest.mark.parametrize("back_end", ["embedded", pytest.param("pulsar", marks=pytest.mark.pulsar)])
 def test_a_mapped_task_of_100_instances_pushes_at_once_and_its_downstream_reads_all(
-    tmp_path: Path, back_end: str, request: pytest.FixtureRequest
+    tmp_path: Path, back_end: str, request: pytest.FixtureRequest, migrated_db: Path
 ) -> None:
     if back_end == "pulsar":
         broker = request.getfixturevalue("pulsar_broker")
@@ -73,6 +73,7 @@ def test_a_mapped_task_of_100_instances_pushes_at_once_and_its_downstream_reads_
         home=tmp_path / "airflow",
         dags_folder=DAGS,
         env=env,
+        metadata_db=migrated_db,
         components=("api-server", "scheduler", "dag-processor"),
         parallelism=16,
     ) as af:

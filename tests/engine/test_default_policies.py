@@ -19,7 +19,7 @@ from airflow_provider_pulsarstate.engine.errors import RetentionPolicyError
 from airflow_provider_pulsarstate.testing import wait_until
 from tests.conftest import pulsar_config
 
-pytestmark = pytest.mark.pulsar
+pytestmark = [pytest.mark.pulsar, pytest.mark.xdist_group("pulsar-defaults-broker")]  # one such broker per run
 
 INACTIVE_WINDOW = 5 + 5  # brokerDeleteInactiveTopicsMaxInactiveDurationSeconds + ...FrequencySeconds
 

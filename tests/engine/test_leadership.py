@@ -232,7 +232,8 @@ def test_a_creation_that_timed_out_leaves_no_orphan_that_wedges_election(
 
 
 @pytest.mark.pulsar
-def test_a_real_client_timeout_during_creation_does_not_wedge_election(pulsar_broker: Any, topic: str) -> None:
+@pytest.mark.xdist_group("freezable-broker")
+def test_a_real_client_timeout_during_creation_does_not_wedge_election(freezable_broker: Any, topic: str) -> None:
     """The same trap with real client-side time-outs: the broker is frozen (SIGSTOP) for 1.5 s
     while a candidate with a 1 s operation time-out creates its exclusive producer; afterwards
     another candidate must lead within a bound. The last round freezes it for 3.5 s, so that the
@@ -240,10 +241,10 @@ def test_a_real_client_timeout_during_creation_does_not_wedge_election(pulsar_br
     background sweeper (backends/orphans.py) can drop it then."""
     from tests.conftest import pulsar_config
 
-    pid = getattr(pulsar_broker, "pid", None)
+    pid = getattr(freezable_broker, "pid", None)
     assert pid, "this test freezes the broker: give its pid in PULSARSTATE_TEST_BROKER_PID"
-    a = open_backend(pulsar_config(pulsar_broker, operation_timeout=1.0))
-    b = open_backend(pulsar_config(pulsar_broker, operation_timeout=10.0))
+    a = open_backend(pulsar_config(freezable_broker, operation_timeout=1.0))
+    b = open_backend(pulsar_config(freezable_broker, operation_timeout=10.0))
     timeouts = 0
     try:
         b.admin.create_topic(topic)
