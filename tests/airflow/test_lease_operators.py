@@ -82,16 +82,37 @@ def test_a_second_deployment_waits_or_times_out_per_its_acquire_timeout(
         assert not marker.exists()
         assert leases.describe(lease).holder == "deployment-b/other-run"  # untouched
 
-        # a run that may wait longer gets it as soon as the holder releases
-        timer = threading.Timer(2.0, leases.release, args=(other,))
-        timer.start()
+        # a run that may wait longer gets it as soon as the holder releases (released 2 s after its
+        # acquire task is seen running, however long the loaded machine takes to get there)
+        releaser = threading.Thread(
+            target=_release_when_running, args=(leases, other, dag.dag_id, "lease.acquire", 2.0)
+        )
+        releaser.start()
         try:
             run = run_dag(dag, {"lease_name": lease, "marker": str(marker), "timeout": 30})
         finally:
-            timer.join()
+            releaser.join()
     assert run.state == "success", run.states
     assert run.xcoms["lease.acquire"]["token"] == other.token + 1
     assert run.durations["lease.acquire"] >= 1.5  # it waited for the release
+
+
+def _release_when_running(leases: Any, held: Any, dag_id: str, task_id: str, after: float) -> None:
+    """Release ``held`` ``after`` seconds after a task instance of ``task_id`` is seen running."""
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    deadline = time.monotonic() + 300
+    try:
+        while time.monotonic() < deadline:
+            with create_session() as session:
+                running = session.query(TaskInstance).filter_by(dag_id=dag_id, task_id=task_id, state="running").count()
+            if running:
+                time.sleep(after)
+                return
+            time.sleep(0.05)
+    finally:
+        leases.release(held)
 
 
 # ---------------------------------------------------------------------------------- takeovers

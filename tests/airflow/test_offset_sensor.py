@@ -347,7 +347,8 @@ def test_trigger_fires_when_a_publisher_reaches_the_target_without_blocking_the_
     assert progress["met"] and progress["value"] == 10 and set(progress["end_offsets"]) == {"0", "1"}
     # the loop kept ticking every 10 ms through ~20 polls: no poll blocked it
     # (0.6 s: above what a loaded 2-vCPU CI machine adds; the control below blocks for 1 s)
-    assert ticks >= 50 and worst < LOOP_LAG_LIMIT, (ticks, worst)
+    # the ticker ran throughout (its count follows the CPU share it got); blocking is judged by worst
+    assert ticks > 10 and worst < LOOP_LAG_LIMIT, (ticks, worst)
 
 
 def test_the_ticker_detects_a_blocking_probe(airflow_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:

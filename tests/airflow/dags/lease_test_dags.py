@@ -19,6 +19,7 @@ from airflow_provider_pulsarstate.operators.views import ApplyTempViewOperator, 
 HERE = Path(__file__).resolve().parent
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 TTL = 1.5
+SPARK_TTL = 15.0
 HOLDER = "{{ params.deployment }}/{{ dag.dag_id }}/{{ run_id }}"
 COMMON = {
     "lease_name": Param("test-lease", type="string"),
@@ -126,7 +127,9 @@ with DAG(
     lease_task_group(
         "lease",
         lease_name="{{ params.lease_name }}",
-        ttl=TTL,
+        # the test takes the lease over by force: a longer ttl only keeps a renewer starved while the
+        # JVM starts on a loaded machine from losing the lease before the job begins
+        ttl=SPARK_TTL,
         timeout="{{ params.timeout }}",
         holder=HOLDER,
         guard=[spark],
