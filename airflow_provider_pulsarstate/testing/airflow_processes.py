@@ -19,6 +19,7 @@ another venv's, to test an installed wheel).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import signal
@@ -106,6 +107,10 @@ class AirflowProcesses:
             "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
             "AIRFLOW__API_AUTH__JWT_SECRET": "pulsarstate-test-processes-" + os.urandom(16).hex(),
+            # One key for every component: with a copied metadata DB no `db migrate` writes airflow.cfg
+            # first, and components starting together would each generate a key of their own (the
+            # triggerer then cannot read the trigger kwargs the dag-processor encrypted).
+            "AIRFLOW__CORE__FERNET_KEY": base64.urlsafe_b64encode(os.urandom(32)).decode(),
             "AIRFLOW__API__PORT": str(self.api_port),
             "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{self.api_port}",
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{self.api_port}/execution/",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 LOOP_LAG_LIMIT = 0.6
@@ -11,19 +12,28 @@ adds, below the 1 s a blocking control call costs (see test_the_ticker_detects_a
 
 
 def _runnable_wait() -> float:
-    """Seconds this thread has spent runnable but waiting for a CPU (Linux ``schedstat``; 0 elsewhere)."""
+    """Seconds the threads of this process have spent runnable but waiting for a CPU (Linux
+    ``schedstat``; 0 elsewhere). All threads, not only the loop's: a thread holding the GIL that
+    the machine's load keeps off a CPU holds up the loop's thread too (it waits for the GIL)."""
+    total = 0.0
     try:
-        with open("/proc/thread-self/schedstat") as f:
-            return int(f.read().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
         return 0.0
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[1]) / 1e9
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+    return total
 
 
 class LoopLag:
     """``async with LoopLag() as lag:`` ticks every ``tick`` seconds on the running loop meanwhile;
     ``lag.worst`` is the largest lateness of a tick (blocking work on the loop shows up there).
 
-    The time the loop's thread spent waiting for a CPU while runnable is not counted: that is the
+    The time the process's threads spent waiting for a CPU while runnable is not counted: that is the
     machine's load, not the loop being blocked (a blocking call, sleeping or computing, still counts).
     """
 

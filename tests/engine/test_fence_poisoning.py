@@ -205,8 +205,15 @@ def test_in_one_group_commit_a_write_that_cannot_be_encoded_fails_alone(
     m.put("start", 0, lease=lease)
     ref = next(iter(m.manager.fences))[0]
     monkeypatch.setattr(SharedStateManager, "_resolve_fence", lambda self, f: (ref, f.name, f.token), raising=False)
-    gate = threading.Event()
-    blocker = m.manager.write_async(lambda s: gate.wait(30) and [])  # holds the commit thread: the rest queue up
+    gate, entered = threading.Event(), threading.Event()
+
+    def hold(_state: Any) -> list[Any]:
+        entered.set()
+        gate.wait(30)
+        return []
+
+    blocker = m.manager.write_async(hold)  # holds the commit thread: the rest queue up behind it
+    assert entered.wait(30)  # inside it before anything else is queued (a slow start would batch some with it)
     futures = [m.put_async(f"k{i}", i, lease=lease if i % 2 else None) for i in range(10)]
     poisoned = m.put_async("poisoned", 1, lease=Lease("nightly", "h", 2**64, TTL, lease.topic))
     futures += [m.put_async(f"k{i}", i, lease=lease if i % 2 else None) for i in range(10, 20)]
