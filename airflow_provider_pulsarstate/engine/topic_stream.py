@@ -62,6 +62,7 @@ from airflow_provider_pulsarstate.engine.errors import (
     ConfigurationError,
     PulsarStateError,
 )
+from airflow_provider_pulsarstate.engine.loop_shared import made_once
 from airflow_provider_pulsarstate.engine.retry import Backoff
 
 log = logging.getLogger(__name__)
@@ -893,19 +894,9 @@ async def _acquire_client(config: ConnectionConfig) -> Any:
     stream, the others waiting for it); one more user."""
     loop = asyncio.get_running_loop()
     clients = _CLIENTS.setdefault(loop, {})
-    making = _MAKING.setdefault(loop, {})
-    while config not in clients:
-        future = making.get(config)
-        if future is None:
-            future = making[config] = asyncio.ensure_future(asyncio.to_thread(_make_client, config))
-        try:
-            await asyncio.shield(future)
-        finally:
-            if making.get(config) is future and future.done():
-                del making[config]  # the first waiter back registers it (or lets the next caller retry)
-                if not future.cancelled() and future.exception() is None and config not in clients:
-                    clients[config] = [future.result(), 0]
-    entry = clients[config]
+    entry = await made_once(
+        clients, _MAKING.setdefault(loop, {}), config, lambda: _make_client(config), lambda c: [c, 0]
+    )
     entry[1] += 1
     return entry[0]
 

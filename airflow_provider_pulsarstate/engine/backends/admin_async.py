@@ -20,6 +20,7 @@ from airflow_provider_pulsarstate.engine.backends.admin import admin_unreachable
 from airflow_provider_pulsarstate.engine.backends.pulsar_compat import preload_async_http_transport
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig, redact_url
 from airflow_provider_pulsarstate.engine.errors import ClosedError
+from airflow_provider_pulsarstate.engine.loop_shared import made_once
 
 
 @functools.lru_cache(maxsize=8)
@@ -97,19 +98,7 @@ async def _acquire_client(config: ConnectionConfig) -> _Shared:
     loop = asyncio.get_running_loop()
     key = _client_key(config)
     clients = _CLIENTS.setdefault(loop, {})
-    making = _MAKING.setdefault(loop, {})
-    while key not in clients:
-        future = making.get(key)
-        if future is None:
-            future = making[key] = asyncio.ensure_future(asyncio.to_thread(_make_client, config))
-        try:
-            await asyncio.shield(future)
-        finally:
-            if making.get(key) is future and future.done():
-                del making[key]  # the first waiter back registers it (or lets the next caller retry)
-                if not future.cancelled() and future.exception() is None and key not in clients:
-                    clients[key] = _Shared(future.result())
-    shared = clients[key]
+    shared = await made_once(clients, _MAKING.setdefault(loop, {}), key, lambda: _make_client(config), _Shared)
     shared.users += 1
     return shared
 

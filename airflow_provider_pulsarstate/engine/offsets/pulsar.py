@@ -65,6 +65,7 @@ from airflow_provider_pulsarstate.engine.offsets.base import (
     format_address,
     parse_address,
 )
+from airflow_provider_pulsarstate.engine.offsets.pulsar_http import PULSAR_ADDRESS
 from airflow_provider_pulsarstate.engine.offsets.pulsar_index import (
     COMMITTED_PROPERTY,
     MESSAGE_ID_HEADER,
@@ -88,9 +89,6 @@ PARTITIONS_TTL = 2.0
 END_TTL = 1.0
 """Seconds an end offset observed by a pull is reused by the next pulls (exact at the tail)."""
 _RECEIVER_QUEUE = 1000
-PULSAR_ADDRESS = "p"
-"""Addresses on Pulsar: ``p:<partition>:<base64 of the serialized MessageId>`` (partition -1 is
-encoded as 0; the id itself says whether the topic is partitioned)."""
 _TIME_SCAN_MESSAGES = 500
 _TIME_SCAN_BYTES = 1 << 20
 

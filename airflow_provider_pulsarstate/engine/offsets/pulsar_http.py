@@ -28,8 +28,9 @@ import json
 import threading
 from collections.abc import Mapping
 from datetime import datetime
-from urllib.parse import ParseResult, quote, urlparse
+from urllib.parse import ParseResult, urlparse
 
+from airflow_provider_pulsarstate.engine.backends.admin import PulsarAdmin
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig, redact_url
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError, MessageNotFoundError
 from airflow_provider_pulsarstate.engine.offsets.base import StoredMessage, format_address, parse_address
@@ -39,6 +40,8 @@ HTTP_MESSAGE_MAX_BYTES = (1 << 20) + (64 << 10)
 """The largest payload sent over HTTP (a 1 MiB value, the XCom backend's default limit, with its
 header line); larger ones go through a producer, which chunks what is over the broker's limit."""
 PULSAR_ADDRESS = "p"
+"""Addresses on Pulsar: ``p:<partition>:<base64 of the serialized MessageId>`` (partition -1 is
+encoded as 0; the id itself says whether the topic is partitioned)."""
 _EXPECTED_HEADERS = ("X-Pulsar-Message-ID",)
 _NOT_PLAIN_HEADERS = ("X-Pulsar-num-chunks-from-msg", "X-Pulsar-chunk-id", "X-Pulsar-num-batch-message")
 _MAX_REDIRECTS = 3
@@ -169,7 +172,7 @@ class PulsarHttpMessages:
         if topic in self._producer_only:
             return None
         body = json.dumps({"messages": [{"payload": text, "properties": dict(properties or {})}]}).encode()
-        path = "/topics/" + _topic_path(topic)
+        path = "/topics/" + PulsarAdmin.topic_path(topic)
         for attempt in range(2):
             answer = self._call("POST", path, body)
             if answer is None:
@@ -186,7 +189,7 @@ class PulsarHttpMessages:
         return None
 
     def _create(self, topic: str) -> bool:
-        answer = self._call("PUT", "/admin/v2/" + _topic_path(topic), b"")
+        answer = self._call("PUT", "/admin/v2/" + PulsarAdmin.topic_path(topic), b"")
         return answer is not None and answer[0] in (200, 204, 409)
 
     # -- read --------------------------------------------------------------------------------
@@ -202,7 +205,7 @@ class PulsarHttpMessages:
             return None
         ledger, entry, partition = plain
         pt = f"{topic}-partition-{partition}" if partition >= 0 else topic
-        answer = self._call("GET", f"/admin/v2/{_topic_path(pt)}/ledger/{ledger}/entry/{entry}", None)
+        answer = self._call("GET", f"/admin/v2/{PulsarAdmin.topic_path(pt)}/ledger/{ledger}/entry/{entry}", None)
         if answer is None:
             return None
         status, headers, data = answer
@@ -296,13 +299,6 @@ class PulsarHttpMessages:
         with self._lock:
             self._closed = True
             self._drop()
-
-
-def _topic_path(topic: str) -> str:
-    domain, sep, rest = topic.partition("://")
-    if not sep or rest.count("/") != 2:
-        raise ConfigurationError(f"topic {topic!r} is not fully qualified (persistent://tenant/namespace/name)")
-    return domain + "/" + "/".join(quote(part, safe="") for part in rest.split("/"))
 
 
 def _published_address(data: bytes) -> str | None:
