@@ -91,6 +91,8 @@ def test_bootstrap_reinstalls_when_the_lock_changes(tmp_path: Path) -> None:
     first = bootstrap()
     assert any(c.startswith("pip sync") and c.endswith("requirements/test.lock") for c in first), first
     assert any(c.startswith("pip install") and "--no-deps -e ." in c for c in first), first
+    # compiled at install: PYTHONDONTWRITEBYTECODE would otherwise make every process compile Airflow
+    assert all("--compile-bytecode" in c for c in first if c.startswith(("pip sync", "pip install"))), first
     assert bootstrap() == []  # nothing changed: nothing to do
     with (repo / "requirements" / "test.lock").open("a") as lock:
         lock.write("# refreshed\n")

@@ -17,6 +17,7 @@ from airflow_provider_pulsarstate import (
 )
 from airflow_provider_pulsarstate.engine.backends.embedded import EmbeddedBackend
 from airflow_provider_pulsarstate.engine.backends.pulsar import PulsarBackend
+from airflow_provider_pulsarstate.testing.harness import wait_until
 
 
 def test_url_selects_the_back_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -91,13 +92,14 @@ def test_broker_restart_loses_nothing(tmp_path: Path) -> None:
 
         thread = threading.Thread(target=write_loop)
         thread.start()
-        time.sleep(2)
+        wait_until(lambda: len(acked) >= 3, timeout=120, what="writes before the restart")
         before = len(acked)
         broker.restart()
-        time.sleep(3)
+        restarted = len(acked)  # restart() returns with the old broker gone and the new one up
+        wait_until(lambda: len(acked) >= restarted + 3, timeout=180, what="writes resumed after the restart")
         stop.set()
         thread.join(timeout=120)
-        assert before > 0 and len(acked) > before, "writes did not resume after the restart"
+        assert before > 0 and len(acked) > restarted >= before, "writes did not resume after the restart"
         final = reader.get("n", latest=True)
         assert final == writer.get("n", latest=True)
         # exactly once: every acknowledged increment is there, and at most the in-flight ones extra
