@@ -896,9 +896,9 @@ def _make_client(config: ConnectionConfig) -> Any:
 @functools.cache
 def _bytes_schema() -> Any:
     """The one bytes schema every consumer and producer of the process passes: without it,
-    ``pulsar.asyncio`` makes one per subscribe, ~30 objects of garbage in reference cycles each
-    (its JSON encoding), which a thousand subscriptions turn into a full garbage collection of the
-    process. It holds no per-consumer state."""
+    ``pulsar.asyncio`` makes one per call, ~30 objects of garbage in reference cycles each (its
+    JSON encoding), 30,000 for a thousand watchers subscribing together, which bring the process's
+    next full garbage collection closer. It holds no per-consumer state."""
     import pulsar.schema
 
     return pulsar.schema.BytesSchema()
