@@ -28,6 +28,8 @@ them (a failure of one kind never hides the others). The child
      for lease i mod L);
    * ``leadership``: ``LeadershipTrigger(mode="leader").run()`` on one topic nobody leads
      (a deferred leader-mode ``LeadershipSensor``);
+   * ``datetime``: the baseline, Airflow's own ``DateTimeTrigger`` 30 days ahead (``run()``; no
+     back end, run once, no change to detect): what any N triggers cost the same process;
 
    and measures the time until all N are running (each has done its first read: the table feed
    started, the consumer subscribed, the first observation made), printing progress meanwhile;
@@ -48,7 +50,16 @@ tick (its work, not waits for the GIL or a CPU), and the longest garbage collect
 while the triggers start. Run with bytecode cached (``PYTHONPYCACHEPREFIX`` set,
 ``PYTHONDONTWRITEBYTECODE`` unset), as a deployment has it. Diagnostics: ``BENCH_SLOW_TURNS=0.05``
 prints each loop turn whose callbacks took longer (and the stack of a callback running over it);
-``BENCH_PROFILE_START=<file>`` writes a cProfile of the start on the loop thread's CPU.
+``BENCH_PROFILE_START=<file>`` writes a cProfile of the start on the loop thread's CPU;
+``BENCH_OBJECT_TYPES=1`` prints the types the running triggers keep alive (per trigger);
+``BENCH_GC_STACKS=<depth>`` prints where garbage collections fell due while they started (the
+allocating stack sampled at each collection's start).
+
+Garbage collection: a full (generation 2) collection walks every object of the process (~0.15-0.25 s
+of CPU for a triggerer's ~220,000 objects); it falls due once the objects kept since the last one
+exceed a quarter of those that survived it. So each run prints, beside the baseline's figures and
+the ratio: the stall at start, the full collections during the start and the longest, and the
+objects each running trigger keeps alive (tracked objects while running minus after the stop).
 
 Targets: within 2 broker connections per connection id (binary + admin counted
 together; both are shown), <= 50 OS threads and <= 200 fds beyond the idle process, all running
@@ -77,7 +88,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from machine import broker_urls, print_run_header  # noqa: E402
 
-KINDS = ("state_change", "messages", "offsets", "lease", "leadership")
+KINDS = ("state_change", "messages", "offsets", "lease", "leadership", "datetime")
+BASELINE = "datetime"  # Airflow's own DateTimeTrigger: what any 1,000 triggers cost the same process
 BACKENDS = ("pulsar", "embedded")
 CONN_ID = "pulsarstate_bench"
 
@@ -224,6 +236,16 @@ def _instrument(kind: str) -> None:
             return out
 
         TopicStream.open = open_  # type: ignore[method-assign]
+    elif kind == BASELINE:
+        from airflow.providers.standard.triggers.temporal import DateTimeTrigger
+
+        moment = DateTimeTrigger.moment
+
+        def first_read(self: Any) -> Any:  # run() reads its moment before its first sleep
+            RUNNING.add(id(self))
+            return moment.fget(self)  # type: ignore[attr-defined]
+
+        DateTimeTrigger.moment = property(first_read)  # type: ignore[method-assign,assignment]
     else:
         from airflow_provider_pulsarstate.triggers.leadership import LeadershipTrigger
         from airflow_provider_pulsarstate.triggers.offsets import OffsetProgressTrigger
@@ -240,22 +262,68 @@ def _instrument(kind: str) -> None:
 
 
 # ================================================================================ the child
-def _watch_gc() -> dict[int, float]:
-    """The longest garbage collection pause per generation, in the loop thread's CPU seconds."""
+def _watch_gc() -> tuple[dict[int, float], dict[int, int]]:
+    """The longest garbage collection pause per generation, in the loop thread's CPU seconds, and the
+    number of collections per generation (the benchmark removes the callback when the start is over)."""
     import gc
 
     worst: dict[int, float] = {}
+    count: dict[int, int] = {}
     started = [0.0]
+
+    stacks = os.environ.get("BENCH_GC_STACKS")
+    import threading
+    import traceback
+    from collections import Counter
+
+    sampled: Counter[str] = Counter()
+    _GC_STACKS.append(sampled)
 
     def callback(phase: str, info: dict[str, int]) -> None:
         if phase == "start":
+            if stacks:  # diagnosis: who allocated when a collection fell due (a sample per collection)
+                frames = traceback.extract_stack(sys._getframe(1), limit=int(stacks))
+                where = " < ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(frames))
+                sampled[f"[{threading.current_thread().name}] {where}"] += 1
             started[0] = time.thread_time()
         else:
             gen = info["generation"]
             worst[gen] = max(worst.get(gen, 0.0), time.thread_time() - started[0])
+            count[gen] = count.get(gen, 0) + 1
 
     gc.callbacks.append(callback)
-    return worst
+    return worst, count
+
+
+def _object_types() -> dict[str, int]:
+    """Tracked objects by type (and, for functions and frames, by code name): diagnosis."""
+    import gc
+    import types
+    from collections import Counter
+
+    def name(o: Any) -> str:
+        kind = type(o).__qualname__
+        if isinstance(o, types.FunctionType):
+            return f"{kind} {o.__code__.co_qualname}"
+        if isinstance(o, (types.CoroutineType, types.AsyncGeneratorType, types.GeneratorType)):
+            return f"{kind} {o.__qualname__}"
+        if isinstance(o, types.FrameType):
+            return f"{kind} {o.f_code.co_qualname}"
+        if isinstance(o, types.MethodType):
+            return f"{kind} {getattr(o.__func__, '__qualname__', '')}"
+        return kind
+
+    return dict(Counter(name(o) for o in gc.get_objects()))
+
+
+_GC_STACKS: list[Any] = []
+
+
+def _tracked_objects() -> int:
+    """Objects the garbage collector tracks (what a full collection walks), frozen ones included."""
+    import gc
+
+    return len(gc.get_objects()) + gc.get_freeze_count()
 
 
 def _watch_turns(limit: float) -> None:
@@ -361,7 +429,14 @@ def _make_triggers(kind: str, n: int, setup: dict[str, Any]) -> list[Any]:
             )
             for i in range(n)
         ]
-    return [LeadershipTrigger(mode="leader", topic=setup["topic"], pulsarstate_conn_id=CONN_ID) for _ in range(n)]
+    if kind == "leadership":
+        return [LeadershipTrigger(mode="leader", topic=setup["topic"], pulsarstate_conn_id=CONN_ID) for _ in range(n)]
+    import datetime
+
+    from airflow.providers.standard.triggers.temporal import DateTimeTrigger
+
+    far = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=30)
+    return [DateTimeTrigger(moment=far) for _ in range(n)]
 
 
 def _change(kind: str, setup: dict[str, Any]) -> float:
@@ -405,6 +480,10 @@ def _change(kind: str, setup: dict[str, Any]) -> float:
 _KEEP: list[Any] = []
 
 
+class _NoChange(Exception):
+    """The baseline kind has no change to detect."""
+
+
 async def _child(
     kind: str, n: int, idle_seconds: float, detect_timeout: float, setup: dict[str, Any], ports: dict[str, int]
 ) -> dict[str, Any]:
@@ -426,9 +505,13 @@ async def _child(
 
         gc.freeze()
     triggers = _make_triggers(kind, n, setup)
+    import gc
+
+    # no collection here: the start meets the collector's counts as the imports left them
+    out: dict[str, Any] = {"gc_threshold": gc.get_threshold()}
     await asyncio.sleep(0.2)
     idle = _snapshot(ports)
-    out: dict[str, Any] = {"idle": idle}
+    out["idle"] = idle
     ticker = Ticker()
     ticker.start()
     # the control: the same ticker with no trigger at all (what the machine's load alone costs)
@@ -470,7 +553,7 @@ async def _child(
 
     if os.environ.get("BENCH_SLOW_TURNS"):
         _watch_turns(float(os.environ["BENCH_SLOW_TURNS"]))
-    gc_pauses = _watch_gc()
+    gc_pauses, gc_counts = _watch_gc()
     profile = None
     if os.environ.get("BENCH_PROFILE_START"):  # where the loop's time goes while the triggers start
         import cProfile
@@ -506,12 +589,25 @@ async def _child(
         profile.dump_stats(os.environ["BENCH_PROFILE_START"])
     out["start_s"] = start_s
     out["worst_gc_pause_start_s"] = dict(gc_pauses)
+    out["gc_collections_start"] = dict(gc_counts)
+    for sampled in _GC_STACKS:
+        for where, count in sampled.most_common(25):
+            print(f"    collections due at: {count:4d} {where}", file=sys.stderr, flush=True)
     out["running"] = len(RUNNING)
     out["start_cpu_s"] = _cpu() - cpu0
     out["after_start"] = _minus(_snapshot(ports), idle)
     out["stall_start_s"] = ticker.reset()
     out["stall_start_s_raw"] = ticker.reset_raw()
     out["stall_start_s_cpu"] = ticker.reset_cpu()
+    # what the running triggers keep alive: tracked objects now and after they stopped (both after a
+    # full collection, outside every measured window)
+    gc.callbacks.clear()
+    gc.collect()
+    objects_running = _tracked_objects()
+    types_running = _object_types() if os.environ.get("BENCH_OBJECT_TYPES") else None
+    out["objects_tracked"] = objects_running
+    await asyncio.sleep(0.05)  # the ticker's tick over the collection ends before its figures restart
+    ticker.reset(), ticker.reset_raw(), ticker.reset_cpu()
     print(
         f"    all running: {start_s if start_s is None else round(start_s, 2)}s ({len(RUNNING)}/{n}); "
         f"idling {idle_seconds:.0f}s",
@@ -534,15 +630,19 @@ async def _child(
         out["stall_idle_s_raw"] = ticker.reset_raw()
         out["stall_idle_s_cpu"] = ticker.reset_cpu()
         out["fired_before_change"] = len(fired)
-        # detection: one change, then the first trigger firing after it
+        # detection: one change, then the first trigger firing after it (the baseline has none)
         before = len(fired)
         try:
+            if kind == BASELINE:
+                raise _NoChange
             durable = await asyncio.to_thread(_change, kind, setup)
             deadline = time.monotonic() + detect_timeout
             while len(fired) == before and time.monotonic() < deadline:
                 await asyncio.sleep(0.005)
             # a publish can reach a consumer before the producer's flush returns: 0, not negative
             out["detect_s"] = max(0.0, fired[before] - durable) if len(fired) > before else None
+        except _NoChange:
+            pass
         except Exception as exc:  # a broken change is reported, not hidden
             out["detect_error"] = f"{type(exc).__name__}: {exc}"
         out["stall_detect_s"] = ticker.reset()
@@ -562,10 +662,19 @@ async def _child(
             if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError)
         }
     )[:3]
+    del results
+    tasks.clear()
     await ticker.stop()
     await asyncio.sleep(2.0)  # closes handed to the pool finish
     out["stop_s"] = time.monotonic() - stop0 - 2.0
     out["after_close"] = _minus(_snapshot(ports), idle)
+    gc.collect()
+    out["objects_per_trigger"] = (objects_running - _tracked_objects()) / n
+    if types_running is not None:  # diagnosis: which types the running triggers keep
+        types_now = _object_types()
+        diff = sorted(((c - types_now.get(t, 0), t) for t, c in types_running.items()), reverse=True)[:30]
+        for count, name in diff:
+            print(f"    kept per trigger: {count / n:7.2f} {name}", file=sys.stderr, flush=True)
     return out
 
 
@@ -598,6 +707,8 @@ def _setup(kind: str, backend: str, n: int, args: argparse.Namespace, prefix: st
 
     logging.getLogger("airflow_provider_pulsarstate").setLevel(logging.WARNING)
     setup: dict[str, Any] = {}
+    if kind == BASELINE:
+        return setup
     with PulsarStateHook(CONN_ID) as hook:
         config = hook.get_config()
         if kind == "state_change":
@@ -719,7 +830,7 @@ def _row(kind: str, backend: str, n: int, r: dict[str, Any]) -> list[str]:
         misses.append("start")
     if stall > TARGET_STALL:
         misses.append("stall")
-    if r.get("detect_s") is None:
+    if r.get("detect_s") is None and kind != BASELINE:
         misses.append("no detection")
     if r.get("errors_total"):
         misses.append("errors")
@@ -816,6 +927,8 @@ def main() -> None:
             for backend in backends:
                 if kind == "messages" and backend == "embedded":
                     continue  # refused by design: no subscriptions on the embedded log
+                if kind == BASELINE and backend != backends[0]:
+                    continue  # no back end: one run
                 print(f"\n{kind} on {backend}, N={args.triggers}", file=sys.stderr, flush=True)
                 result = run_one(kind, backend, args, service_url, admin_url)
                 results[f"{kind}/{backend}"] = result
@@ -823,6 +936,7 @@ def main() -> None:
                 print(f"  {json.dumps(result)}", file=sys.stderr, flush=True)
     print()
     _print_table(rows)
+    _print_baseline(results)
     print(
         "\nfigures are minus the idle process; threads/fds/conns: the largest over the idle window; "
         "(was X@200): the figure for 200 triggers before the sharing"
@@ -844,10 +958,49 @@ def main() -> None:
             f"(raw {r.get('stall_start_s_raw', 0):.3f}/{r.get('stall_idle_s_raw', 0):.3f}/{r.get('stall_detect_s_raw', 0):.3f}, "
             f"loop CPU {r.get('stall_start_s_cpu', 0):.3f}/{r.get('stall_idle_s_cpu', 0):.3f}/{r.get('stall_detect_s_cpu', 0):.3f}) "
             f"gc_pauses_at_start={ {g: round(v, 3) for g, v in (r.get('worst_gc_pause_start_s') or {}).items()} } "
+            f"gc_collections_at_start={r.get('gc_collections_start')} objects_per_trigger={r.get('objects_per_trigger', 0):.0f} "
+            f"objects_tracked={r.get('objects_tracked')} "
             f"control_stall={r.get('stall_control_s', 0):.3f} start_cpu={r.get('start_cpu_s', 0):.1f}s stop={r.get('stop_s', 0):.2f}s "
             f"running={r.get('running')} errors={r.get('errors_total')} {r.get('errors') or ''} "
             f"{r.get('task_failures') or ''} {r.get('detect_error') or ''}"
         )
+
+
+def _start_figures(r: dict[str, Any]) -> tuple[float, float, int, float]:
+    """Start stall, longest full (generation 2) collection at start, full collections at start,
+    objects kept alive per running trigger."""
+    counts = r.get("gc_collections_start") or {}
+    pauses = r.get("worst_gc_pause_start_s") or {}
+    return (
+        r.get("stall_start_s", 0.0),
+        pauses.get("2", pauses.get(2, 0.0)),  # JSON keys are strings
+        counts.get("2", counts.get(2, 0)),
+        r.get("objects_per_trigger", 0.0),
+    )
+
+
+def _print_baseline(results: dict[str, dict[str, Any]]) -> None:
+    """Each kind's start beside the baseline's (Airflow's DateTimeTrigger, same N, same process)."""
+    base = next((r for name, r in results.items() if name.startswith(BASELINE + "/") and "failed" not in r), None)
+    if base is None:
+        print(f"\n(no baseline: add {BASELINE!r} to --kinds for Airflow's DateTimeTrigger beside each kind)")
+        return
+    b_stall, b_gc, b_full, b_objects = _start_figures(base)
+    print(
+        f"\nstart beside the baseline ({BASELINE}: Airflow's DateTimeTrigger, same N, same harness): "
+        f"stall {b_stall:.3f}s, full collections {b_full} (longest {b_gc:.3f}s), {b_objects:.0f} objects kept per trigger"
+    )
+    print(f"  (stall ratios: to the baseline's stall or the ticker's {Ticker().tick * 1000:.0f} ms period, the larger)")
+    print(
+        "  kind/back end: start stall s (x baseline) | full collections at start, longest s | objects kept per trigger (x baseline)"
+    )
+    for name, r in results.items():
+        if name.startswith(BASELINE + "/") or "failed" in r:
+            continue
+        stall, gc2, full, objects = _start_figures(r)
+        ratio = f"{stall / max(b_stall, Ticker().tick):.1f}x"
+        o_ratio = f"{objects / b_objects:.1f}x" if b_objects > 0 else "-"
+        print(f"  {name}: {stall:.3f} ({ratio}) | {full}, {gc2:.3f} | {objects:.0f} ({o_ratio})")
 
 
 class _no_broker:

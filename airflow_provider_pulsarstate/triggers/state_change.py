@@ -303,9 +303,9 @@ class _Watermark:
         self.key = key
         self.value: int | None = None
         if store is None:
-            self._accessors: list[Any] = []
+            self._accessors: tuple[Any, ...] = ()
         else:  # AssetStateStoreAccessors keeps one accessor per watched asset; anything else is one accessor
-            self._accessors = asset_state_accessors(store) or [store]
+            self._accessors = tuple(asset_state_accessors(store) or (store,))
 
     async def read(self, topic: str) -> int | None:
         found = []
@@ -354,14 +354,16 @@ class StateChangeProducer(SharedStreamProducer):
         self._broken: str | None = None
 
     async def open_stream(self) -> AsyncIterator[tuple[dict[str, Any], int]]:
+        # a thousand of these run for as long as the triggerer does: the frame keeps no hook and
+        # no back-off between failures, only what each poll needs (fewer objects for the
+        # process's garbage collector to walk)
         kw = self.kwargs
         poll_interval = float(kw["poll_interval"])
-        hook = PulsarStateHook(kw["pulsarstate_conn_id"])
         await start_turn()  # a thousand triggers starting together take turns
-        config = await shared_config(hook)
+        config = await shared_config(PulsarStateHook(kw["pulsarstate_conn_id"]))
         topic = self._topic = config.topic_name(kw["table"])
         start = await self._watermark.read(topic)
-        backoff = Backoff(initial=min(1.0, poll_interval), maximum=max(poll_interval, 30.0))
+        backoff: Backoff | None = None  # made at the first failure, dropped at the next success
         batch_size = int(kw.get("max_commits_per_batch") or DEFAULT_MAX_COMMITS_PER_BATCH)
         loop = asyncio.get_running_loop()
         quiet_since = loop.time()  # when a batch was last handed out (or the stream started)
@@ -370,7 +372,7 @@ class StateChangeProducer(SharedStreamProducer):
         while True:
             try:
                 if self._feed is None:
-                    self._feed = hook.get_async_table_feed(
+                    self._feed = PulsarStateHook(kw["pulsarstate_conn_id"]).get_async_table_feed(
                         topic,
                         after=start,
                         key_prefix=kw["key_prefix"],
@@ -386,6 +388,7 @@ class StateChangeProducer(SharedStreamProducer):
                     handed = sent
                 commits, upto, more = await self._feed.poll(limit=batch_size)
             except (*TRANSIENT, TableNotFoundError) as exc:
+                backoff = backoff or Backoff(initial=min(1.0, poll_interval), maximum=max(poll_interval, 30.0))
                 delay = backoff.next_delay()
                 _log.warning(
                     "reading table %s failed (%s: %s); retrying in %.1fs", topic, type(exc).__name__, exc, delay
@@ -401,7 +404,7 @@ class StateChangeProducer(SharedStreamProducer):
                     start, sent = sent, None
                 await asyncio.sleep(delay)
                 continue
-            backoff = Backoff(initial=min(1.0, poll_interval), maximum=max(poll_interval, 30.0))
+            backoff = None
             firing = [c for c in commits if _matches(kw["on"], c.view_apply, c.prefix_sets, c.prefix_deletes)]
             sent = max(sent, upto)
             # commits that fire nothing move the stored watermark now and then, not each time: a

@@ -498,3 +498,46 @@ def test_triggers_starting_together_take_turns(monkeypatch: pytest.MonkeyPatch) 
     outcomes = asyncio.run(scenario())
     assert all(isinstance(o, ConfigurationError) for o in outcomes)
     assert max(per_turn.values()) <= start_gate.STARTS_PER_TURN < 60 == most, (per_turn, most)
+
+
+def test_a_running_stream_keeps_no_hook_or_back_off_of_its_own(state_backend: str) -> None:
+    """A triggerer runs a thousand of these streams for as long as it lives: each keeps only what
+    its polls need, never a hook of its own (its lock, list and logger) nor a back-off between
+    failures; fewer live objects per trigger put off the full garbage collections of the process.
+    Counted objects, not time."""
+    import gc
+
+    from airflow_provider_pulsarstate.engine.retry import Backoff
+    from airflow_provider_pulsarstate.triggers.state_change import StateChangeProducer
+
+    table, n = f"state-change-{uuid.uuid4().hex[:8]}", 20
+    with PulsarStateHook() as hook, hook.get_table(table, writer_idle_timeout=0.1) as t:
+        t.put("setup", {"v": 0})
+
+    def alive(cls: type) -> int:
+        return sum(1 for o in gc.get_objects() if type(o) is cls)
+
+    async def scenario() -> tuple[int, int]:
+        producers = [
+            StateChangeProducer(StateChangeTrigger(table=table, on=["keys"], key_prefix=f"p{i}-").serialize()[1], None)
+            for i in range(n)
+        ]
+        streams = [p.open_stream() for p in producers]
+        tasks = [asyncio.ensure_future(s.__anext__()) for s in streams]
+        try:
+            await wait_for(
+                lambda: all(p._feed is not None and p._feed.after is not None for p in producers), "every feed"
+            )
+            await asyncio.sleep(0.2)  # every stream past its first poll, sleeping until the next
+            gc.collect()
+            return alive(PulsarStateHook), alive(Backoff)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for stream, producer in zip(streams, producers):
+                await stream.aclose()
+                await producer.aclose()
+
+    hooks, backoffs = asyncio.run(scenario())
+    assert hooks < n / 2 and backoffs < n / 2, f"{hooks} hooks and {backoffs} back-offs alive for {n} running streams"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gc
 import uuid
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,37 @@ def _subscription_backlog(config: ConnectionConfig, topic: str, subscription: st
 
 def run(coro):  # noqa: ANN001, ANN201
     return asyncio.run(coro)
+
+
+@pytest.mark.pulsar
+def test_subscribing_leaves_no_garbage_in_reference_cycles(config: ConnectionConfig) -> None:
+    """A triggerer subscribes a thousand watchers together; each subscription must not leave
+    garbage that only the cycle collector frees (``pulsar.asyncio`` made a new schema per
+    subscribe, ~30 such objects each: 1,000 subscriptions made a full collection of the whole
+    process fall due while they started). Counted objects, not time."""
+    topic = _fresh()
+    _make_topic(config, topic)
+    streams_per_run = 20
+
+    async def go() -> int:
+        holder = await open_topic_stream(config, topics=[topic], subscription="holder").open()  # the shared client
+        streams = []
+        try:
+            gc.collect()
+            gc.disable()
+            try:
+                for i in range(streams_per_run):
+                    streams.append(await open_topic_stream(config, topics=[topic], subscription=f"s{i}").open())
+                return gc.collect()
+            finally:
+                gc.enable()
+        finally:
+            for stream in streams:
+                await stream.aclose()
+            await holder.aclose()
+
+    garbage = run(go())
+    assert garbage / streams_per_run < 10, f"{garbage / streams_per_run:.1f} objects of cyclic garbage per subscribe"
 
 
 @pytest.mark.pulsar
