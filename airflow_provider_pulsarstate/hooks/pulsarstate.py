@@ -894,7 +894,7 @@ def state_scope(scope: Any) -> StateScope:
 
 def _settings() -> Any:
     """``[pulsarstate]``, read once per process; :func:`close_shared_state_maps` forgets it."""
-    from airflow_provider_pulsarstate.hooks.provider_config import settings
+    from airflow_provider_pulsarstate.provider_settings import settings
 
     return settings()
 
@@ -914,7 +914,7 @@ def close_shared_state_maps() -> None:
     """Close this process's shared state maps and their back ends (also run at exit)."""
     with _shared_lock:
         _shared_by_conn_id.clear()
-    from airflow_provider_pulsarstate.hooks.provider_config import forget_settings
+    from airflow_provider_pulsarstate.provider_settings import forget_settings
 
     forget_settings()
     shared_objects.close_all()
