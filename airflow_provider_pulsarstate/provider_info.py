@@ -38,10 +38,15 @@ def provider_info() -> dict[str, Any]:
                 "integration-name": "Pulsar State",
                 "python-modules": [
                     "airflow_provider_pulsarstate.hooks.airflow_internals",
+                    "airflow_provider_pulsarstate.hooks.async_probes",
+                    "airflow_provider_pulsarstate.hooks.connection_config",
                     "airflow_provider_pulsarstate.hooks.connection_form",
                     "airflow_provider_pulsarstate.hooks.embedded_check",
+                    "airflow_provider_pulsarstate.hooks.executor_policy",
+                    "airflow_provider_pulsarstate.hooks.process_shared",
                     "airflow_provider_pulsarstate.hooks.pulsarstate",
                     "airflow_provider_pulsarstate.hooks.shared_objects",
+                    "airflow_provider_pulsarstate.hooks.state_store_access",
                     "airflow_provider_pulsarstate.hooks.teams",
                 ],
             }
