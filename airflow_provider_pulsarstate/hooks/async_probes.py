@@ -68,7 +68,7 @@ class AsyncHookMethods:
         """
         config = config if config is not None else self.get_config()
         names = [topics] if isinstance(topics, str) else list(topics)
-        if config.kind != "pulsar":
+        if not config.has_subscriptions:  # refused by open_topic_stream, naming the connection
             return open_topic_stream(config, topics=names, subscription=subscription, conn_id=self.pulsarstate_conn_id)
         return open_topic_stream(
             config,

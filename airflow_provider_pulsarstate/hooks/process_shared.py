@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_pulsarstate.engine.backends import backend_class
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.engine.offsets.pulsar_http import PulsarHttpMessages
 from airflow_provider_pulsarstate.engine.recipes.lease import DEFAULT_LEASE_TOPIC, Leases
@@ -112,9 +113,13 @@ class SharedObjectMethods:
 
     @staticmethod
     def _http_messages(config: ConnectionConfig) -> PulsarHttpMessages | None:
-        """This process's HTTP path to small messages of a Pulsar connection (None: embedded)."""
-        if config.kind != "pulsar":
+        """This process's HTTP path to small messages of the connection's broker (None: a store
+        without message ids)."""
+        if not config.has_subscriptions:  # a store without message ids has no such path
             return None
         return shared_objects.shared(
-            config, ("pulsar-http",), lambda _opener: PulsarHttpMessages(config), lazy_backend=True
+            config,
+            ("pulsar-http",),
+            lambda _opener: backend_class(config).open_http_messages(config),
+            lazy_backend=True,
         )

@@ -3,21 +3,26 @@
 Everything else in the Airflow layer (operators, sensors, triggers, the XCom backend) asks this
 hook for its :class:`~airflow_provider_pulsarstate.engine.config.ConnectionConfig`, back end, state
 managers and maps, so a connection means the same thing everywhere, including the UI's Test button.
+
+The hook's parts live beside it, one job each: reading a connection (:mod:`.connection_config`),
+where the embedded default may serve (:mod:`.executor_policy`), the process-wide objects
+(:mod:`.process_shared` over :mod:`.shared_objects`), task and asset state (:mod:`.state_store_access`),
+topics and messages (:mod:`.topic_access`) and the async probes triggers poll (:mod:`.async_probes`).
+This module re-exports what callers import from it.
 """
 
 from __future__ import annotations
 
-import base64
 import logging
 import threading
-from collections.abc import Mapping
 from typing import Any
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
-from airflow_provider_pulsarstate.engine.backends import Backend, open_backend
-from airflow_provider_pulsarstate.engine.config import ConnectionConfig, redact_url
+from airflow_provider_pulsarstate.engine.backends import Backend, backend_class, open_backend
+from airflow_provider_pulsarstate.engine.backends.pulsar_offers import HEALTHCHECK_TOPIC
+from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError
 from airflow_provider_pulsarstate.engine.leadership import (
     Leadership,
@@ -28,9 +33,7 @@ from airflow_provider_pulsarstate.engine.offsets import (
     PullConsumer,
     TopicPublisher,
     delete_topic_if_unchanged,
-    open_publisher,
 )
-from airflow_provider_pulsarstate.engine.offsets import create_topic as _create_topic
 from airflow_provider_pulsarstate.engine.recipes.fence_admin import reset_fence
 from airflow_provider_pulsarstate.engine.recipes.lease import DEFAULT_LEASE_TOPIC, Lease, LeaseKeeper, Leases
 from airflow_provider_pulsarstate.engine.recipes.map import PulsarMap
@@ -70,7 +73,6 @@ from airflow_provider_pulsarstate.engine.topic_stream import (
     PayloadTooLargeError,
     TopicMessage,
     TopicStream,
-    read_topic_message,
 )
 from airflow_provider_pulsarstate.engine.turns import STARTS_PER_TURN, take_turn
 from airflow_provider_pulsarstate.hooks import shared_objects
@@ -83,17 +85,15 @@ from airflow_provider_pulsarstate.hooks.connection_config import (
     mask_secrets,
 )
 from airflow_provider_pulsarstate.hooks.connection_form import CONN_TYPE, HOOK_NAME
-from airflow_provider_pulsarstate.hooks.embedded_check import check_embedded_file
 from airflow_provider_pulsarstate.hooks.executor_policy import refuse_multi_host_executor
 from airflow_provider_pulsarstate.hooks.process_shared import SharedObjectMethods
 from airflow_provider_pulsarstate.hooks.shared_objects import close_shared_state_maps
 from airflow_provider_pulsarstate.hooks.state_store_access import StateStoreMethods, state_scope
+from airflow_provider_pulsarstate.hooks.topic_access import TopicMethods
 from airflow_provider_pulsarstate.lineage.hook import report_topic
 
 log = logging.getLogger(__name__)
 
-HEALTHCHECK_TOPIC = "__pulsarstate_healthcheck"
-"""Short name of the topic :meth:`PulsarStateHook.test_connection` opens a reader on."""
 
 __all__ = [
     "HEALTHCHECK_TOPIC",
@@ -141,7 +141,7 @@ __all__ = [
 _default_logged = threading.Event()
 
 
-class PulsarStateHook(SharedObjectMethods, AsyncHookMethods, StateStoreMethods, BaseHook):
+class PulsarStateHook(TopicMethods, SharedObjectMethods, AsyncHookMethods, StateStoreMethods, BaseHook):
     """Reach the shared-state back end an Airflow connection of type ``pulsarstate`` names.
 
     The connection's extra carries the fields of the connection form (see
@@ -405,71 +405,6 @@ class PulsarStateHook(SharedObjectMethods, AsyncHookMethods, StateStoreMethods, 
         """
         return Lease.from_json(handle)
 
-    def get_pull_consumer(self, topic: str, subscription: str | None = None, **options: Any) -> PullConsumer:
-        """A :class:`~airflow_provider_pulsarstate.engine.offsets.consumer.PullConsumer` on ``topic``:
-        Kafka-style pulls by offset, commits on the durable ``subscription``. Closed by :meth:`close`.
-
-        :param topic: a short name (the connection's tenant/namespace) or a full ``persistent://...``.
-        :param subscription: the durable subscription for ``commit``/``committed``/``lag`` (None: pull only).
-        :param options: keyword options of PullConsumer (``auto_offset_reset``, ``reader_pool_size``,
-            ``reader_idle_timeout``, ``position_cache_size``).
-        :raises ConfigurationError: invalid connection, topic name or option.
-        """
-        config, backend = self._open()
-        name = config.topic_name(topic)
-        report_topic(self, config, name, direction="input")
-        return self._own(PullConsumer(backend, name, subscription, **options))
-
-    def get_publisher(self, topic: str, *, batching: bool = True) -> TopicPublisher:
-        """A :class:`~airflow_provider_pulsarstate.engine.offsets.base.TopicPublisher` of plain
-        messages to ``topic`` (not for state logs). Closed (flushed) by :meth:`close`.
-
-        :param batching: Pulsar batches messages into entries (the embedded log ignores it).
-        """
-        config, backend = self._open()
-        name = config.topic_name(topic)
-        report_topic(self, config, name, direction="output")
-        return self._own(open_publisher(backend, name, batching=batching))
-
-    def create_topic(self, topic: str, *, partitions: int = 0) -> str:
-        """Create ``topic`` (``partitions`` > 0: partitioned); an identical existing topic is fine.
-
-        :return: the full topic name.
-        :raises ConfigurationError: invalid name, or it exists with another partition count.
-        """
-        config, backend = self._open()
-        name = config.topic_name(topic)
-        _create_topic(backend, name, partitions=partitions)
-        return name
-
-    def read_message(self, reference: Mapping[str, Any], *, timeout: float | None = None) -> TopicMessage:
-        """The message an event entry of ``PulsarMessageTrigger`` refers to (its payload was too
-        large to carry: ``payload_encoding == "reference"``); ``.payload`` holds the bytes and
-        ``.decode_payload("json")`` parses them. Readable while the namespace's retention keeps it.
-
-        :param reference: the entry (or any mapping with its ``topic`` and base64 ``message_id``).
-        :param timeout: seconds to wait for the message (None: the connection's operation time-out).
-        :raises ConfigurationError: ``reference`` lacks ``topic`` or a base64 ``message_id``, or the
-            connection is embedded (no Pulsar messages to read).
-        :raises MessageUnavailableError: the message is gone (trimmed by retention) or did not come in time.
-        """
-        topic, message_id = reference.get("topic"), reference.get("message_id")
-        if not isinstance(topic, str) or not topic.startswith("persistent://"):
-            raise ConfigurationError(f"read_message: reference has no full topic name, got {topic!r}")
-        try:
-            raw_id = base64.b64decode(message_id, validate=True) if isinstance(message_id, str) else b""
-        except ValueError:
-            raw_id = b""
-        if not raw_id:
-            raise ConfigurationError(f"read_message: reference has no base64 message_id, got {message_id!r}")
-        config, backend = self._open()
-        if config.kind != "pulsar":
-            raise ConfigurationError(
-                f"read_message: connection {self.pulsarstate_conn_id!r} is embedded; referenced messages live on Pulsar"
-            )
-        wait = config.operation_timeout if timeout is None else timeout
-        return read_topic_message(backend.client, topic, raw_id, timeout=wait)
-
     def get_leadership(self, topic: str) -> list[Leadership]:
         """Who holds ``topic``'s exclusive writer now, per partition (read-only; see
         :mod:`~airflow_provider_pulsarstate.engine.leadership`).
@@ -544,7 +479,7 @@ class PulsarStateHook(SharedObjectMethods, AsyncHookMethods, StateStoreMethods, 
         for the partition metadata of one of them, or of ``__pulsarstate_healthcheck`` in an
         empty namespace (a metadata lookup creates no topic). Embedded: the state file, when it
         exists, is opened read-only and read; one that does not exist yet is green when the first
-        write can create it (:func:`~.embedded_check.check_embedded_file`); nothing is created.
+        write can create it (:func:`~airflow_provider_pulsarstate.engine.backends.embedded_check.check_embedded_file`); nothing is created.
 
         :return: ``(True, what was reached)`` or ``(False, what failed and why)``.
         """
@@ -552,33 +487,4 @@ class PulsarStateHook(SharedObjectMethods, AsyncHookMethods, StateStoreMethods, 
             config = self.get_config()
         except Exception as exc:
             return False, f"{type(exc).__name__}: {exc}"
-        if config.kind == "embedded":
-            return check_embedded_file(config)
-        target = (
-            f"connection {self.pulsarstate_conn_id!r}: Pulsar broker {redact_url(config.url)} "
-            f"(admin {redact_url(config.resolved_admin_url)})"
-        )
-        backend: Backend | None = None
-        field = "admin_url"  # the one the failing step reaches
-        try:
-            from airflow_provider_pulsarstate.engine.backends.pulsar import PulsarBackend
-
-            backend = open_backend(config)
-            assert isinstance(backend, PulsarBackend)
-            topics = backend.admin.namespace_topics(config.tenant, config.namespace)
-            persistent = sorted(t for t in topics if t.startswith("persistent://"))
-            probe = (
-                persistent[0] if persistent else f"persistent://{config.tenant}/{config.namespace}/{HEALTHCHECK_TOPIC}"
-            )
-            field = "service_url"
-            backend.client.get_topic_partitions(probe)
-        except Exception as exc:
-            named = "" if f"field {field!r}" in str(exc) else f" (field {field!r})"
-            return False, f"{target}{named}: {type(exc).__name__}: {exc}"
-        finally:
-            if backend is not None:
-                try:
-                    backend.close()
-                except Exception:
-                    log.debug("closing the back end after test_connection failed", exc_info=True)
-        return True, f"Connected to {target}, namespace {config.tenant}/{config.namespace} ({len(topics)} topics)"
+        return backend_class(config).check_reachable(config)
