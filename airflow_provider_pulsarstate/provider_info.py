@@ -13,7 +13,7 @@ from airflow_provider_pulsarstate.hooks.connection_form import (
     HOOK_NAME,
     UI_FIELD_BEHAVIOUR,
 )
-from airflow_provider_pulsarstate.hooks.provider_config import OPTIONS, SECTION
+from airflow_provider_pulsarstate.provider_settings import OPTIONS, SECTION
 
 PACKAGE_NAME = "airflow-provider-pulsarstate"
 
@@ -38,12 +38,16 @@ def provider_info() -> dict[str, Any]:
                 "integration-name": "Pulsar State",
                 "python-modules": [
                     "airflow_provider_pulsarstate.hooks.airflow_internals",
+                    "airflow_provider_pulsarstate.hooks.async_probes",
+                    "airflow_provider_pulsarstate.hooks.connection_config",
                     "airflow_provider_pulsarstate.hooks.connection_form",
-                    "airflow_provider_pulsarstate.hooks.embedded_check",
-                    "airflow_provider_pulsarstate.hooks.provider_config",
+                    "airflow_provider_pulsarstate.hooks.executor_policy",
+                    "airflow_provider_pulsarstate.hooks.process_shared",
                     "airflow_provider_pulsarstate.hooks.pulsarstate",
                     "airflow_provider_pulsarstate.hooks.shared_objects",
+                    "airflow_provider_pulsarstate.hooks.state_store_access",
                     "airflow_provider_pulsarstate.hooks.teams",
+                    "airflow_provider_pulsarstate.hooks.topic_access",
                 ],
             }
         ],

@@ -99,7 +99,7 @@ def lineage_namespace(config: ConnectionConfig) -> str:
     is the same data source). The embedded log has no broker: ``pulsarstate-embedded:{path}``,
     its state file, so two machines' embedded logs are never taken for one data source.
     """
-    if config.kind == "embedded":
+    if config.is_single_host:
         return f"pulsarstate-embedded:{config.embedded_path.expanduser().resolve()}"
     parsed = urlsplit(config.url.split(",")[0])
     port = parsed.port or (6651 if parsed.scheme == "pulsar+ssl" else 6650)

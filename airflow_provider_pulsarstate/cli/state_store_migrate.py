@@ -21,9 +21,9 @@ from airflow.cli.cli_config import Arg
 
 def state_store_migrate(args: argparse.Namespace) -> None:
     """The command: move the entries and print the counts."""
-    from airflow_provider_pulsarstate.hooks.provider_config import settings
     from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
     from airflow_provider_pulsarstate.hooks.teams import refuse_shared_team_settings
+    from airflow_provider_pulsarstate.provider_settings import settings
     from airflow_provider_pulsarstate.state_store.migrate import migrate_legacy_state
 
     refuse_shared_team_settings()

@@ -22,8 +22,8 @@ def xcom_show(args: argparse.Namespace) -> None:
     """The command: ``[{"task_id", "map_index", "key", "value"}, ...]`` ordered by task, map index and key."""
     from airflow.sdk.serde import deserialize
 
-    from airflow_provider_pulsarstate.hooks.provider_config import settings as provider_settings
     from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+    from airflow_provider_pulsarstate.provider_settings import settings as provider_settings
 
     settings = provider_settings()
     hook = PulsarStateHook(settings.conn_id)

@@ -160,6 +160,18 @@ class ConnectionConfig:
         )
 
     @property
+    def is_single_host(self) -> bool:
+        """Whether the state is a file on this host (:attr:`embedded_path`), which only processes
+        on this host reach: not for executors or Spark workers elsewhere."""
+        return self.kind == "embedded"
+
+    @property
+    def has_subscriptions(self) -> bool:
+        """Whether the back end has subscription consumers and message ids (a broker): topic
+        streams with negative acknowledgements and dead letters, and messages read by id."""
+        return self.kind == "pulsar"
+
+    @property
     def embedded_path(self) -> Path:
         """The state file of the embedded back end."""
         if self.kind != "embedded":

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_provider_pulsarstate.engine.backends import backend_class
 from airflow_provider_pulsarstate.engine.backends.base import Backend, partition_topic_name, writer_base_name
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, LeadershipError
@@ -139,12 +140,12 @@ def read_leadership(backend: Backend, topic: str) -> list[Leadership]:
     :raises LeadershipError: the topic does not exist (named).
     :raises BackendUnavailableError: the broker's admin API or the embedded file cannot be reached.
     """
-    from airflow_provider_pulsarstate.engine.backends.embedded import EmbeddedBackend
+    return backend.underlying().read_leadership(topic)
 
-    store = backend.underlying()
-    if isinstance(store, EmbeddedBackend):
-        return _embedded_leadership(store, topic)
-    admin = store.admin  # type: ignore[attr-defined]
+
+def pulsar_leadership(store: Any, topic: str) -> list[Leadership]:
+    """:func:`read_leadership` on a Pulsar back end: the admin API's topic stats."""
+    admin = store.admin
     count = admin.partition_count(topic)
     if count is None:
         raise LeadershipError(f"topic {store.topic_url(topic)} does not exist: no leadership to observe")
@@ -160,7 +161,8 @@ def read_leadership(backend: Backend, topic: str) -> list[Leadership]:
     return found
 
 
-def _embedded_leadership(backend: Any, topic: str) -> list[Leadership]:
+def embedded_leadership(backend: Any, topic: str) -> list[Leadership]:
+    """:func:`read_leadership` on the embedded log: the epochs and writer names it records."""
     conn = backend.connect()
     try:
         row = conn.execute("SELECT partitions FROM offset_topics WHERE name = ?", (topic,)).fetchone()
@@ -256,7 +258,7 @@ class EmbeddedAsyncLeadershipProbe(AsyncLeadershipProbe):
         )
 
     async def leadership(self, topic: str) -> list[Leadership]:
-        return await self._worker.run(lambda backend: _embedded_leadership(backend, topic))
+        return await self._worker.run(lambda backend: embedded_leadership(backend, topic))
 
     async def aclose(self) -> None:
         await self._worker.aclose()
@@ -350,9 +352,7 @@ def _open_leases(config: ConnectionConfig, topic: str) -> Any:
 
 def open_async_leadership_probe(config: ConnectionConfig, *, freshness: float = 0.0) -> AsyncLeadershipProbe:
     """An :class:`AsyncLeadershipProbe` for the back end ``config`` selects (no I/O until first use)."""
-    if config.kind == "pulsar":
-        return PulsarAsyncLeadershipProbe(config, freshness=freshness)
-    return EmbeddedAsyncLeadershipProbe(config)
+    return backend_class(config).open_async_leadership_probe(config, freshness=freshness)
 
 
 __all__ = [

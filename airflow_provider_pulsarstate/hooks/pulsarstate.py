@@ -3,50 +3,40 @@
 Everything else in the Airflow layer (operators, sensors, triggers, the XCom backend) asks this
 hook for its :class:`~airflow_provider_pulsarstate.engine.config.ConnectionConfig`, back end, state
 managers and maps, so a connection means the same thing everywhere, including the UI's Test button.
+
+The hook's parts live beside it, one job each: reading a connection (:mod:`.connection_config`),
+where the embedded default may serve (:mod:`.executor_policy`), the process-wide objects
+(:mod:`.process_shared` over :mod:`.shared_objects`), task and asset state (:mod:`.state_store_access`),
+topics and messages (:mod:`.topic_access`) and the async probes triggers poll (:mod:`.async_probes`).
+This module re-exports what callers import from it.
 """
 
 from __future__ import annotations
 
-import atexit
-import base64
-import contextlib
-import json
 import logging
-import math
-import os
 import threading
-import warnings
-from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
-from airflow_provider_pulsarstate.engine.backends import Backend, open_backend
-from airflow_provider_pulsarstate.engine.config import ConnectionConfig, redact_url, url_secrets
+from airflow_provider_pulsarstate.engine.backends import Backend, backend_class, open_backend
+from airflow_provider_pulsarstate.engine.backends.pulsar_offers import HEALTHCHECK_TOPIC
+from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError
 from airflow_provider_pulsarstate.engine.leadership import (
-    AsyncLeadershipProbe,
-    AsyncLeaseObserver,
     Leadership,
-    open_async_leadership_probe,
     read_leadership,
 )
 from airflow_provider_pulsarstate.engine.manager import SharedStateManager
 from airflow_provider_pulsarstate.engine.offsets import (
-    AsyncOffsetProbe,
     PullConsumer,
     TopicPublisher,
     delete_topic_if_unchanged,
-    open_async_probe,
-    open_publisher,
 )
-from airflow_provider_pulsarstate.engine.offsets import create_topic as _create_topic
-from airflow_provider_pulsarstate.engine.offsets.pulsar_http import PulsarHttpMessages
 from airflow_provider_pulsarstate.engine.recipes.fence_admin import reset_fence
 from airflow_provider_pulsarstate.engine.recipes.lease import DEFAULT_LEASE_TOPIC, Lease, LeaseKeeper, Leases
 from airflow_provider_pulsarstate.engine.recipes.map import PulsarMap
-from airflow_provider_pulsarstate.engine.recipes.shared_table_feed import AsyncTableFeed
 from airflow_provider_pulsarstate.engine.recipes.state_store import (
     KEEP,
     AssetStateScope,
@@ -83,26 +73,27 @@ from airflow_provider_pulsarstate.engine.topic_stream import (
     PayloadTooLargeError,
     TopicMessage,
     TopicStream,
-    open_topic_stream,
-    read_topic_message,
 )
 from airflow_provider_pulsarstate.engine.turns import STARTS_PER_TURN, take_turn
 from airflow_provider_pulsarstate.hooks import shared_objects
 from airflow_provider_pulsarstate.hooks.airflow_internals import in_server_context
-from airflow_provider_pulsarstate.hooks.connection_form import (
-    CONN_TYPE,
-    FIELD_NAMES,
-    HOOK_NAME,
-    LEGACY_EXTRA_PREFIX,
-    RENAMED_FIELDS,
+from airflow_provider_pulsarstate.hooks.async_probes import AsyncHookMethods
+from airflow_provider_pulsarstate.hooks.connection_config import (
+    config_from_connection,
+    extra_dict,
+    how_to_define,
+    mask_secrets,
 )
-from airflow_provider_pulsarstate.hooks.embedded_check import check_embedded_file
+from airflow_provider_pulsarstate.hooks.connection_form import CONN_TYPE, HOOK_NAME
+from airflow_provider_pulsarstate.hooks.executor_policy import refuse_multi_host_executor
+from airflow_provider_pulsarstate.hooks.process_shared import SharedObjectMethods
+from airflow_provider_pulsarstate.hooks.shared_objects import close_shared_state_maps
+from airflow_provider_pulsarstate.hooks.state_store_access import StateStoreMethods, state_scope
+from airflow_provider_pulsarstate.hooks.topic_access import TopicMethods
 from airflow_provider_pulsarstate.lineage.hook import report_topic
 
 log = logging.getLogger(__name__)
 
-HEALTHCHECK_TOPIC = "__pulsarstate_healthcheck"
-"""Short name of the topic :meth:`PulsarStateHook.test_connection` opens a reader on."""
 
 __all__ = [
     "HEALTHCHECK_TOPIC",
@@ -147,12 +138,10 @@ __all__ = [
     "take_turn",
 ]
 
-_STRING_FIELDS = ("service_url", "admin_url", "tenant", "namespace", "auth_token", "tls_trust_certs_file_path")
-_BOOL_FIELDS = ("tls_hostname_verification", "allow_plaintext_auth", "allow_other_namespaces")
 _default_logged = threading.Event()
 
 
-class PulsarStateHook(BaseHook):
+class PulsarStateHook(TopicMethods, SharedObjectMethods, AsyncHookMethods, StateStoreMethods, BaseHook):
     """Reach the shared-state back end an Airflow connection of type ``pulsarstate`` names.
 
     The connection's extra carries the fields of the connection form (see
@@ -248,11 +237,11 @@ class PulsarStateHook(BaseHook):
                     config.embedded_path,
                 )
             return config
-        _mask_secrets(conn.password, conn.host, _extra_dict(conn.extra))
+        mask_secrets(conn.password, conn.host, extra_dict(conn.extra))
         config = config_from_connection(
             conn_id, conn_type=conn.conn_type, host=conn.host, password=conn.password, extra=conn.extra
         )
-        _mask_secrets(config.auth_token, config.url, {"admin_url": config.admin_url})
+        mask_secrets(config.auth_token, config.url, {"admin_url": config.admin_url})
         return config
 
     # ------------------------------------------------------------------ back end
@@ -335,32 +324,6 @@ class PulsarStateHook(BaseHook):
         report_topic(self, config, table.topic, direction="input")
         return table
 
-    @contextlib.contextmanager
-    def shared_table(self, topic: str) -> Iterator[StateTable]:
-        """The process-wide :class:`~airflow_provider_pulsarstate.engine.recipes.table.StateTable`
-        of ``topic`` for readers (the UI's API): opened and replayed on first use, then kept open
-        for the next caller until idle or evicted, as :meth:`xcom_run_store`. Callers only read:
-        an instance that never writes never takes the writer.
-
-        :param topic: a short name or a full ``persistent://...`` (confined as :meth:`topic_name`).
-        :raises ConfigurationError: invalid connection or topic name.
-        """
-        config = self.get_config()
-        full_topic = config.topic_name(topic)
-        key = ("table-reader", full_topic)
-        with shared_objects.borrow(config, key, lambda backend: StateTable(backend, full_topic)) as table:
-            yield table
-
-    @contextlib.contextmanager
-    def shared_leases(self, topic: str | None = None) -> Iterator[Leases]:
-        """The process-wide :class:`~airflow_provider_pulsarstate.engine.recipes.lease.Leases` of the
-        lease log ``topic`` for readers, kept open as :meth:`shared_table`."""
-        config = self.get_config()
-        full_topic = config.topic_name(topic or DEFAULT_LEASE_TOPIC)
-        factory = lambda backend: Leases(backend, full_topic, operation_timeout=config.operation_timeout)  # noqa: E731
-        with shared_objects.borrow(config, ("leases-reader", full_topic), factory) as leases:
-            yield leases
-
     def list_topics(self, *, prefix: str = "") -> list[str]:
         """The topics of the connection's tenant/namespace whose short name starts with ``prefix``
         (full names, sorted; with their checkpoint and staging topics)."""
@@ -393,84 +356,11 @@ class PulsarStateHook(BaseHook):
             full_topic = config.topic_name(topic)
             options.setdefault("operation_timeout", config.operation_timeout)
             key = ("xcom", full_topic, namespace, tuple(sorted(options.items())))
-            return _shared(config, key, lambda backend: XComStore(backend, full_topic, namespace=namespace, **options))
+            factory = lambda backend: XComStore(backend, full_topic, namespace=namespace, **options)  # noqa: E731
+            return shared_objects.shared(config, key, factory)
         config, backend = self._open()
         options.setdefault("operation_timeout", config.operation_timeout)
         return self._own(XComStore(backend, config.topic_name(topic), namespace=namespace, **options))
-
-    def cached_config(self) -> ConnectionConfig:
-        """:meth:`get_config`, read once per process for this connection id (in a task process
-        reading a connection is a round trip to the execution API); :func:`close_shared_state_maps`
-        forgets it."""
-        by_id = ("config", self.pulsarstate_conn_id)
-        pid = os.getpid()
-        with _shared_lock:
-            held = _shared_by_conn_id.get(by_id)
-        if held is not None and held[0] == pid:
-            return held[1]
-        config = self.get_config()
-        with _shared_lock:
-            _shared_by_conn_id[by_id] = (pid, config)
-        return config
-
-    def cached_topic_name(self, topic: str) -> str:
-        """:meth:`topic_name` with the connection read once per process (:meth:`cached_config`)."""
-        return self.cached_config().topic_name(topic)
-
-    @contextlib.contextmanager
-    def xcom_run_store(
-        self, topic: str, *, namespace: str, dag_id: str, run_id: str, **options: Any
-    ) -> Iterator[XComStore]:
-        """The process-wide :class:`~airflow_provider_pulsarstate.engine.recipes.xcom_store.XComStore`
-        of one DAG run (its own map, topic ``run_topic(topic, namespace, dag_id, run_id)``), opened on
-        demand and kept open for the next caller until idle or evicted (at most
-        ``shared_objects.DEFAULT_MAX_OPEN`` per process), never closed while in use.
-
-        :param topic: the base XCom topic (``[pulsarstate] xcom_topic``): short or full name.
-        :param options: ``max_value_bytes`` and PulsarMap / manager options.
-        """
-        config = self.cached_config()
-        full_topic = run_topic(config.topic_name(topic), namespace, dag_id, run_id)
-        options.setdefault("operation_timeout", config.operation_timeout)
-        key = ("xcom-run", full_topic, namespace, tuple(sorted(options.items())))
-        with shared_objects.borrow(
-            config, key, lambda backend: XComStore(backend, full_topic, namespace=namespace, **options)
-        ) as store:
-            yield store
-
-    @contextlib.contextmanager
-    def xcom_message_log(
-        self, topic: str, *, namespace: str, dag_id: str, run_id: str, **options: Any
-    ) -> Iterator[XComMessageLog]:
-        """The process-wide :class:`~airflow_provider_pulsarstate.engine.recipes.xcom_messages.XComMessageLog`
-        of one DAG run (topic ``message_topic(topic, namespace, dag_id, run_id)``): one publisher
-        and one reader per run and process, shared by its threads, opened on demand and kept for the
-        next caller until idle or evicted (as :meth:`xcom_run_store`), never closed while in use.
-
-        :param topic: the base XCom topic (``[pulsarstate] xcom_topic``): short or full name.
-        :param options: ``max_value_bytes``; ``operation_timeout`` defaults to the connection's.
-        """
-        config = self.cached_config()
-        full_topic = message_topic(config.topic_name(topic), namespace, dag_id, run_id)
-        options.setdefault("operation_timeout", config.operation_timeout)
-        key = ("xcom-messages", full_topic, namespace, tuple(sorted(options.items())))
-        http = self._http_messages(config)
-        with shared_objects.borrow(
-            config,
-            key,
-            lambda backend: XComMessageLog(backend, full_topic, namespace=namespace, http=http, **options),
-            lazy_backend=http is not None,
-        ) as messages:
-            yield messages
-
-    @staticmethod
-    def _http_messages(config: ConnectionConfig) -> PulsarHttpMessages | None:
-        """This process's HTTP path to small messages of a Pulsar connection (None: embedded)."""
-        if config.kind != "pulsar":
-            return None
-        return shared_objects.shared(
-            config, ("pulsar-http",), lambda _opener: PulsarHttpMessages(config), lazy_backend=True
-        )
 
     def get_leases(self, topic: str | None = None, **options: Any) -> Leases:
         """:class:`~airflow_provider_pulsarstate.engine.recipes.lease.Leases` (durable leases with
@@ -515,122 +405,6 @@ class PulsarStateHook(BaseHook):
         """
         return Lease.from_json(handle)
 
-    def get_pull_consumer(self, topic: str, subscription: str | None = None, **options: Any) -> PullConsumer:
-        """A :class:`~airflow_provider_pulsarstate.engine.offsets.consumer.PullConsumer` on ``topic``:
-        Kafka-style pulls by offset, commits on the durable ``subscription``. Closed by :meth:`close`.
-
-        :param topic: a short name (the connection's tenant/namespace) or a full ``persistent://...``.
-        :param subscription: the durable subscription for ``commit``/``committed``/``lag`` (None: pull only).
-        :param options: keyword options of PullConsumer (``auto_offset_reset``, ``reader_pool_size``,
-            ``reader_idle_timeout``, ``position_cache_size``).
-        :raises ConfigurationError: invalid connection, topic name or option.
-        """
-        config, backend = self._open()
-        name = config.topic_name(topic)
-        report_topic(self, config, name, direction="input")
-        return self._own(PullConsumer(backend, name, subscription, **options))
-
-    def get_publisher(self, topic: str, *, batching: bool = True) -> TopicPublisher:
-        """A :class:`~airflow_provider_pulsarstate.engine.offsets.base.TopicPublisher` of plain
-        messages to ``topic`` (not for state logs). Closed (flushed) by :meth:`close`.
-
-        :param batching: Pulsar batches messages into entries (the embedded log ignores it).
-        """
-        config, backend = self._open()
-        name = config.topic_name(topic)
-        report_topic(self, config, name, direction="output")
-        return self._own(open_publisher(backend, name, batching=batching))
-
-    def create_topic(self, topic: str, *, partitions: int = 0) -> str:
-        """Create ``topic`` (``partitions`` > 0: partitioned); an identical existing topic is fine.
-
-        :return: the full topic name.
-        :raises ConfigurationError: invalid name, or it exists with another partition count.
-        """
-        config, backend = self._open()
-        name = config.topic_name(topic)
-        _create_topic(backend, name, partitions=partitions)
-        return name
-
-    def get_async_offset_probe(
-        self, *, config: ConnectionConfig | None = None, freshness: float = 0.0
-    ) -> AsyncOffsetProbe:
-        """An :class:`~airflow_provider_pulsarstate.engine.offsets.base.AsyncOffsetProbe` for this
-        connection: end and committed offsets read without blocking an event loop (no I/O here).
-
-        :param config: the connection as read by ``await hook.aget_config()`` (inside a running
-            event loop, e.g. a trigger); default: :meth:`get_config`, which reads it synchronously.
-
-        :param freshness: seconds an answer may have been sent before a request it serves: the
-            probes of one loop share equal admin requests (Pulsar; 0: each answer sent after the request).
-
-        The caller owns the probe and closes it with ``await probe.aclose()``; topics passed to it
-        are full names (``config.topic_name(short)``).
-        """
-        return open_async_probe(config if config is not None else self.get_config(), freshness=freshness)
-
-    # topic messages (PulsarMessageTrigger) -----------------------------------------------------
-    def get_async_topic_stream(
-        self,
-        topics: str | list[str] | tuple[str, ...],
-        subscription: str,
-        *,
-        config: ConnectionConfig | None = None,
-        dead_letter_topic: str | None = None,
-        **options: Any,
-    ) -> TopicStream:
-        """A :class:`~airflow_provider_pulsarstate.engine.topic_stream.TopicStream`: messages of
-        ``topics`` on the durable ``subscription``, received and settled without blocking an event
-        loop (no I/O here: ``await stream.open()`` or ``async with``). The caller closes it.
-
-        :param topics: a name or a list; short names use the connection's tenant/namespace.
-        :param config: as :meth:`get_async_offset_probe` (pass ``await hook.aget_config()`` in a loop).
-        :param dead_letter_topic: a short or full name (see TopicStreamOptions).
-        :param options: ``initial_position``, ``receiver_queue_size``, ``redelivery_delay``,
-            ``max_redeliveries``, ``consumer_name``.
-        :raises ConfigurationError: the connection is embedded (named), or a topic name or option is invalid.
-        """
-        config = config if config is not None else self.get_config()
-        names = [topics] if isinstance(topics, str) else list(topics)
-        if config.kind != "pulsar":
-            return open_topic_stream(config, topics=names, subscription=subscription, conn_id=self.pulsarstate_conn_id)
-        return open_topic_stream(
-            config,
-            topics=[config.topic_name(t) for t in names],
-            subscription=subscription,
-            conn_id=self.pulsarstate_conn_id,
-            dead_letter_topic=config.topic_name(dead_letter_topic) if dead_letter_topic else None,
-            **options,
-        )
-
-    def read_message(self, reference: Mapping[str, Any], *, timeout: float | None = None) -> TopicMessage:
-        """The message an event entry of ``PulsarMessageTrigger`` refers to (its payload was too
-        large to carry: ``payload_encoding == "reference"``); ``.payload`` holds the bytes and
-        ``.decode_payload("json")`` parses them. Readable while the namespace's retention keeps it.
-
-        :param reference: the entry (or any mapping with its ``topic`` and base64 ``message_id``).
-        :param timeout: seconds to wait for the message (None: the connection's operation time-out).
-        :raises ConfigurationError: ``reference`` lacks ``topic`` or a base64 ``message_id``, or the
-            connection is embedded (no Pulsar messages to read).
-        :raises MessageUnavailableError: the message is gone (trimmed by retention) or did not come in time.
-        """
-        topic, message_id = reference.get("topic"), reference.get("message_id")
-        if not isinstance(topic, str) or not topic.startswith("persistent://"):
-            raise ConfigurationError(f"read_message: reference has no full topic name, got {topic!r}")
-        try:
-            raw_id = base64.b64decode(message_id, validate=True) if isinstance(message_id, str) else b""
-        except ValueError:
-            raw_id = b""
-        if not raw_id:
-            raise ConfigurationError(f"read_message: reference has no base64 message_id, got {message_id!r}")
-        config, backend = self._open()
-        if config.kind != "pulsar":
-            raise ConfigurationError(
-                f"read_message: connection {self.pulsarstate_conn_id!r} is embedded; referenced messages live on Pulsar"
-            )
-        wait = config.operation_timeout if timeout is None else timeout
-        return read_topic_message(backend.client, topic, raw_id, timeout=wait)
-
     def get_leadership(self, topic: str) -> list[Leadership]:
         """Who holds ``topic``'s exclusive writer now, per partition (read-only; see
         :mod:`~airflow_provider_pulsarstate.engine.leadership`).
@@ -643,27 +417,6 @@ class PulsarStateHook(BaseHook):
         """
         config, backend = self._open()
         return read_leadership(backend, config.topic_name(topic))
-
-    def get_async_leadership_probe(
-        self, *, config: ConnectionConfig | None = None, freshness: float = 0.0
-    ) -> AsyncLeadershipProbe:
-        """An :class:`~airflow_provider_pulsarstate.engine.leadership.AsyncLeadershipProbe`:
-        :meth:`get_leadership` without blocking an event loop (no I/O here). As
-        :meth:`get_async_offset_probe`: pass the config read by ``await hook.aget_config()``
-        inside a loop; the caller closes the probe (``await probe.aclose()``); topics are full names;
-        ``freshness`` as there."""
-        return open_async_leadership_probe(config if config is not None else self.get_config(), freshness=freshness)
-
-    def get_async_lease_observer(
-        self, topic: str | None = None, *, config: ConnectionConfig | None = None, freshness: float = 0.0
-    ) -> AsyncLeaseObserver:
-        """An :class:`~airflow_provider_pulsarstate.engine.leadership.AsyncLeaseObserver` on the
-        lease log ``topic`` (default: :meth:`get_leases`'s): ``await observer.describe(name)``
-        without acquiring and without blocking an event loop. No I/O here; the caller closes it
-        (``await observer.aclose()``). ``freshness``: seconds a read of the log shared with the
-        loop's other observers may have started before a describe."""
-        config = config if config is not None else self.get_config()
-        return AsyncLeaseObserver(config, config.topic_name(topic or DEFAULT_LEASE_TOPIC), freshness=freshness)
 
     # ------------------------------------------------------------------ table feeds (StateChangeTrigger)
     def get_table_feed(self, topic: str, *, after: int | None = None, key_prefix: str | None = None) -> TableFeed:
@@ -684,26 +437,6 @@ class PulsarStateHook(BaseHook):
                 operation_timeout=config.operation_timeout,
             )
         )
-
-    def get_async_table_feed(
-        self,
-        topic: str,
-        *,
-        after: int | None,
-        key_prefix: str | None = None,
-        freshness: float = 0.0,
-        config: ConnectionConfig | None = None,
-    ) -> AsyncTableFeed:
-        """:meth:`get_table_feed` for a trigger: never blocking an event loop, and through one
-        reader of the table shared by every feed of the process (each with its own watermark; see
-        :mod:`~airflow_provider_pulsarstate.engine.recipes.shared_table_feed`). No I/O here. Pass
-        the config read by ``await hook.aget_config()`` inside a loop; the caller closes the feed
-        (``await feed.aclose()``).
-
-        :param freshness: seconds a poll may be answered from a shared read started before it.
-        """
-        config = config if config is not None else self.get_config()
-        return AsyncTableFeed(config, config.topic_name(topic), after=after, key_prefix=key_prefix, freshness=freshness)
 
     def get_table_changes(
         self,
@@ -730,67 +463,6 @@ class PulsarStateHook(BaseHook):
             timeout=timeout,
         )
 
-    # ------------------------------------------------------------------ end of table feeds
-
-    # ------------------------------------------------------------------ task and asset state
-    def get_state_store(self, *, topic: str | None = None, namespace: str | None = None) -> StateStore:
-        """The task/asset :class:`~airflow_provider_pulsarstate.engine.recipes.state_store.StateStore`
-        the state-store backend uses (``[pulsarstate] state_store_topic`` and ``key_namespace`` by
-        default): one map per DAG run (task state) and one per asset.
-
-        The maps come from the process-wide pool (:mod:`~airflow_provider_pulsarstate.hooks.shared_objects`):
-        opened when a scope is first touched (opening a map replays its log, which holds one run's or
-        one asset's state), shared by every hook of the process, closed when idle or evicted, never
-        while in use. The connection is read once per process (:meth:`cached_config`).
-        """
-        settings = _settings()
-        config = self.cached_config()
-        base = config.topic_name(topic or settings.state_store_topic)
-        maps = _PooledStateMaps(
-            config,
-            {
-                "max_value_bytes": settings.state_store_max_value_bytes,
-                "operation_timeout": config.operation_timeout,
-                "writer_idle_timeout": settings.state_store_writer_idle_timeout,
-            },
-        )
-        return StateStore(maps, base, namespace=namespace or settings.key_namespace)
-
-    def get_state(self, scope: Any, key: str, default: Any = None, **store: Any) -> Any:
-        """The current value of ``key`` in ``scope`` (see :meth:`update_state`), read at the tail
-        of the log, or ``default`` when absent or expired."""
-        return self.get_state_store(**store).get(state_scope(scope), key, default)
-
-    def update_state(self, scope: Any, key: str, fn: Any, *, expires_at: Any = KEEP, **store: Any) -> Any:
-        """Atomically replace a state value with ``fn(current)`` and return the new value.
-
-        Airflow's state-store API has only get/set, and its own example
-        (``set(key, get(key) + 1)``) loses increments when tasks run at once. This does not:
-        ``fn`` (free of side effects: it may run more than once) gets the decoded current value
-        (None when absent or expired) and runs under the map's single writer on the latest state;
-        returning None deletes the key. ``context["task_state_store"].get`` /
-        ``context["asset_state_store"].get`` see the result when PulsarStateStoreBackend is the
-        configured backend::
-
-            PulsarStateHook().update_state(AssetScope(name="prices"), "runs", lambda n: (n or 0) + 1)
-            PulsarStateHook().update_state(TaskScope(dag_id, run_id, task_id, map_index), "tries", ...)
-
-        :param scope: Airflow's ``TaskScope`` / ``AssetScope`` (by ``name``; ``ti`` fields or a
-            context's ``ti`` also work), or the engine's ``TaskStateScope`` / ``AssetStateScope``.
-        :param expires_at: KEEP (the entry's expiry), None (never) or an aware datetime.
-        :param store: ``topic`` / ``namespace`` of :meth:`get_state_store`.
-        """
-        return self.get_state_store(**store).update(state_scope(scope), key, fn, expires_at=expires_at)
-
-    def compare_and_set_state(
-        self, scope: Any, key: str, expected: Any, new: Any, *, expires_at: Any = None, **store: Any
-    ) -> bool:
-        """Set a state value to ``new`` (None: delete) only when it equals ``expected`` (None:
-        absent), atomically; returns whether it was set. ``scope`` as :meth:`update_state`."""
-        return self.get_state_store(**store).compare_and_set(
-            state_scope(scope), key, expected, new, expires_at=expires_at
-        )
-
     def _own(self, obj: Any) -> Any:
         with self._lock:
             self._owned.append(obj)
@@ -807,7 +479,7 @@ class PulsarStateHook(BaseHook):
         for the partition metadata of one of them, or of ``__pulsarstate_healthcheck`` in an
         empty namespace (a metadata lookup creates no topic). Embedded: the state file, when it
         exists, is opened read-only and read; one that does not exist yet is green when the first
-        write can create it (:func:`~.embedded_check.check_embedded_file`); nothing is created.
+        write can create it (:func:`~airflow_provider_pulsarstate.engine.backends.embedded_check.check_embedded_file`); nothing is created.
 
         :return: ``(True, what was reached)`` or ``(False, what failed and why)``.
         """
@@ -815,291 +487,4 @@ class PulsarStateHook(BaseHook):
             config = self.get_config()
         except Exception as exc:
             return False, f"{type(exc).__name__}: {exc}"
-        if config.kind == "embedded":
-            return check_embedded_file(config)
-        target = (
-            f"connection {self.pulsarstate_conn_id!r}: Pulsar broker {redact_url(config.url)} "
-            f"(admin {redact_url(config.resolved_admin_url)})"
-        )
-        backend: Backend | None = None
-        field = "admin_url"  # the one the failing step reaches
-        try:
-            from airflow_provider_pulsarstate.engine.backends.pulsar import PulsarBackend
-
-            backend = open_backend(config)
-            assert isinstance(backend, PulsarBackend)
-            topics = backend.admin.namespace_topics(config.tenant, config.namespace)
-            persistent = sorted(t for t in topics if t.startswith("persistent://"))
-            probe = (
-                persistent[0] if persistent else f"persistent://{config.tenant}/{config.namespace}/{HEALTHCHECK_TOPIC}"
-            )
-            field = "service_url"
-            backend.client.get_topic_partitions(probe)
-        except Exception as exc:
-            named = "" if f"field {field!r}" in str(exc) else f" (field {field!r})"
-            return False, f"{target}{named}: {type(exc).__name__}: {exc}"
-        finally:
-            if backend is not None:
-                try:
-                    backend.close()
-                except Exception:
-                    log.debug("closing the back end after test_connection failed", exc_info=True)
-        return True, f"Connected to {target}, namespace {config.tenant}/{config.namespace} ({len(topics)} topics)"
-
-
-class _PooledStateMaps:
-    """The state store's :class:`~airflow_provider_pulsarstate.engine.recipes.state_store.MapSource`:
-    maps borrowed from this process's pool, one per topic."""
-
-    def __init__(self, config: ConnectionConfig, options: dict[str, Any]) -> None:
-        self._config = config
-        self._options = options
-
-    @property
-    def backend(self) -> Backend:
-        return shared_objects.backend_for(self._config)
-
-    @contextlib.contextmanager
-    def borrow(self, topic: str) -> Iterator[PulsarMap[str, Any]]:
-        key = ("state-map", topic, tuple(sorted(self._options.items())))
-        with shared_objects.borrow(
-            self._config, key, lambda backend: PulsarMap(backend, topic, **self._options)
-        ) as table:
-            yield table
-
-    def list_topics(self, prefix: str) -> list[str]:
-        return self.backend.list_topics(prefix)
-
-
-def state_scope(scope: Any) -> StateScope:
-    """The engine scope of Airflow's ``TaskScope`` / ``AssetScope`` (worker or server flavour, or
-    anything with their fields, e.g. a ``ti``), or an engine scope as is.
-
-    :raises ValueError: an asset scope without a ``name`` (a server-side ``asset_id`` is resolved
-        by the state-store backend, which has the DB session; a ``uri`` alone cannot be keyed by name).
-    """
-    if isinstance(scope, (TaskStateScope, AssetStateScope)):
-        return scope
-    if all(hasattr(scope, f) for f in ("dag_id", "run_id", "task_id")):
-        map_index = getattr(scope, "map_index", -1)
-        return TaskStateScope(scope.dag_id, scope.run_id, scope.task_id, -1 if map_index is None else int(map_index))
-    name = getattr(scope, "name", None)
-    if isinstance(name, str) and name:
-        return AssetStateScope(name)
-    raise ValueError(
-        f"cannot key state by {scope!r}: a task scope needs dag_id, run_id, task_id (and map_index); "
-        "an asset scope needs the asset's name (use Asset/AssetNameRef, not AssetUriRef)"
-    )
-
-
-def _settings() -> Any:
-    """``[pulsarstate]``, read once per process; :func:`close_shared_state_maps` forgets it."""
-    from airflow_provider_pulsarstate.hooks.provider_config import settings
-
-    return settings()
-
-
-_shared_lock = threading.Lock()
-_shared_by_conn_id: dict[tuple[Any, ...], tuple[int, Any]] = {}  # shared objects, found without reading the connection
-
-
-def _shared(config: ConnectionConfig, key: tuple[Any, ...], factory: Callable[[Backend], Any]) -> Any:
-    """The process-wide pinned object ``factory(backend)`` made for (connection, ``key``)
-    (see :mod:`~airflow_provider_pulsarstate.hooks.shared_objects`)."""
-    return shared_objects.shared(config, key, factory)
-
-
-@atexit.register
-def close_shared_state_maps() -> None:
-    """Close this process's shared state maps and their back ends (also run at exit)."""
-    with _shared_lock:
-        _shared_by_conn_id.clear()
-    from airflow_provider_pulsarstate.hooks.provider_config import forget_settings
-
-    forget_settings()
-    shared_objects.close_all()
-
-
-def _extra_dict(extra: str | dict[str, Any] | None) -> dict[str, Any]:
-    if isinstance(extra, dict):
-        return extra
-    try:
-        data = json.loads(extra) if extra else {}
-    except (TypeError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _mask_secrets(token: str | None, url: str | None, extra: dict[str, Any]) -> None:
-    """Register the token and any URL credentials with Airflow's log masker (before parsing can fail)."""
-    from airflow.sdk.log import mask_secret
-
-    secrets = [token] if token else []
-    for key, value in extra.items():
-        if not isinstance(value, str):
-            continue
-        if key.endswith("auth_token"):
-            secrets.append(value)
-        secrets.extend(url_secrets(value))
-    secrets.extend(url_secrets(url or ""))
-    for secret in secrets:
-        if secret and secret.strip():
-            mask_secret(secret.strip())
-
-
-def how_to_define(conn_id: str) -> str:
-    """How to define the connection ``conn_id`` (for error messages)."""
-    return (
-        f"define it with `airflow connections add {conn_id} --conn-type {CONN_TYPE} --conn-extra "
-        f'\'{{"service_url": "pulsar://broker:6650"}}\'` (an empty extra selects the embedded state log '
-        f"under $AIRFLOW_HOME/pulsarstate/state.db), or set AIRFLOW_CONN_{conn_id.upper()}"
-    )
-
-
-LOCAL_EXECUTORS = frozenset({"LocalExecutor", "SequentialExecutor", "DebugExecutor"})
-"""Executors that run every task on the scheduler's host (where the embedded default is shared)."""
-
-
-def refuse_multi_host_executor(conn_id: str) -> None:
-    """Raise ConfigurationError when ``[core] executor`` may run tasks on other hosts.
-
-    ``[core] executor`` may list several executors (Airflow 3), each ``alias:module.Class`` or a name.
-    """
-    from airflow.configuration import conf
-
-    configured = conf.get("core", "executor", fallback="LocalExecutor") or "LocalExecutor"
-    remote = [
-        name.strip()
-        for name in configured.split(",")
-        if name.strip() and name.strip().rpartition(":")[2].rpartition(".")[2] not in LOCAL_EXECUTORS
-    ]
-    if remote:
-        raise ConfigurationError(
-            f"Airflow connection {conn_id!r} is not defined, and the embedded default state log cannot be shared "
-            f"by executor(s) {', '.join(remote)} that run tasks on several hosts (each host would get its own private "
-            f"file, and a view applied from one would delete what the others staged). Configure a pulsarstate "
-            f"connection: create {conn_id!r} (type {CONN_TYPE!r}) or set AIRFLOW_CONN_{conn_id.upper()}"
-        )
-
-
-def config_from_connection(
-    conn_id: str,
-    *,
-    conn_type: str | None = None,
-    host: str | None = None,
-    password: str | None = None,
-    extra: str | dict[str, Any] | None = None,
-) -> ConnectionConfig:
-    """Build the config from the parts of an Airflow connection.
-
-    :param conn_id: named in every error message.
-    :param conn_type: only checked for a warning (a connection of another type is still read).
-    :param host: stands in for ``service_url`` when it is a URL or a path.
-    :param password: stands in for ``auth_token``.
-    :param extra: the extra, as the JSON text Airflow stores or as a dict.
-    :raises ConfigurationError: the extra is not a JSON object, has an unknown key, or a value is
-        invalid; the message names ``conn_id`` and the field.
-    """
-
-    def fail(field: str, problem: str) -> ConfigurationError:
-        return ConfigurationError(f"connection {conn_id!r}, field {field!r}: {problem}")
-
-    if conn_type and conn_type != CONN_TYPE:
-        log.warning("connection %r has type %r, reading it as %r", conn_id, conn_type, CONN_TYPE)
-
-    fields = _parse_extra(conn_id, extra, fail)
-    values: dict[str, Any] = {}
-    for name in _STRING_FIELDS:
-        raw = fields.get(name)
-        if raw is None:
-            continue
-        if not isinstance(raw, str):
-            raise fail(name, f"must be a string, got {type(raw).__name__} {raw!r}")
-        if raw.strip():
-            values[name] = raw.strip()
-
-    url_field = "service_url"
-    if "service_url" not in values and host and host.strip():
-        candidate = host.strip()
-        if "://" not in candidate and not candidate.startswith(("/", "~", ".")):
-            raise fail(
-                "host",
-                f"{candidate!r} is neither a URL nor a path; set service_url to e.g. pulsar://{candidate}:6650",
-            )
-        values["service_url"], url_field = candidate, "host"
-    if "auth_token" not in values and password:
-        values["auth_token"] = password
-
-    for name in _BOOL_FIELDS:
-        raw = fields.get(name)
-        if raw is None or (isinstance(raw, str) and not raw.strip()):
-            continue
-        if isinstance(raw, str) and raw.strip().lower() in ("true", "false"):
-            raw = raw.strip().lower() == "true"
-        if not isinstance(raw, bool):
-            raise fail(name, f"must be true or false, got {raw!r}")
-        values[name] = raw
-
-    timeout = fields.get("operation_timeout")
-    if timeout is not None and not (isinstance(timeout, str) and not timeout.strip()):
-        values["operation_timeout"] = _parse_seconds(timeout, lambda problem: fail("operation_timeout", problem))
-
-    config_args: dict[str, Any] = {("url" if k == "service_url" else k): v for k, v in values.items()}
-    try:
-        ConnectionConfig(url=config_args.get("url", ""))  # the URL scheme, on its own
-    except ConfigurationError as exc:
-        raise fail(url_field, str(exc)) from None
-    try:
-        return ConnectionConfig(**config_args, source=f"connection {conn_id!r}")
-    except ConfigurationError as exc:  # the URLs together (token over plain http, file URL host)
-        raise ConfigurationError(f"connection {conn_id!r}: {exc}") from None
-
-
-def _parse_extra(conn_id: str, extra: str | dict[str, Any] | None, fail: Any) -> dict[str, Any]:
-    if extra is None or extra == "":
-        return {}
-    if isinstance(extra, str):
-        try:
-            data = json.loads(extra)
-        except json.JSONDecodeError as exc:
-            raise fail("extra", f"is not valid JSON ({exc})") from None
-    else:
-        data = extra
-    if not isinstance(data, dict):
-        raise fail("extra", f"must be a JSON object, got {type(data).__name__}")
-    fields: dict[str, Any] = {}
-    spelled: dict[str, str] = {}  # field -> the key it was read from
-    for key, value in data.items():
-        name = key[len(LEGACY_EXTRA_PREFIX) :] if key.startswith(LEGACY_EXTRA_PREFIX) else key
-        if name in RENAMED_FIELDS:
-            warnings.warn(
-                f"connection {conn_id!r}: extra field {key!r} is deprecated, rename it to {RENAMED_FIELDS[name]!r} "
-                "(Airflow masks fields named like secrets, so the connection form shows and saves it as '***')",
-                DeprecationWarning,
-                stacklevel=4,
-            )
-            name = RENAMED_FIELDS[name]
-        if name not in FIELD_NAMES:
-            raise fail(key, f"unknown extra field; expected one of {', '.join(sorted(FIELD_NAMES))}")
-        if name in fields and _precedence(key) <= _precedence(spelled[name]):
-            continue  # the current, unprefixed spelling wins
-        fields[name], spelled[name] = value, key
-    return fields
-
-
-def _precedence(key: str) -> int:
-    """Which spelling of a field wins: current name > renamed one > legacy-prefixed ones."""
-    name = key[len(LEGACY_EXTRA_PREFIX) :] if key.startswith(LEGACY_EXTRA_PREFIX) else key
-    return (0 if key.startswith(LEGACY_EXTRA_PREFIX) else 2) + (0 if name in RENAMED_FIELDS else 1)
-
-
-def _parse_seconds(raw: Any, fail: Any) -> float:
-    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
-        raise fail(f"must be a number of seconds, got {type(raw).__name__} {raw!r}")
-    try:
-        seconds = float(raw)
-    except ValueError:
-        raise fail(f"must be a number of seconds, got {raw!r}") from None
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise fail(f"must be a positive number of seconds, got {raw!r}")
-    return seconds
+        return backend_class(config).check_reachable(config)

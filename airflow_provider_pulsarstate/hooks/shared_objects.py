@@ -11,6 +11,10 @@ client, one broker connection) and share it between every map they open. Two kin
 
 A forked child makes its own objects: the parent's client is not fork-safe, so it is left alone,
 not closed. Everything still open is closed at exit (:func:`close_all`).
+
+The connection settings a hook reads are kept here too (:func:`cached_config`: in a task process,
+reading a connection is a round trip to the execution API); :func:`close_shared_state_maps`
+forgets them and the ``[pulsarstate]`` settings, and closes everything.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_provider_pulsarstate import provider_settings
 from airflow_provider_pulsarstate.engine.backends import Backend, open_backend
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 
@@ -205,3 +210,31 @@ def close_all() -> None:
         _objects.clear()
         _backends.clear()
     _close_all_of([*reversed(objects), *backends])
+
+
+_configs_lock = threading.Lock()
+_configs: dict[str, tuple[int, ConnectionConfig]] = {}  # conn id -> (pid, config), found without reading the connection
+
+
+def cached_config(conn_id: str, load: Callable[[], ConnectionConfig]) -> ConnectionConfig:
+    """The config of connection ``conn_id``, ``load()``-ed once per process (a forked child loads
+    its own); :func:`close_shared_state_maps` forgets it."""
+    pid = os.getpid()
+    with _configs_lock:
+        held = _configs.get(conn_id)
+    if held is not None and held[0] == pid:
+        return held[1]
+    config = load()
+    with _configs_lock:
+        _configs[conn_id] = (pid, config)
+    return config
+
+
+@atexit.register
+def close_shared_state_maps() -> None:
+    """Close this process's shared state maps and their back ends, and forget the connections and
+    ``[pulsarstate]`` settings read once per process (also run at exit)."""
+    with _configs_lock:
+        _configs.clear()
+    provider_settings.forget_settings()
+    close_all()

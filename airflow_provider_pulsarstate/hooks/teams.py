@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError
-from airflow_provider_pulsarstate.hooks.provider_config import SECTION
+from airflow_provider_pulsarstate.provider_settings import SECTION
 
 TEAM_OPTIONS = ("key_namespace", "state_store_topic", "xcom_topic")
 """What each team must have of its own."""

@@ -89,7 +89,7 @@ class ViewSparkSubmitOperator(TaskLineageMixin, LeaseGuardMixin, SparkSubmitOper
 
         env = {str(k): str(v) for k, v in (self.env_vars or {}).items()}
         config = PulsarStateHook(self.pulsarstate_conn_id).get_config()
-        if config.kind == "embedded" and not _is_local_master(self._conn_id):
+        if config.is_single_host and not _is_local_master(self._conn_id):
             raise AirflowFailException(
                 f"the pulsarstate connection {self.pulsarstate_conn_id!r} uses the embedded state log "
                 f"({config.embedded_path}), a file on this host that executors of the non-local Spark master "

@@ -57,7 +57,7 @@ def portable_config(config: ConnectionConfig | Mapping[str, Any]) -> ConnectionC
     :raises ConfigurationError: the config is invalid (a dict with an unknown field, a bad URL).
     """
     cfg = _as_config(config)
-    if cfg.kind != "embedded":
+    if not cfg.is_single_host:
         return cfg
     return cfg.with_options(url=os.path.abspath(cfg.embedded_path))
 
@@ -102,7 +102,7 @@ def load_config(text: str, *, environ: Mapping[str, str] | None = None) -> Conne
     if not data.get("auth_token") and env.get(AUTH_TOKEN_ENV):
         data["auth_token"] = env[AUTH_TOKEN_ENV]
     cfg = _as_config(data)
-    if cfg.kind == "embedded" and not (cfg.url and os.path.isabs(cfg.embedded_path)):
+    if cfg.is_single_host and not (cfg.url and os.path.isabs(cfg.embedded_path)):
         raise ConfigurationError(
             f"config JSON: the embedded state file must be an absolute path so that every Spark "
             f"process opens the same file, got url={cfg.url!r}"

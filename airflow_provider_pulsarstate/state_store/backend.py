@@ -77,7 +77,6 @@ from airflow_provider_pulsarstate.hooks.airflow_internals import (
     caller_frames,
     task_state_accessor_scope,
 )
-from airflow_provider_pulsarstate.hooks.provider_config import LEGACY_KEY_NAMESPACE
 from airflow_provider_pulsarstate.hooks.pulsarstate import (
     AssetStateScope,
     PulsarStateHook,
@@ -90,6 +89,7 @@ from airflow_provider_pulsarstate.hooks.pulsarstate import (
     state_scope,
 )
 from airflow_provider_pulsarstate.hooks.teams import refuse_shared_team_settings
+from airflow_provider_pulsarstate.provider_settings import LEGACY_KEY_NAMESPACE
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -167,7 +167,7 @@ class PulsarStateStoreBackend(*_BASES):  # type: ignore[misc]
     """
 
     def __init__(self) -> None:
-        from airflow_provider_pulsarstate.hooks.provider_config import settings
+        from airflow_provider_pulsarstate.provider_settings import settings
 
         refuse_shared_team_settings()
         self._settings = settings()  # the same once-per-process read the hook's state store uses

@@ -30,9 +30,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_provider_pulsarstate.hooks.provider_config import LEGACY_KEY_NAMESPACE, ProviderSettings
-from airflow_provider_pulsarstate.hooks.provider_config import settings as provider_settings
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook, StateStoreDataError, parse_state_key
+from airflow_provider_pulsarstate.provider_settings import LEGACY_KEY_NAMESPACE, ProviderSettings
+from airflow_provider_pulsarstate.provider_settings import settings as provider_settings
 
 
 @dataclass(frozen=True)

@@ -90,13 +90,6 @@ from airflow_provider_pulsarstate.engine.errors import (
     XComValueTooLargeError,
 )
 from airflow_provider_pulsarstate.hooks.airflow_internals import caller_frames
-from airflow_provider_pulsarstate.hooks.provider_config import (
-    LEGACY_KEY_NAMESPACE,
-    ProviderSettings,
-)
-from airflow_provider_pulsarstate.hooks.provider_config import (
-    settings as provider_settings,
-)
 from airflow_provider_pulsarstate.hooks.pulsarstate import (
     PulsarStateHook,
     XComIdentity,
@@ -106,6 +99,13 @@ from airflow_provider_pulsarstate.hooks.pulsarstate import (
     run_topic,
 )
 from airflow_provider_pulsarstate.hooks.teams import refuse_shared_team_settings
+from airflow_provider_pulsarstate.provider_settings import (
+    LEGACY_KEY_NAMESPACE,
+    ProviderSettings,
+)
+from airflow_provider_pulsarstate.provider_settings import (
+    settings as provider_settings,
+)
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from airflow_provider_pulsarstate.hooks import shared_objects
-from airflow_provider_pulsarstate.hooks.provider_config import ProviderSettings, load_settings
 from airflow_provider_pulsarstate.hooks.pulsarstate import (
     RunScan,
     XComMessageLog,
@@ -49,6 +48,7 @@ from airflow_provider_pulsarstate.hooks.pulsarstate import (
     run_topic,
     run_topic_prefix,
 )
+from airflow_provider_pulsarstate.provider_settings import ProviderSettings, load_settings
 
 TERMINAL_STATES = frozenset({"success", "failed"})
 

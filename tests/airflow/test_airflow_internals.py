@@ -76,7 +76,7 @@ def test_task_processes_see_the_placeholder_the_namespace_is_never_derived_from(
     from airflow.sdk.execution_time import supervisor
 
     from airflow_provider_pulsarstate.engine.errors import ConfigurationError
-    from airflow_provider_pulsarstate.hooks.provider_config import derived_key_namespace
+    from airflow_provider_pulsarstate.provider_settings import derived_key_namespace
 
     class Conf:
         def __init__(self, address: str) -> None:

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_pulsarstate.hooks.provider_config import settings as provider_settings
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook, close_shared_state_maps
+from airflow_provider_pulsarstate.provider_settings import settings as provider_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 AIRFLOW_BIN = str(Path(sys.executable).with_name("airflow"))

@@ -62,7 +62,7 @@ def test_a_folder_that_is_not_writable_is_red(
     folder.mkdir()
     folder.chmod(0o500)
     if os.geteuid() == 0:  # root writes anywhere: let the permission check answer as for any other user
-        from airflow_provider_pulsarstate.hooks import embedded_check
+        from airflow_provider_pulsarstate.engine.backends import embedded_check
 
         real_access = os.access
         monkeypatch.setattr(

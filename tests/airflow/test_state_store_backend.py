@@ -279,7 +279,7 @@ def test_writer_idle_timeout_setting_is_checked() -> None:
     from configparser import ConfigParser
 
     from airflow_provider_pulsarstate.engine.errors import ConfigurationError
-    from airflow_provider_pulsarstate.hooks.provider_config import load_settings
+    from airflow_provider_pulsarstate.provider_settings import load_settings
 
     conf = ConfigParser()
     conf.read_dict({"pulsarstate": {"state_store_writer_idle_timeout": "1.5", "key_namespace": "t"}})
@@ -455,7 +455,7 @@ def test_legacy_single_map_state_is_migrated(state_backend: str, airflow_db: Pat
     import subprocess
     import sys
 
-    from airflow_provider_pulsarstate.hooks.provider_config import settings
+    from airflow_provider_pulsarstate.provider_settings import settings
     from airflow_provider_pulsarstate.state_store.backend import PulsarStateStoreBackend
 
     store, tag = _store(), uuid.uuid4().hex[:6]

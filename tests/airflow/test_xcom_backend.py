@@ -642,7 +642,7 @@ def test_cleanup_keeps_live_runs_new_values_and_other_deployments(xcom_backend: 
     import datetime
 
     from airflow_provider_pulsarstate.cli.xcom_cleanup import db_now, run_statuses_in_db
-    from airflow_provider_pulsarstate.hooks.provider_config import settings
+    from airflow_provider_pulsarstate.provider_settings import settings
     from airflow_provider_pulsarstate.xcom.cleanup import run_cleanup
 
     plain = load_dag(TEST_DAGS / "xcom_test_dags.py", "xcom_backend_plain")

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 
-from airflow_provider_pulsarstate.hooks.provider_config import settings
+from airflow_provider_pulsarstate.provider_settings import settings
 from airflow_provider_pulsarstate.xcom.backend import PulsarXComBackend, run_store
 
 

@@ -13,15 +13,20 @@ from airflow_provider_pulsarstate.engine.backends.base import (
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 
 
-def open_backend(config: ConnectionConfig) -> Backend:
-    """The back end the config's URL selects (no network I/O happens here)."""
+def backend_class(config: ConnectionConfig) -> type[Backend]:
+    """The back end the config's URL selects, to ask what it offers before opening it."""
     if config.kind == "pulsar":
         from airflow_provider_pulsarstate.engine.backends.pulsar import PulsarBackend
 
-        return PulsarBackend(config)
+        return PulsarBackend
     from airflow_provider_pulsarstate.engine.backends.embedded import EmbeddedBackend
 
-    return EmbeddedBackend(config.embedded_path, busy_timeout=config.operation_timeout)
+    return EmbeddedBackend
 
 
-__all__ = ["EARLIEST", "AcquireMode", "Backend", "RawEntry", "RawReader", "RawWriter", "open_backend"]
+def open_backend(config: ConnectionConfig) -> Backend:
+    """The back end the config's URL selects (no network I/O happens here)."""
+    return backend_class(config).from_config(config)
+
+
+__all__ = ["EARLIEST", "AcquireMode", "Backend", "RawEntry", "RawReader", "RawWriter", "backend_class", "open_backend"]

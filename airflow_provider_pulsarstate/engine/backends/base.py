@@ -31,7 +31,15 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_pulsarstate.engine.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from airflow_provider_pulsarstate.engine.config import ConnectionConfig
+    from airflow_provider_pulsarstate.engine.leadership import AsyncLeadershipProbe, Leadership
+    from airflow_provider_pulsarstate.engine.offsets.base import AsyncOffsetProbe, OffsetLog, TopicPublisher
+    from airflow_provider_pulsarstate.engine.topic_stream import TopicMessage
 
 
 class AcquireMode(str, enum.Enum):
@@ -230,6 +238,80 @@ class Backend(ABC):
         """The back end that stores the topics: itself, or what a wrapper (fault injection,
         access control in tests) forwards to. Features outside this contract (offsets) use it."""
         return self
+
+    # -- what callers ask of a back end instead of testing its type ---------------------------
+    # Each one is answered by the back end that stores the topics: a wrapper (see :meth:`underlying`)
+    # forwards it there.
+    @classmethod
+    def from_config(cls, config: ConnectionConfig) -> Backend:
+        """This back end for ``config`` (no I/O here)."""
+        raise NotImplementedError(f"{cls.__name__} is not opened from a connection config")
+
+    @classmethod
+    def check_reachable(cls, config: ConnectionConfig) -> tuple[bool, str]:
+        """One cheap round trip to the store ``config`` names that creates and changes nothing
+        (the connection form's Test button): ``(True, what was reached)`` or ``(False, what failed,
+        naming the field)``; never raises."""
+        return False, f"{cls.__name__} offers no reachability check"
+
+    @classmethod
+    def open_async_offset_probe(cls, config: ConnectionConfig, *, freshness: float = 0.0) -> AsyncOffsetProbe:
+        """An offset probe for the store ``config`` names, for event loops (no I/O until first use)."""
+        raise ConfigurationError(f"{cls.__name__} offers no async offset probe")
+
+    @classmethod
+    def open_async_leadership_probe(cls, config: ConnectionConfig, *, freshness: float = 0.0) -> AsyncLeadershipProbe:
+        """A leadership probe for the store ``config`` names, for event loops (no I/O until first use)."""
+        raise ConfigurationError(f"{cls.__name__} offers no async leadership probe")
+
+    @classmethod
+    def open_http_messages(cls, config: ConnectionConfig) -> Any | None:
+        """This store's HTTP path to small topic messages, or None when it has none (no I/O here)."""
+        return None
+
+    def _answering(self, what: str) -> Backend:
+        store = self.underlying()
+        if store is self:
+            raise ConfigurationError(f"{type(self).__name__} offers no {what}")
+        return store
+
+    def open_offset_log(self, topic: str, **options: Any) -> OffsetLog:
+        """The :class:`~airflow_provider_pulsarstate.engine.offsets.base.OffsetLog` of ``topic``
+        (no I/O until first use); ``options`` as :func:`~airflow_provider_pulsarstate.engine.offsets.open_offset_log`."""
+        return self._answering("offset log").open_offset_log(topic, **options)
+
+    def open_publisher(
+        self, topic: str, *, batching: bool = True, chunking: bool = False, create: bool = False
+    ) -> TopicPublisher:
+        """A publisher of plain messages to ``topic``; options as
+        :func:`~airflow_provider_pulsarstate.engine.offsets.open_publisher`."""
+        return self._answering("publisher").open_publisher(topic, batching=batching, chunking=chunking, create=create)
+
+    def create_topic(self, topic: str, *, partitions: int = 0) -> None:
+        """Create ``topic`` (``partitions`` > 0: partitioned); an identical existing one is fine.
+
+        :raises ConfigurationError: it exists with another partition count.
+        """
+        self._answering("topic creation").create_topic(topic, partitions=partitions)
+
+    def delete_topic_if_last(self, topic: str, last: bytes | None, *, timeout: float) -> bool:
+        """Delete non-partitioned ``topic`` only if its last entry is still at ``last`` (encoded;
+        None: empty); returns whether it was deleted. See
+        :func:`~airflow_provider_pulsarstate.engine.offsets.delete_topic_if_unchanged`."""
+        return self._answering("compare-and-delete").delete_topic_if_last(topic, last, timeout=timeout)
+
+    def read_leadership(self, topic: str) -> list[Leadership]:
+        """Who holds ``topic``'s exclusive writer now, per partition; see
+        :func:`~airflow_provider_pulsarstate.engine.leadership.read_leadership`."""
+        return self._answering("leadership").read_leadership(topic)
+
+    def read_topic_message(self, topic: str, message_id: bytes, *, timeout: float) -> TopicMessage:
+        """The message ``message_id`` of ``topic`` (a store that keeps message ids: Pulsar).
+
+        :raises MessageUnavailableError: it is gone, or did not come within ``timeout`` seconds.
+        :raises ConfigurationError: this store keeps no message ids.
+        """
+        return self._answering("topic messages by id").read_topic_message(topic, message_id, timeout=timeout)
 
     @abstractmethod
     def encode_position(self, position: Any) -> bytes:

@@ -50,6 +50,7 @@ from airflow_provider_pulsarstate.engine.backends.base import (
     is_earliest,
     partition_topic_name,
 )
+from airflow_provider_pulsarstate.engine.backends.embedded_offers import EmbeddedOffers
 from airflow_provider_pulsarstate.engine.errors import (
     BackendUnavailableError,
     ClosedError,
@@ -126,7 +127,7 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
     return "locked" in text or "busy" in text
 
 
-class EmbeddedBackend(Backend):
+class EmbeddedBackend(EmbeddedOffers, Backend):
     """The embedded single-host log.
 
     :param path: the SQLite file (created with its folder when missing).

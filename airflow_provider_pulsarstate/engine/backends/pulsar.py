@@ -50,6 +50,7 @@ from airflow_provider_pulsarstate.engine.backends.base import (
 )
 from airflow_provider_pulsarstate.engine.backends.orphans import OrphanSweeper
 from airflow_provider_pulsarstate.engine.backends.policies import ensure_topic_policies
+from airflow_provider_pulsarstate.engine.backends.pulsar_offers import PulsarOffers
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig, redact_url
 from airflow_provider_pulsarstate.engine.errors import (
     BackendUnavailableError,
@@ -98,7 +99,7 @@ def client_options(cfg: ConnectionConfig) -> dict[str, Any]:
     return kwargs
 
 
-class PulsarBackend(Backend):
+class PulsarBackend(PulsarOffers, Backend):
     """A real Pulsar broker.
 
     The client connects lazily: constructing this object does no network I/O.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_provider_pulsarstate.engine.backends.base import Backend
+from airflow_provider_pulsarstate.engine.backends import Backend, backend_class
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.engine.offsets.base import (
     AsyncOffsetProbe,
@@ -24,25 +24,13 @@ from airflow_provider_pulsarstate.engine.offsets.base import (
 from airflow_provider_pulsarstate.engine.offsets.consumer import PullConsumer
 
 
-def _is_pulsar(backend: Backend) -> bool:
-    from airflow_provider_pulsarstate.engine.backends.embedded import EmbeddedBackend
-
-    return not isinstance(backend.underlying(), EmbeddedBackend)
-
-
 def open_offset_log(backend: Backend, topic: str, **options: Any) -> OffsetLog:
     """The back end's :class:`OffsetLog` of ``topic`` (no I/O until first use).
 
     ``options``: ``reader_pool_size``, ``reader_idle_timeout``, ``position_cache_size`` (Pulsar;
     the embedded log reads by position and needs neither pool nor cache).
     """
-    if _is_pulsar(backend):
-        from airflow_provider_pulsarstate.engine.offsets.pulsar import PulsarOffsetLog
-
-        return PulsarOffsetLog(backend.underlying(), topic, **options)  # type: ignore[arg-type]
-    from airflow_provider_pulsarstate.engine.offsets.embedded import EmbeddedOffsetLog
-
-    return EmbeddedOffsetLog(backend.underlying(), topic, **options)  # type: ignore[arg-type]
+    return backend.underlying().open_offset_log(topic, **options)
 
 
 def open_publisher(
@@ -53,19 +41,7 @@ def open_publisher(
     the embedded log has no message size limit and ignores both). ``create``: a missing topic is
     created (non-partitioned) instead of raising UnknownTopicError; on Pulsar without an admin call
     when the broker creates topics on first use."""
-    if _is_pulsar(backend):
-        from airflow_provider_pulsarstate.engine.offsets.pulsar import PulsarTopicPublisher
-
-        return PulsarTopicPublisher(
-            backend.underlying(),  # type: ignore[arg-type]
-            topic,
-            batching=batching,
-            chunking=chunking,
-            create=create,
-        )
-    from airflow_provider_pulsarstate.engine.offsets.embedded import EmbeddedTopicPublisher
-
-    return EmbeddedTopicPublisher(backend.underlying(), topic, create=create)  # type: ignore[arg-type]
+    return backend.underlying().open_publisher(topic, batching=batching, chunking=chunking, create=create)
 
 
 def create_topic(backend: Backend, topic: str, *, partitions: int = 0) -> None:
@@ -73,14 +49,7 @@ def create_topic(backend: Backend, topic: str, *, partitions: int = 0) -> None:
 
     :raises ConfigurationError: it exists with another partition count.
     """
-    if _is_pulsar(backend):
-        from airflow_provider_pulsarstate.engine.offsets.pulsar import create_pulsar_topic
-
-        create_pulsar_topic(backend.underlying(), topic, partitions=partitions)  # type: ignore[arg-type]
-        return
-    from airflow_provider_pulsarstate.engine.offsets.embedded import create_embedded_topic
-
-    create_embedded_topic(backend.underlying(), topic, partitions=partitions)  # type: ignore[arg-type]
+    backend.underlying().create_topic(topic, partitions=partitions)
 
 
 def last_position(backend: Backend, topic: str, *, timeout: float) -> bytes | None:
@@ -96,25 +65,13 @@ def delete_topic_if_unchanged(backend: Backend, topic: str, *, last: bytes | Non
     Pulsar: the check, then a non-forced deletion, which the broker refuses while a producer or
     reader is connected (a process that just published keeps its producer open). Returns whether
     it was deleted."""
-    if _is_pulsar(backend):
-        from airflow_provider_pulsarstate.engine.offsets.pulsar import delete_pulsar_topic_if_last
-
-        return delete_pulsar_topic_if_last(backend.underlying(), topic, last, timeout=timeout)  # type: ignore[arg-type]
-    from airflow_provider_pulsarstate.engine.offsets.embedded import delete_embedded_topic_if_last
-
-    return delete_embedded_topic_if_last(backend.underlying(), topic, last)  # type: ignore[arg-type]
+    return backend.underlying().delete_topic_if_last(topic, last, timeout=timeout)
 
 
 def open_async_probe(config: ConnectionConfig, *, freshness: float = 0.0) -> AsyncOffsetProbe:
     """An :class:`AsyncOffsetProbe` for the back end ``config`` selects (no I/O until first use);
     ``freshness``: see :class:`~airflow_provider_pulsarstate.engine.offsets.pulsar_async.PulsarAsyncOffsetProbe`."""
-    if config.kind == "pulsar":
-        from airflow_provider_pulsarstate.engine.offsets.pulsar_async import PulsarAsyncOffsetProbe
-
-        return PulsarAsyncOffsetProbe(config, freshness=freshness)
-    from airflow_provider_pulsarstate.engine.offsets.embedded import EmbeddedAsyncOffsetProbe
-
-    return EmbeddedAsyncOffsetProbe(config)
+    return backend_class(config).open_async_offset_probe(config, freshness=freshness)
 
 
 __all__ = [

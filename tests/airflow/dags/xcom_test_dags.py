@@ -84,7 +84,7 @@ with DAG("xcom_backend_retry", schedule=None, start_date=START, catchup=False):
                 {"orphan": True}, key="orphan", task_id=ti.task_id, dag_id=ti.dag_id, run_id=ti.run_id, map_index=-1
             )
             raise RuntimeError("injected failure of try 1")
-        from airflow_provider_pulsarstate.hooks.provider_config import settings
+        from airflow_provider_pulsarstate.provider_settings import settings
         from airflow_provider_pulsarstate.xcom.backend import run_store
 
         # before this try's first push: what Airflow's clear at the start of the try left in the map

@@ -131,23 +131,7 @@ def load_settings(conf: Any = None) -> ProviderSettings:
     for name, spec in OPTIONS.items():
         raw = conf.get(SECTION, name, fallback=spec["default"])
         raw = spec["default"] if raw is None or str(raw).strip() == "" else str(raw).strip()
-        if spec["type"] == "integer":
-            try:
-                values[name] = int(raw)
-            except ValueError:
-                raise ConfigurationError(f"[{SECTION}] {name} must be an integer, not {raw!r}") from None
-            least = 0 if name == "xcom_preview_chars" else 1
-            if values[name] < least:
-                raise ConfigurationError(f"[{SECTION}] {name} must be >= {least}, not {raw!r}")
-        elif spec["type"] == "float":
-            try:
-                values[name] = float(raw)
-            except ValueError:
-                raise ConfigurationError(f"[{SECTION}] {name} must be a number, not {raw!r}") from None
-            if not values[name] >= 0 or values[name] == float("inf"):
-                raise ConfigurationError(f"[{SECTION}] {name} must be a finite number >= 0, not {raw!r}")
-        else:
-            values[name] = raw
+        values[name] = _typed(name, spec["type"], raw)
     if not values["key_namespace"]:
         values["key_namespace"] = derived_key_namespace(conf)
     if values["xcom_oversize"] not in ("db", "error"):
@@ -157,6 +141,28 @@ def load_settings(conf: Any = None) -> ProviderSettings:
     if "/" in values["key_namespace"]:
         raise ConfigurationError(f"[{SECTION}] key_namespace must not contain '/': {values['key_namespace']!r}")
     return ProviderSettings(**values)
+
+
+def _typed(name: str, kind: str, raw: str) -> Any:
+    """The option's value as its declared type, checked (the error names ``[pulsarstate] <option>``)."""
+    if kind == "integer":
+        try:
+            value: Any = int(raw)
+        except ValueError:
+            raise ConfigurationError(f"[{SECTION}] {name} must be an integer, not {raw!r}") from None
+        least = 0 if name == "xcom_preview_chars" else 1
+        if value < least:
+            raise ConfigurationError(f"[{SECTION}] {name} must be >= {least}, not {raw!r}")
+        return value
+    if kind == "float":
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigurationError(f"[{SECTION}] {name} must be a number, not {raw!r}") from None
+        if not value >= 0 or value == float("inf"):
+            raise ConfigurationError(f"[{SECTION}] {name} must be a finite number >= 0, not {raw!r}")
+        return value
+    return raw
 
 
 def derived_key_namespace(conf: Any) -> str:
