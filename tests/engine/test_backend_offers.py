@@ -31,7 +31,6 @@ ANSWERED_BY_THE_BACK_ENDS = (
     "engine/config.py",  # the URL picks the back end: ``kind`` and the capabilities it implies
     "engine/offsets/embedded.py",  # the embedded offset log checks it was given an embedded config
     "engine/offsets/pulsar",  # the Pulsar offset log, its async probe and HTTP path
-    "engine/topic_stream.py",  # subscription streams exist on Pulsar only; it refuses other stores by name
 )
 BACK_END_CLASSES = {"EmbeddedBackend", "PulsarBackend", "EmbeddedOffers", "PulsarOffers"}
 

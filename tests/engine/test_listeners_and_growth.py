@@ -23,7 +23,7 @@ def test_closed_writers_and_readers_are_forgotten_by_the_back_end(backend: Backe
         backend.open_shared_writer(f"{topic}-shared").close()
     assert not backend._children  # type: ignore[attr-defined]
     kept = backend.create_reader(topic)
-    assert backend._children == {kept}  # type: ignore[attr-defined]
+    assert set(backend._children) == {kept}  # type: ignore[attr-defined]
     kept.close()
 
 

@@ -258,7 +258,7 @@ def test_offsets_below_the_retained_range_raise_or_follow_auto_reset(
         with pytest.raises(OffsetOutOfRangeError) as info:
             c.pull(offset)
         assert (info.value.beginning, info.value.end) == (10, 15)
-        assert "outside the retained range [10, 15]" in str(info.value)
+        assert "below the first retained offset (trimmed): the retained range is [10, 15]" in str(info.value)
     assert pulled.next_offset == 3
     earliest = consumers(topic, auto_offset_reset="earliest").pull(2)
     assert (earliest.offset, [m.value for m in earliest.messages]) == (10, [b"new%d" % i for i in range(5)])

@@ -452,7 +452,7 @@ def test_read_topic_message_reads_a_referenced_message_also_inside_a_batch(confi
 
 @pytest.mark.pulsar
 def test_streams_of_one_connection_share_one_client(config: ConnectionConfig) -> None:
-    from airflow_provider_pulsarstate.engine import topic_stream
+    from airflow_provider_pulsarstate.engine.streams import clients as stream_clients
 
     topics = [_fresh() for _ in range(3)]
     for topic in topics:
@@ -463,14 +463,14 @@ def test_streams_of_one_connection_share_one_client(config: ConnectionConfig) ->
         streams = [open_topic_stream(config, topics=[t], subscription="s", initial_position="earliest") for t in topics]
         for stream in streams:
             await stream.open()
-        clients = topic_stream._CLIENTS[asyncio.get_running_loop()]
+        clients = stream_clients._CLIENTS[asyncio.get_running_loop()]
         assert len(clients) == 1 and clients[config][1] == 3  # one client for the three streams
         assert len({id(s._client) for s in streams}) == 1
         await streams[0].aclose()  # the others go on with the shared client
         got = [len(await s.receive_batch(max_messages=5, max_wait=0.5, timeout=10)) for s in streams[1:]]
         for stream in streams[1:]:
             await stream.aclose()
-        assert config not in topic_stream._CLIENTS[asyncio.get_running_loop()]  # closed with the last
+        assert config not in stream_clients._CLIENTS[asyncio.get_running_loop()]  # closed with the last
         return got
 
     assert run(go()) == [1, 1]
@@ -553,23 +553,23 @@ def test_the_shared_client_is_made_off_the_loop_once_for_streams_opening_togethe
     """Importing the client library and making a client block for ~0.5 s: never on the loop."""
     import threading
 
-    from airflow_provider_pulsarstate.engine import topic_stream
+    from airflow_provider_pulsarstate.engine.streams import clients as stream_clients
 
     topic = _fresh()
     _make_topic(config, topic)
     made_on: list[int] = []
-    original = topic_stream._make_client
+    original = stream_clients._make_client
 
     def recording(cfg: ConnectionConfig) -> Any:
         made_on.append(threading.get_ident())
         return original(cfg)
 
-    monkeypatch.setattr(topic_stream, "_make_client", recording)
+    monkeypatch.setattr(stream_clients, "_make_client", recording)
 
     async def go() -> int:
         streams = [open_topic_stream(config, topics=[topic], subscription=f"s{i}") for i in range(20)]
         await asyncio.gather(*(s.open() for s in streams))
-        users = topic_stream._CLIENTS[asyncio.get_running_loop()][config][1]
+        users = stream_clients._CLIENTS[asyncio.get_running_loop()][config][1]
         await asyncio.gather(*(s.aclose() for s in streams))
         return users
 

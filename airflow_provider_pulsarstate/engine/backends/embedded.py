@@ -50,6 +50,7 @@ from airflow_provider_pulsarstate.engine.backends.base import (
     is_earliest,
     partition_topic_name,
 )
+from airflow_provider_pulsarstate.engine.backends.children import C, Children
 from airflow_provider_pulsarstate.engine.backends.embedded_offers import EmbeddedOffers
 from airflow_provider_pulsarstate.engine.errors import (
     BackendUnavailableError,
@@ -152,8 +153,8 @@ class EmbeddedBackend(EmbeddedOffers, Backend):
         self.poll_interval = poll_interval
         self._lock_dir = self.path.with_name(self.path.name + ".locks")
         self._closed = False
-        self._children: set[RawWriter | RawReader] = set()
-        self._children_lock = threading.Lock()
+        self._children = Children()
+        self._watch_lock = threading.Lock()
         self._initialized = False
         self._release_watches: dict[Path, threading.Event] = {}  # lock file -> set once its holder let go
 
@@ -195,14 +196,11 @@ class EmbeddedBackend(EmbeddedOffers, Backend):
             conn.executescript(_SCHEMA)
             self._initialized = True
 
-    def _track(self, child: Any) -> Any:
-        with self._children_lock:
-            self._children.add(child)
-        return child
+    def _track(self, child: C) -> C:
+        return self._children.track(child)
 
-    def _untrack(self, child: Any) -> None:
-        with self._children_lock:
-            self._children.discard(child)
+    def _untrack(self, child: object) -> None:
+        self._children.untrack(child)
 
     def topic_url(self, topic: str) -> str:
         return f"{topic} (embedded {self.path})"
@@ -269,7 +267,7 @@ class EmbeddedBackend(EmbeddedOffers, Backend):
         waiter of this process; it ends when the holder releases the lock or dies. A thread whose
         waiters all gave up stays until then (at most one per held lock file).
         """
-        with self._children_lock:
+        with self._watch_lock:
             event = self._release_watches.get(path)
             if event is not None:
                 return event
@@ -292,7 +290,7 @@ class EmbeddedBackend(EmbeddedOffers, Backend):
             log.debug("watching the writer lock %s: %s", path, exc)
         finally:
             os.close(fd)  # also drops our shared lock: never seen as a holder
-            with self._children_lock:
+            with self._watch_lock:
                 self._release_watches.pop(path, None)
             event.set()
 
@@ -454,10 +452,7 @@ class EmbeddedBackend(EmbeddedOffers, Backend):
     def close(self) -> None:
         if self._closed:
             return
-        with self._children_lock:
-            children, self._children = self._children, set()
-        for child in children:
-            child.close()
+        self._children.close_all()
         self._closed = True
 
 

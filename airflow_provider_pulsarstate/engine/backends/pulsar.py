@@ -48,6 +48,7 @@ from airflow_provider_pulsarstate.engine.backends.base import (
     default_writer_name,
     is_earliest,
 )
+from airflow_provider_pulsarstate.engine.backends.children import C, Children
 from airflow_provider_pulsarstate.engine.backends.orphans import OrphanSweeper
 from airflow_provider_pulsarstate.engine.backends.policies import ensure_topic_policies
 from airflow_provider_pulsarstate.engine.backends.pulsar_offers import PulsarOffers
@@ -114,7 +115,7 @@ class PulsarBackend(PulsarOffers, Backend):
         self.admin = self._open_admin()
         self._client: pulsar.Client | None = None
         self._lock = threading.Lock()
-        self._children: set[RawWriter | RawReader] = set()
+        self._children = Children()
         self._durable: set[str] = set()  # topics whose retention policies were checked
         self._orphans = OrphanSweeper(self._open_admin)
         self._queued: set[pulsar.Client] = set()  # clients of waits for exclusive access under way
@@ -157,14 +158,11 @@ class PulsarBackend(PulsarOffers, Backend):
             f"{type(exc).__name__}: {exc}"
         )
 
-    def _track(self, child: Any) -> Any:
-        with self._lock:
-            self._children.add(child)
-        return child
+    def _track(self, child: C) -> C:
+        return self._children.track(child)
 
-    def _untrack(self, child: Any) -> None:
-        with self._lock:
-            self._children.discard(child)
+    def _untrack(self, child: object) -> None:
+        self._children.untrack(child)
 
     # -- writer -----------------------------------------------------------------------------
     def acquire_writer(self, topic: str, *, mode: AcquireMode, timeout: float, name: str | None = None) -> RawWriter:
@@ -492,15 +490,13 @@ class PulsarBackend(PulsarOffers, Backend):
         with self._lock:
             if self._closed:
                 return
-            children, self._children = self._children, set()
             self._closed = True
         self._orphans.close()  # closing the client drops any orphan: it lives on our connection
         with self._lock:
             queued, self._queued = self._queued, set()
         for waiting in queued:  # their waits end at once, granted nothing
             _shutdown_quietly(waiting)
-        for child in children:
-            child.close()
+        self._children.close_all()
         _close_quietly(self._client)
         self.admin.close()
 

@@ -25,6 +25,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_provider_pulsarstate.engine.offsets.checks import (
+    check_message,
+    check_offset,
+    check_partition_arg,
+    check_read_limits,
+    check_subscription,
+    check_timestamp,
+    log_closed,
+)
+
 
 @dataclass(frozen=True, slots=True)
 class PulledMessage:
@@ -125,33 +135,49 @@ class OffsetLog(ABC):
     """One topic on one back end, addressed by offsets. Thread-safe unless noted.
 
     Implementations: :mod:`.pulsar` (broker entry index over the admin API, a bounded reader pool
-    keyed by next offset and a bounded offset-to-position cache) and :mod:`.embedded`.
+    keyed by next offset and a bounded offset-to-position cache) and :mod:`.embedded`. The public
+    methods are template methods: they check their arguments and that the log is open (the same
+    errors, with the same texts, on every back end: :mod:`.checks`), then call the back end's
+    ``_``-prefixed method.
 
     Every method raises :class:`~airflow_provider_pulsarstate.engine.errors.UnknownTopicError` for
     a topic that does not exist, :class:`~airflow_provider_pulsarstate.engine.errors.UnknownPartitionError`
-    for a partition it does not have, and :class:`~airflow_provider_pulsarstate.engine.errors.BackendUnavailableError`
-    when the store cannot be reached. Nothing here creates a topic.
+    for a partition it does not have (or one that is not a non-negative int),
+    :class:`~airflow_provider_pulsarstate.engine.errors.ConfigurationError` for another bad argument,
+    :class:`~airflow_provider_pulsarstate.engine.errors.ClosedError` once closed, and
+    :class:`~airflow_provider_pulsarstate.engine.errors.BackendUnavailableError` when the store cannot
+    be reached. Nothing here creates a topic.
     """
 
     topic: str
+    _closed: bool = False
 
-    @abstractmethod
+    def _check_open(self) -> None:
+        if self._closed:
+            raise log_closed(self.topic)
+
+    def _checked_partition(self, partition: int) -> int:
+        self._check_open()
+        check_partition_arg(partition, self.topic)
+        return partition
+
     def partitions(self) -> int:
         """How many partitions the topic has now (0: a non-partitioned topic). Never cached for long:
         a topic's partitions can be added while consumers run."""
+        self._check_open()
+        return self._partition_count()
 
-    @abstractmethod
     def beginning_offset(self, partition: int) -> int:
         """The first retained offset (the end offset when the partition is empty).
 
         :raises OffsetIndexUnavailableError: the broker gives no index (names the setting).
         """
+        return self._beginning_offset(self._checked_partition(partition))
 
-    @abstractmethod
     def end_offset(self, partition: int) -> int:
         """The last offset + 1, exact as of the call (the beginning offset when empty)."""
+        return self._end_offset(self._checked_partition(partition))
 
-    @abstractmethod
     def read(
         self, partition: int, offset: int, *, max_messages: int, max_bytes: int, timeout: float
     ) -> tuple[list[PulledMessage], int]:
@@ -169,12 +195,17 @@ class OffsetLog(ABC):
         :raises OffsetOutOfRangeError: ``offset`` is below the beginning or above the end (the
             caller applies any auto reset).
         """
+        self._checked_partition(partition)
+        check_offset(offset, "offset", self.topic)
+        check_read_limits(self.topic, max_messages=max_messages, max_bytes=max_bytes, timeout=timeout)
+        return self._read(partition, offset, max_messages=max_messages, max_bytes=max_bytes, timeout=timeout)
 
-    @abstractmethod
     def offset_for_time(self, partition: int, timestamp: float) -> int | None:
         """The first offset whose publish time is >= ``timestamp`` (seconds), or None when none is."""
+        self._checked_partition(partition)
+        check_timestamp(timestamp, self.topic)
+        return self._offset_for_time(partition, timestamp)
 
-    @abstractmethod
     def commit(self, subscription: str, partition: int, next_offset: int) -> None:
         """Record ``next_offset`` as the subscription's committed offset of ``partition``.
 
@@ -184,13 +215,17 @@ class OffsetLog(ABC):
 
         :raises OffsetOutOfRangeError: ``next_offset`` is outside [beginning, end].
         """
+        check_subscription(subscription, self.topic)
+        self._checked_partition(partition)
+        check_offset(next_offset, "next_offset", self.topic)
+        self._commit_at(subscription, partition, next_offset)
 
-    @abstractmethod
     def committed(self, subscription: str, partition: int) -> int | None:
         """The subscription's committed offset (next to consume), or None when it never committed
         and does not exist."""
+        check_subscription(subscription, self.topic)
+        return self._committed(subscription, self._checked_partition(partition))
 
-    @abstractmethod
     def read_at(self, address: str, *, timeout: float) -> StoredMessage:
         """The one message at ``address`` (what :meth:`TopicPublisher.publish` returned for this
         topic), without reading anything before it.
@@ -199,31 +234,62 @@ class OffsetLog(ABC):
             did not arrive within ``timeout`` seconds.
         :raises ConfigurationError: ``address`` is not an address of this back end (named).
         """
+        self._check_open()
+        return self._read_at(address, timeout=timeout)
 
     @abstractmethod
     def close(self) -> None:
         """Release readers, consumers and connections this object opened (idempotent). The
         back end passed in stays open."""
 
+    # -- what a back end implements (arguments checked, the log open) ----------------------------
+    @abstractmethod
+    def _partition_count(self) -> int: ...
+
+    @abstractmethod
+    def _beginning_offset(self, partition: int) -> int: ...
+
+    @abstractmethod
+    def _end_offset(self, partition: int) -> int: ...
+
+    @abstractmethod
+    def _read(
+        self, partition: int, offset: int, *, max_messages: int, max_bytes: int, timeout: float
+    ) -> tuple[list[PulledMessage], int]: ...
+
+    @abstractmethod
+    def _offset_for_time(self, partition: int, timestamp: float) -> int | None: ...
+
+    @abstractmethod
+    def _commit_at(self, subscription: str, partition: int, next_offset: int) -> None: ...
+
+    @abstractmethod
+    def _committed(self, subscription: str, partition: int) -> int | None: ...
+
+    @abstractmethod
+    def _read_at(self, address: str, *, timeout: float) -> StoredMessage: ...
+
 
 class TopicPublisher(ABC):
     """Publishes plain messages to any topic (the upstream system in examples and tests).
 
     Messages of one publisher land in send order per partition. Not for state logs: those have
-    one exclusive writer.
+    one exclusive writer. :meth:`send` and :meth:`publish` check the message (the same errors on
+    every back end) before calling the back end's ``_send`` / ``_publish``.
     """
 
     topic: str
 
-    @abstractmethod
     def send(self, value: bytes, *, key: str | None = None, properties: Mapping[str, str] | None = None) -> None:
         """Queue one message (a partitioned topic routes by ``key``, round robin without one).
 
         :raises ConfigurationError: ``value`` is not bytes, ``key`` not a str, or ``properties``
             not a mapping of str to str (nothing is queued).
+        :raises ClosedError: the publisher is closed.
         """
+        check_message(self.topic, value, key, properties)
+        self._send(value, key=key, properties=properties)
 
-    @abstractmethod
     def publish(
         self, value: bytes, *, key: str | None = None, properties: Mapping[str, str] | None = None, timeout: float
     ) -> str:
@@ -235,6 +301,16 @@ class TopicPublisher(ABC):
         :raises ConfigurationError: as :meth:`send` (nothing is published).
         :raises OperationTimeoutError: not acknowledged within ``timeout`` (it may still land).
         """
+        check_message(self.topic, value, key, properties)
+        return self._publish(value, key=key, properties=properties, timeout=timeout)
+
+    @abstractmethod
+    def _send(self, value: bytes, *, key: str | None, properties: Mapping[str, str] | None) -> None: ...
+
+    @abstractmethod
+    def _publish(
+        self, value: bytes, *, key: str | None, properties: Mapping[str, str] | None, timeout: float
+    ) -> str: ...
 
     @abstractmethod
     def flush(self, *, timeout: float) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import threading
 from typing import Literal
 
@@ -11,13 +10,21 @@ from airflow_provider_pulsarstate.engine.errors import (
     ClosedError,
     ConfigurationError,
     OffsetOutOfRangeError,
-    UnknownPartitionError,
 )
 from airflow_provider_pulsarstate.engine.offsets.base import OffsetLog, PullResult
+from airflow_provider_pulsarstate.engine.offsets.checks import (
+    check_log_options,
+    check_offset,
+    check_partition_arg,
+    check_read_limits,
+    check_subscription,
+    check_timestamp,
+    check_topic,
+    partition_error,
+    partition_needed,
+)
 
 AutoOffsetReset = Literal["earliest", "latest"]
-# Year 5138 in seconds; any later "seconds" value is almost surely milliseconds (Kafka's unit).
-_LATEST_SECONDS = 1e11
 
 
 class PullConsumer:
@@ -72,13 +79,17 @@ class PullConsumer:
             raise ConfigurationError(
                 f"auto_offset_reset must be 'earliest', 'latest' or None, got {auto_offset_reset!r}"
             )
-        if subscription is not None and not subscription.strip():
-            raise ConfigurationError("subscription must not be empty")
-        for name, value in (("reader_pool_size", reader_pool_size), ("position_cache_size", position_cache_size)):
-            if value < 1:
-                raise ConfigurationError(f"{name} must be at least 1, got {value!r}")
-        if reader_idle_timeout <= 0:
-            raise ConfigurationError(f"reader_idle_timeout must be positive, got {reader_idle_timeout!r}")
+        check_topic(topic)
+        if subscription is not None:
+            check_subscription(subscription, topic)
+        check_log_options(
+            topic,
+            {
+                "reader_pool_size": reader_pool_size,
+                "reader_idle_timeout": reader_idle_timeout,
+                "position_cache_size": position_cache_size,
+            },
+        )
         from airflow_provider_pulsarstate.engine.offsets import open_offset_log
 
         self.topic = topic
@@ -104,15 +115,12 @@ class PullConsumer:
         count = self._open().partitions()
         if partition is None:
             if count:
-                raise UnknownPartitionError(
-                    f"topic {self.topic} has {count} partitions: pass partition= (0..{count - 1})"
-                )
+                raise partition_needed(self.topic, count)
             return 0
-        if not isinstance(partition, int) or isinstance(partition, bool):
-            raise UnknownPartitionError(f"partition must be an int, got {partition!r} for topic {self.topic}")
-        if (count == 0 and partition != 0) or (count and not 0 <= partition < count):
-            have = "is not partitioned (use partition 0 or None)" if count == 0 else f"has partitions 0..{count - 1}"
-            raise UnknownPartitionError(f"topic {self.topic} {have}: no partition {partition}")
+        check_partition_arg(partition, self.topic)
+        error = partition_error(self.topic, count, partition)
+        if error is not None:
+            raise error
         return partition
 
     # -- reading -----------------------------------------------------------------------------
@@ -130,13 +138,8 @@ class PullConsumer:
         :param timeout: seconds to wait for a first message when ``offset`` is the end.
         :raises OffsetOutOfRangeError: ``offset`` outside [beginning, end] and no auto reset.
         """
-        _check_offset(offset, "offset", self.topic)
-        if max_messages < 1:
-            raise ConfigurationError(f"max_messages must be at least 1, got {max_messages!r}")
-        if max_bytes < 1:
-            raise ConfigurationError(f"max_bytes must be at least 1, got {max_bytes!r}")
-        if timeout < 0:
-            raise ConfigurationError(f"timeout must not be negative, got {timeout!r}")
+        check_offset(offset, "offset", self.topic)
+        check_read_limits(self.topic, max_messages=max_messages, max_bytes=max_bytes, timeout=timeout)
         part = self._partition(partition)
         log = self._open()
         try:
@@ -166,15 +169,7 @@ class PullConsumer:
         :raises ConfigurationError: ``timestamp`` is not a number of seconds (a value past the year
             5000 is taken for Kafka's milliseconds and refused rather than answered with None).
         """
-        if not isinstance(timestamp, (int, float)) or isinstance(timestamp, bool) or not math.isfinite(timestamp):
-            raise ConfigurationError(
-                f"timestamp must be seconds since the epoch, got {timestamp!r} for topic {self.topic}"
-            )
-        if timestamp > _LATEST_SECONDS:
-            raise ConfigurationError(
-                f"timestamp {timestamp!r} looks like milliseconds: pass seconds since the epoch "
-                f"({timestamp / 1000!r}) for topic {self.topic}"
-            )
+        check_timestamp(timestamp, self.topic)
         log = self._open()
         return {p: log.offset_for_time(p, timestamp) for p in self.partitions()}
 
@@ -185,7 +180,7 @@ class PullConsumer:
         :raises ConfigurationError: the consumer has no subscription.
         :raises OffsetOutOfRangeError: ``next_offset`` is outside [beginning, end].
         """
-        _check_offset(next_offset, "next_offset", self.topic)
+        check_offset(next_offset, "next_offset", self.topic)
         part = self._partition(partition)
         self._open().commit(self._subscription(), part, next_offset)
 
@@ -230,8 +225,3 @@ class PullConsumer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _check_offset(value: object, name: str, topic: str) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ConfigurationError(f"{name} must be a non-negative int, got {value!r} for topic {topic}")

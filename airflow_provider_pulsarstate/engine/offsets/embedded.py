@@ -42,7 +42,6 @@ from airflow_provider_pulsarstate.engine.errors import (
     ConfigurationError,
     CorruptEntryError,
     MessageNotFoundError,
-    OffsetOutOfRangeError,
     OperationTimeoutError,
     PulsarStateError,
     UnknownOutcomeError,
@@ -58,14 +57,24 @@ from airflow_provider_pulsarstate.engine.offsets.base import (
     format_address,
     parse_address,
 )
+from airflow_provider_pulsarstate.engine.offsets.checks import (
+    check_log_options,
+    check_offset,
+    check_partition_count,
+    check_topic,
+    not_an_address,
+    out_of_range,
+    partition_error,
+    publisher_closed,
+    topic_exists_differently,
+    unknown_topic,
+)
 from airflow_provider_pulsarstate.engine.retry import Backoff
 from airflow_provider_pulsarstate.engine.worker_thread import WorkerThread
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
-# Options PullConsumer passes to every back end; the embedded log reads by position and needs none.
-_POOL_OPTIONS = frozenset({"reader_pool_size", "reader_idle_timeout", "position_cache_size"})
 # A publisher writes its queue once it holds this many messages or bytes.
 _QUEUE_MESSAGES = 1000
 _QUEUE_BYTES = 1 << 20
@@ -128,7 +137,7 @@ def _partition_count(conn: sqlite3.Connection, backend: EmbeddedBackend, topic: 
         return int(row[0])
     if _has_rows(conn, topic):
         return 0
-    raise UnknownTopicError(f"topic {backend.topic_url(topic)} does not exist (create it with create_topic)")
+    raise unknown_topic(backend.topic_url(topic))
 
 
 def _has_rows(conn: sqlite3.Connection, stored: str) -> bool:
@@ -141,17 +150,10 @@ def _has_rows(conn: sqlite3.Connection, stored: str) -> bool:
 def _stored_topic(conn: sqlite3.Connection, backend: EmbeddedBackend, topic: str, partition: int) -> str:
     """The topic partition ``partition`` is stored under; UnknownTopic/PartitionError when absent."""
     count = _partition_count(conn, backend, topic)
-    if count == 0:
-        if partition != 0:
-            raise UnknownPartitionError(
-                f"topic {backend.topic_url(topic)} is not partitioned (use partition 0): no partition {partition}"
-            )
-        return topic
-    if not 0 <= partition < count:
-        raise UnknownPartitionError(
-            f"topic {backend.topic_url(topic)} has partitions 0..{count - 1}: no partition {partition}"
-        )
-    return partition_topic_name(topic, partition)
+    error = partition_error(topic, count, partition)
+    if error is not None:
+        raise error
+    return topic if count == 0 else partition_topic_name(topic, partition)
 
 
 def _offset_range(conn: sqlite3.Connection, stored: str) -> tuple[int, int]:
@@ -164,21 +166,6 @@ def _offset_range(conn: sqlite3.Connection, stored: str) -> tuple[int, int]:
     end = int(last) + 1 if last is not None else trimmed
     beginning = max(int(first) if first is not None else end, trimmed)
     return min(beginning, end), end
-
-
-def _out_of_range(
-    backend: EmbeddedBackend, topic: str, partition: int, offset: int, beginning: int, end: int
-) -> OffsetOutOfRangeError:
-    where = "below the first retained offset (trimmed)" if offset < beginning else "past the end"
-    return OffsetOutOfRangeError(
-        f"offset {offset} of topic {backend.topic_url(topic)} partition {partition} is {where}: "
-        f"the retained range is [{beginning}, {end}] (pass auto_offset_reset='earliest' or 'latest' to reset)",
-        topic=topic,
-        partition=partition,
-        offset=offset,
-        beginning=beginning,
-        end=end,
-    )
 
 
 def _properties(raw: str | None, topic: str, pos: int) -> dict[str, str]:
@@ -202,17 +189,14 @@ class EmbeddedOffsetLog(OffsetLog):
     """
 
     def __init__(self, backend: EmbeddedBackend, topic: str, **options: Any) -> None:
-        unknown = sorted(set(options) - _POOL_OPTIONS)
-        if unknown:
-            raise ConfigurationError(f"unknown option(s) for the offset log of {topic}: {', '.join(unknown)}")
-        if not topic:
-            raise ConfigurationError("topic must not be empty")
+        check_topic(topic)
+        check_log_options(topic, options)
         self.backend = backend
         self.topic = topic
         self._store = _Store(backend)
         backend._track(self)
 
-    def partitions(self) -> int:
+    def _partition_count(self) -> int:
         with self._store.transaction(f"reading the partitions of {self.topic}") as conn:
             return _partition_count(conn, self.backend, self.topic)
 
@@ -220,13 +204,13 @@ class EmbeddedOffsetLog(OffsetLog):
         with self._store.transaction(f"reading the offsets of {self.topic} partition {partition}") as conn:
             return _offset_range(conn, _stored_topic(conn, self.backend, self.topic, partition))
 
-    def beginning_offset(self, partition: int) -> int:
+    def _beginning_offset(self, partition: int) -> int:
         return self._range(partition)[0]
 
-    def end_offset(self, partition: int) -> int:
+    def _end_offset(self, partition: int) -> int:
         return self._range(partition)[1]
 
-    def read(
+    def _read(
         self, partition: int, offset: int, *, max_messages: int, max_bytes: int, timeout: float
     ) -> tuple[list[PulledMessage], int]:
         deadline = time.monotonic() + timeout
@@ -246,7 +230,7 @@ class EmbeddedOffsetLog(OffsetLog):
             stored = _stored_topic(conn, self.backend, self.topic, partition)
             beginning, end = _offset_range(conn, stored)
             if not beginning <= offset <= end:
-                raise _out_of_range(self.backend, self.topic, partition, offset, beginning, end)
+                raise out_of_range(self.topic, partition, offset, beginning, end)
             rows = conn.execute(
                 "SELECT e.pos, e.payload, e.publish_time, m.key, m.properties FROM entries e "
                 "LEFT JOIN entry_meta m ON m.topic = e.topic AND m.pos = e.pos "
@@ -272,7 +256,7 @@ class EmbeddedOffsetLog(OffsetLog):
                 total += size
         return messages, end
 
-    def offset_for_time(self, partition: int, timestamp: float) -> int | None:
+    def _offset_for_time(self, partition: int, timestamp: float) -> int | None:
         with self._store.transaction(f"searching {self.topic} partition {partition} by time") as conn:
             stored = _stored_topic(conn, self.backend, self.topic, partition)
             beginning, end = _offset_range(conn, stored)
@@ -294,12 +278,10 @@ class EmbeddedOffsetLog(OffsetLog):
                     low = middle + 1
             return low
 
-    def read_at(self, address: str, *, timeout: float) -> StoredMessage:
+    def _read_at(self, address: str, *, timeout: float) -> StoredMessage:
         parsed = parse_address(address, EMBEDDED_ADDRESS)
         if parsed is None or not parsed[1].isdigit():
-            raise ConfigurationError(
-                f"{address!r} is not a message address of the embedded log (expected 'e:<partition>:<position>')"
-            )
+            raise not_an_address(address, "the embedded log", "e:<partition>:<position>")
         partition, position = parsed[0], int(parsed[1])
         with self._store.transaction(f"reading message {address} of {self.topic}") as conn:
             try:
@@ -323,7 +305,7 @@ class EmbeddedOffsetLog(OffsetLog):
             )
         return StoredMessage(address, bytes(row[0]), _properties(row[2], stored, position), float(row[1]))
 
-    def commit(self, subscription: str, partition: int, next_offset: int) -> None:
+    def _commit_at(self, subscription: str, partition: int, next_offset: int) -> None:
         with self._store.transaction(
             f"committing offset {next_offset} of {self.topic} partition {partition} for subscription {subscription!r}",
             write=True,
@@ -331,14 +313,14 @@ class EmbeddedOffsetLog(OffsetLog):
             stored = _stored_topic(conn, self.backend, self.topic, partition)
             beginning, end = _offset_range(conn, stored)
             if not beginning <= next_offset <= end:
-                raise _out_of_range(self.backend, self.topic, partition, next_offset, beginning, end)
+                raise out_of_range(self.topic, partition, next_offset, beginning, end, commit=True)
             conn.execute(
                 "INSERT INTO subscriptions(topic, subscription, committed) VALUES (?, ?, ?) "
                 "ON CONFLICT(topic, subscription) DO UPDATE SET committed = excluded.committed",
                 (stored, subscription, next_offset),
             )
 
-    def committed(self, subscription: str, partition: int) -> int | None:
+    def _committed(self, subscription: str, partition: int) -> int | None:
         with self._store.transaction(f"reading the committed offset of {subscription!r} on {self.topic}") as conn:
             stored = _stored_topic(conn, self.backend, self.topic, partition)
             row = conn.execute(
@@ -347,6 +329,7 @@ class EmbeddedOffsetLog(OffsetLog):
         return None if row is None else int(row[0])
 
     def close(self) -> None:
+        self._closed = True
         self._store.close()
         self.backend._untrack(self)
 
@@ -365,8 +348,7 @@ class EmbeddedTopicPublisher(TopicPublisher):
     """
 
     def __init__(self, backend: EmbeddedBackend, topic: str, *, create: bool = False) -> None:
-        if not topic:
-            raise ConfigurationError("topic must not be empty")
+        check_topic(topic)
         self.backend = backend
         self.topic = topic
         self._queue: list[tuple[bytes, str | None, str | None]] = []
@@ -388,30 +370,18 @@ class EmbeddedTopicPublisher(TopicPublisher):
         self._tracked = _OnBackendClose(self)
         backend._track(self._tracked)
 
-    def _check(self, value: Any, key: Any, properties: Any) -> None:
-        if not isinstance(value, (bytes, bytearray, memoryview)):
-            raise ConfigurationError(f"a message to {self.topic} must be bytes, got {type(value).__name__}")
-        if key is not None and not isinstance(key, str):
-            raise ConfigurationError(f"a message key must be a str, got {type(key).__name__} for topic {self.topic}")
-        if properties and (
-            not isinstance(properties, Mapping)
-            or not all(isinstance(k, str) and isinstance(v, str) for k, v in properties.items())
-        ):
-            raise ConfigurationError(f"message properties must map str to str (topic {self.topic})")
-
-    def send(self, value: bytes, *, key: str | None = None, properties: Mapping[str, str] | None = None) -> None:
+    def _send(self, value: bytes, *, key: str | None, properties: Mapping[str, str] | None) -> None:
         with self._enqueued(value, key, properties):
             if len(self._queue) >= _QUEUE_MESSAGES or self._queued_bytes >= _QUEUE_BYTES:
                 self._write(timeout=self.backend.busy_timeout)
 
     @contextlib.contextmanager
     def _enqueued(self, value: bytes, key: str | None, properties: Mapping[str, str] | None) -> Iterator[None]:
-        """Check and queue one message, then run the body under the publisher's lock."""
-        self._check(value, key, properties)
+        """Queue one (checked) message, then run the body under the publisher's lock."""
         encoded = json.dumps(dict(properties), sort_keys=True) if properties else None
         with self._lock:
             if self._closed:
-                raise ClosedError(f"publisher of {self.topic} is closed")
+                raise publisher_closed(self.topic)
             self._queue.append((bytes(value), key, encoded))
             self._queued_bytes += len(value)
             yield
@@ -419,7 +389,7 @@ class EmbeddedTopicPublisher(TopicPublisher):
     def flush(self, *, timeout: float) -> None:
         with self._lock:
             if self._closed:
-                raise ClosedError(f"publisher of {self.topic} is closed")
+                raise publisher_closed(self.topic)
             self._write(timeout=timeout)
 
     def _write(self, *, timeout: float) -> list[tuple[int, int]]:
@@ -502,9 +472,7 @@ class EmbeddedTopicPublisher(TopicPublisher):
         self._queued_bytes = 0
         return list(zip(partitions, placed))
 
-    def publish(
-        self, value: bytes, *, key: str | None = None, properties: Mapping[str, str] | None = None, timeout: float
-    ) -> str:
+    def _publish(self, value: bytes, *, key: str | None, properties: Mapping[str, str] | None, timeout: float) -> str:
         with self._enqueued(value, key, properties):
             try:
                 placed = self._write(timeout=timeout)
@@ -583,19 +551,15 @@ def create_embedded_topic(backend: EmbeddedBackend, topic: str, *, partitions: i
     :raises ConfigurationError: ``partitions`` is negative, or the topic exists with another count
         (a topic that has entries but was never created is non-partitioned).
     """
-    if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 0:
-        raise ConfigurationError(f"partitions must be a non-negative int, got {partitions!r} for topic {topic}")
-    if not topic:
-        raise ConfigurationError("topic must not be empty")
+    check_topic(topic)
+    check_partition_count(partitions, topic)
     store = _Store(backend)
     try:
         with store.transaction(f"creating topic {topic}", write=True) as conn:
             row = conn.execute("SELECT partitions FROM offset_topics WHERE name = ?", (topic,)).fetchone()
             existing = int(row[0]) if row else (0 if _has_rows(conn, topic) else None)
             if existing is not None and existing != partitions:
-                raise ConfigurationError(
-                    f"topic {backend.topic_url(topic)} exists with {existing} partitions, not {partitions}"
-                )
+                raise topic_exists_differently(topic, existing, partitions)
             if row is None:
                 conn.execute("INSERT INTO offset_topics(name, partitions) VALUES (?, ?)", (topic, partitions))
     finally:
@@ -610,8 +574,7 @@ def trim_embedded_topic(backend: EmbeddedBackend, topic: str, before_offset: int
 
     :raises UnknownTopicError, UnknownPartitionError: no such topic or partition.
     """
-    if not isinstance(before_offset, int) or isinstance(before_offset, bool) or before_offset < 0:
-        raise ConfigurationError(f"before_offset must be a non-negative int, got {before_offset!r} for topic {topic}")
+    check_offset(before_offset, "before_offset", topic)
     store = _Store(backend)
     try:
         what = f"trimming {topic} partition {partition} below offset {before_offset}"

@@ -47,25 +47,28 @@ from airflow_provider_pulsarstate.engine.backends import pulsar_compat
 from airflow_provider_pulsarstate.engine.backends.base import partition_topic_name
 from airflow_provider_pulsarstate.engine.backends.pulsar import PulsarBackend, unique_subscription
 from airflow_provider_pulsarstate.engine.errors import (
-    BackendUnavailableError,
     ClosedError,
-    ConfigurationError,
     MessageNotFoundError,
     OffsetError,
     OffsetOutOfRangeError,
     OperationTimeoutError,
-    UnknownPartitionError,
-    UnknownTopicError,
 )
 from airflow_provider_pulsarstate.engine.offsets.base import (
     OffsetLog,
     PulledMessage,
     StoredMessage,
-    TopicPublisher,
-    format_address,
     parse_address,
 )
-from airflow_provider_pulsarstate.engine.offsets.pulsar_http import PULSAR_ADDRESS
+from airflow_provider_pulsarstate.engine.offsets.checks import (
+    check_log_options,
+    check_topic,
+    log_closed,
+    not_an_address,
+    out_of_range,
+    partition_error,
+    unknown_topic,
+)
+from airflow_provider_pulsarstate.engine.offsets.pulsar_http import PULSAR_ADDRESS, PULSAR_ADDRESS_FORM
 from airflow_provider_pulsarstate.engine.offsets.pulsar_index import (
     COMMITTED_PROPERTY,
     MESSAGE_ID_HEADER,
@@ -79,6 +82,12 @@ from airflow_provider_pulsarstate.engine.offsets.pulsar_index import (
     parse_entry_id,
     parse_position,
     partition_topic,
+)
+from airflow_provider_pulsarstate.engine.offsets.pulsar_publisher import (
+    PulsarTopicPublisher,
+    close_quietly,
+    create_pulsar_topic,
+    delete_pulsar_topic_if_last,
 )
 from airflow_provider_pulsarstate.engine.retry import Backoff
 
@@ -177,11 +186,18 @@ class PulsarOffsetLog(OffsetLog):
         reader_pool_size: int = 8,
         reader_idle_timeout: float = 300.0,
         position_cache_size: int = 1000,
+        **unknown: Any,
     ) -> None:
-        if reader_pool_size < 1 or position_cache_size < 1 or reader_idle_timeout <= 0:
-            raise ConfigurationError(
-                "reader_pool_size and position_cache_size must be at least 1 and reader_idle_timeout positive"
-            )
+        check_topic(topic)
+        check_log_options(
+            topic,
+            {
+                "reader_pool_size": reader_pool_size,
+                "reader_idle_timeout": reader_idle_timeout,
+                "position_cache_size": position_cache_size,
+                **unknown,
+            },
+        )
         self.topic = topic
         self._backend = backend
         self._admin = backend.admin
@@ -203,7 +219,7 @@ class PulsarOffsetLog(OffsetLog):
         return f"PulsarOffsetLog({self.topic!r})"
 
     # -- topic and partitions -----------------------------------------------------------------
-    def partitions(self) -> int:
+    def _partition_count(self) -> int:
         self._check_open()
         now = time.monotonic()
         cached = self._partitions
@@ -211,22 +227,19 @@ class PulsarOffsetLog(OffsetLog):
             return cached[1]
         count = self._admin.partition_count(self.topic)
         if count is None:
-            raise UnknownTopicError(
-                f"topic {self.topic} does not exist on {self._backend.topic_url(self.topic)}; create it first "
-                "(create_topic), nothing here creates it"
-            )
+            raise unknown_topic(self._backend.topic_url(self.topic))
         self._partitions = (now, count)
         return count
 
     def _ptopic(self, partition: int) -> str:
         count = self.partitions()
-        if (count == 0 and partition != 0) or (count and not 0 <= partition < count):
-            have = "is not partitioned (partition 0)" if count == 0 else f"has partitions 0..{count - 1}"
-            raise UnknownPartitionError(f"topic {self.topic} {have}: no partition {partition}")
+        error = partition_error(self.topic, count, partition)
+        if error is not None:
+            raise error
         return partition_topic(self.topic, count, partition)
 
     # -- offsets --------------------------------------------------------------------------------
-    def beginning_offset(self, partition: int) -> int:
+    def _beginning_offset(self, partition: int) -> int:
         pt = self._ptopic(partition)
         headers = self._admin.examine_message(pt, "earliest")
         if headers is None:
@@ -234,7 +247,7 @@ class PulsarOffsetLog(OffsetLog):
         last, count = parse_entry_headers(headers, pt)
         return last - count + 1
 
-    def end_offset(self, partition: int) -> int:
+    def _end_offset(self, partition: int) -> int:
         pt = self._ptopic(partition)
         headers = self._admin.examine_message(pt, "latest")
         end = self._empty_end(pt) if headers is None else parse_entry_headers(headers, pt)[0] + 1
@@ -245,16 +258,9 @@ class PulsarOffsetLog(OffsetLog):
         """No message retained: the offset after the last one ever written (0 for a new topic)."""
         return last_index_property(self._admin.internal_stats(pt)) + 1
 
-    def _out_of_range(self, partition: int, offset: int, what: str = "offset") -> OffsetOutOfRangeError:
+    def _out_of_range(self, partition: int, offset: int) -> OffsetOutOfRangeError:
         beginning, end = self.beginning_offset(partition), self.end_offset(partition)
-        return OffsetOutOfRangeError(
-            f"{what} {offset} is outside the retained range [{beginning}, {end}] of {self.topic} partition {partition}",
-            topic=self.topic,
-            partition=partition,
-            offset=offset,
-            beginning=beginning,
-            end=end,
-        )
+        return out_of_range(self.topic, partition, offset, beginning, end)
 
     def _entry_ref(self, pt: str, ledger: int, entry: int) -> EntryRef | None:
         headers = self._admin.entry_headers(pt, ledger, entry)
@@ -326,7 +332,7 @@ class PulsarOffsetLog(OffsetLog):
                 cache.popitem(last=False)
 
     # -- reading --------------------------------------------------------------------------------
-    def read(
+    def _read(
         self, partition: int, offset: int, *, max_messages: int, max_bytes: int, timeout: float
     ) -> tuple[list[PulledMessage], int]:
         pt = self._ptopic(partition)
@@ -380,8 +386,8 @@ class PulsarOffsetLog(OffsetLog):
                 self._live.add(cursor)
                 self.readers_created += 1
         if closed:
-            _close_quietly(reader)
-            raise ClosedError(f"offset log of {self.topic} is closed")
+            close_quietly(reader)
+            raise log_closed(self.topic)
         return cursor
 
     def _fill(
@@ -501,16 +507,16 @@ class PulsarOffsetLog(OffsetLog):
         except pulsar.PulsarException as exc:
             raise self._backend._unreachable("checking the tail of", cursor.topic, exc) from exc
         if in_flight:
-            msg = self._read(cursor, max(1, int(self._backend.config.operation_timeout * 1000)))
+            msg = self._read_cursor(cursor, max(1, int(self._backend.config.operation_timeout * 1000)))
             if msg is not None:
                 return msg
         if first:
             remaining = deadline - time.monotonic()
             if remaining > 0:
-                return self._read(cursor, max(1, int(remaining * 1000)))
+                return self._read_cursor(cursor, max(1, int(remaining * 1000)))
         return None
 
-    def _read(self, cursor: _Cursor, timeout_ms: int) -> Any:
+    def _read_cursor(self, cursor: _Cursor, timeout_ms: int) -> Any:
         raw_reader = pulsar_compat.raw_reader(cursor.reader, cursor.reader)
         try:
             return raw_reader.read_next(timeout_ms)
@@ -575,7 +581,7 @@ class PulsarOffsetLog(OffsetLog):
                     continue
                 except pulsar.PulsarException:
                     pass
-            _close_quietly(cursor.reader)
+            close_quietly(cursor.reader)
 
     def pooled_readers(self) -> dict[int, list[int]]:
         """The pooled readers' next offsets per partition (oldest first), for tests and debugging."""
@@ -588,7 +594,7 @@ class PulsarOffsetLog(OffsetLog):
             return len(self._live)
 
     # -- time search ----------------------------------------------------------------------------
-    def offset_for_time(self, partition: int, timestamp: float) -> int | None:
+    def _offset_for_time(self, partition: int, timestamp: float) -> int | None:
         """The first offset whose ``publish_time`` is >= ``timestamp``, or None past the end.
 
         The broker's ``messageid/{ms}`` searches by its own entry timestamp, which is later than the
@@ -634,11 +640,11 @@ class PulsarOffsetLog(OffsetLog):
             offset = messages[-1].offset + 1
 
     # -- commits --------------------------------------------------------------------------------
-    def commit(self, subscription: str, partition: int, next_offset: int) -> None:
+    def _commit_at(self, subscription: str, partition: int, next_offset: int) -> None:
         pt = self._ptopic(partition)
         beginning, end = self.beginning_offset(partition), self.end_offset(partition)
         if not beginning <= next_offset <= end:
-            raise self._out_of_range(partition, next_offset, "commit offset")
+            raise out_of_range(self.topic, partition, next_offset, beginning, end, commit=True)
         target = self._cursor_target(partition, pt, next_offset, beginning, end)
         with self._commit_lock(subscription, partition):
             deadline = time.monotonic() + self._backend.config.operation_timeout
@@ -700,7 +706,7 @@ class PulsarOffsetLog(OffsetLog):
             return {"ledger": ref.ledger, "entry": ref.entry, "excluded": True}
         return {"ledger": ref.ledger, "entry": ref.entry, "batch_index": next_offset - ref.first}
 
-    def committed(self, subscription: str, partition: int) -> int | None:
+    def _committed(self, subscription: str, partition: int) -> int | None:
         pt = self._ptopic(partition)
         properties = self._admin.subscription_properties(pt, subscription)
         if properties is None:
@@ -721,7 +727,7 @@ class PulsarOffsetLog(OffsetLog):
         return self.beginning_offset(partition)
 
     # -- one message by address ------------------------------------------------------------
-    def read_at(self, address: str, *, timeout: float) -> StoredMessage:
+    def _read_at(self, address: str, *, timeout: float) -> StoredMessage:
         """A short-lived reader placed inclusively at the message id (no index look-up, nothing
         before it is read); an id nothing is at answers at once (the reader's tail check), not
         after ``timeout``."""
@@ -745,7 +751,7 @@ class PulsarOffsetLog(OffsetLog):
         except pulsar.PulsarException as exc:
             raise self._backend._unreachable("reading", pt, exc) from exc
         finally:
-            _close_quietly(reader)
+            close_quietly(reader)
         got = msg.message_id()
         if (got.ledger_id(), got.entry_id()) != where[:2] or (where[2] >= 0 and got.batch_index() != where[2]):
             raise self._not_found(address, pt, f"the message there is gone (read {got} instead: trimmed?)")
@@ -761,7 +767,7 @@ class PulsarOffsetLog(OffsetLog):
 
     def _check_open_locked(self) -> None:
         if self._closed:
-            raise ClosedError(f"offset log of {self.topic} is closed")
+            raise log_closed(self.topic)
 
     def close(self) -> None:
         with self._lock:
@@ -773,147 +779,7 @@ class PulsarOffsetLog(OffsetLog):
             self._pools.clear()
             self._positions.clear()
         for cursor in cursors:
-            _close_quietly(cursor.reader)
-
-
-class PulsarTopicPublisher(TopicPublisher):
-    """Plain messages to an existing topic (partitioned: routed by key, round robin without one).
-
-    :param batching: let the client batch messages into entries (several offsets per entry).
-    :param chunking: split a message over the broker's size limit into chunks (no batching then);
-        :meth:`OffsetLog.read_at` reads it whole.
-    :param create: create a missing (non-partitioned) topic instead of raising; the existence check
-        over the admin API is skipped (the broker creates the topic on first use, or it is created
-        over the admin API when the namespace forbids that).
-    :raises UnknownTopicError: the topic does not exist (create it with ``create_topic``).
-    """
-
-    def __init__(
-        self, backend: PulsarBackend, topic: str, *, batching: bool = True, chunking: bool = False, create: bool = False
-    ) -> None:
-        self.topic = topic
-        self._backend = backend
-        if not create and backend.admin.partition_count(topic) is None:
-            raise UnknownTopicError(
-                f"topic {topic} does not exist on {backend.topic_url(topic)}; create it first (create_topic)"
-            )
-        self._cond = threading.Condition()
-        self._pending = 0
-        self._error: str | None = None
-        options: dict[str, Any] = dict(
-            batching_enabled=batching and not chunking,
-            chunking_enabled=chunking,
-            batching_max_publish_delay_ms=5,
-            block_if_queue_full=True,
-            send_timeout_millis=max(1, int(backend.config.operation_timeout * 1000)),
-        )
-        try:
-            try:
-                self._producer: pulsar.Producer | None = backend.client.create_producer(topic, **options)
-            except pulsar.TopicNotFound:
-                if not create:
-                    raise
-                # The namespace does not create topics on first use: create it over the admin API.
-                create_pulsar_topic(backend, topic)
-                self._producer = backend.client.create_producer(topic, **options)
-        except pulsar.PulsarException as exc:
-            raise backend._unreachable("creating a producer of", topic, exc) from exc
-
-    def send(self, value: bytes, *, key: str | None = None, properties: Mapping[str, str] | None = None) -> None:
-        self._check(value, key, properties)
-        producer = self._producer
-        if producer is None:
-            raise ClosedError(f"publisher of {self.topic} is closed")
-        with self._cond:
-            if self._error is not None:
-                raise BackendUnavailableError(f"an earlier send to {self.topic} failed: {self._error}")
-            self._pending += 1
-        kwargs: dict[str, Any] = {}
-        if key is not None:
-            kwargs["partition_key"] = key
-        if properties:
-            kwargs["properties"] = dict(properties)
-        try:
-            producer.send_async(bytes(value), self._sent, **kwargs)
-        except pulsar.PulsarException as exc:
-            self._sent(None, None)
-            raise self._backend._unreachable("sending to", self.topic, exc) from exc
-
-    def publish(
-        self, value: bytes, *, key: str | None = None, properties: Mapping[str, str] | None = None, timeout: float
-    ) -> str:
-        self._check(value, key, properties)
-        producer = self._producer
-        if producer is None:
-            raise ClosedError(f"publisher of {self.topic} is closed")
-        done = threading.Event()
-        outcome: list[Any] = []
-
-        def sent(result: Any, msg_id: Any) -> None:  # must not raise: the client would abort the process
-            outcome[:] = [result, msg_id]
-            done.set()
-
-        kwargs: dict[str, Any] = {"partition_key": key} if key is not None else {}
-        if properties:
-            kwargs["properties"] = dict(properties)
-        try:
-            producer.send_async(bytes(value), sent, **kwargs)
-        except pulsar.PulsarException as exc:
-            raise self._backend._unreachable("sending to", self.topic, exc) from exc
-        if not done.wait(timeout):
-            raise OperationTimeoutError(f"a message to {self.topic} was not acknowledged within {timeout:.1f}s")
-        result, msg_id = outcome
-        if result == pulsar.Result.Timeout:
-            raise OperationTimeoutError(f"a message to {self.topic} was not acknowledged in time (it may still land)")
-        if result != pulsar.Result.Ok:
-            raise BackendUnavailableError(f"sending to {self.topic} failed: {result}")
-        partition = max(int(msg_id.partition()), 0)
-        return format_address(PULSAR_ADDRESS, partition, base64.b64encode(msg_id.serialize()).decode())
-
-    def _check(self, value: Any, key: Any, properties: Any) -> None:
-        if not isinstance(value, (bytes, bytearray, memoryview)):
-            raise ConfigurationError(f"message value must be bytes, got {type(value).__name__} for topic {self.topic}")
-        if key is not None and not isinstance(key, str):
-            raise ConfigurationError(
-                f"message key must be a str or None, got {type(key).__name__} for topic {self.topic}"
-            )
-        if properties is not None and (
-            not isinstance(properties, Mapping)
-            or not all(isinstance(k, str) and isinstance(v, str) for k, v in properties.items())
-        ):
-            raise ConfigurationError(
-                f"message properties must map str to str, got {properties!r} for topic {self.topic}"
-            )
-
-    def _sent(self, result: Any, _msg_id: Any) -> None:
-        with self._cond:
-            self._pending -= 1
-            if result != pulsar.Result.Ok and self._error is None:
-                self._error = str(result)
-            self._cond.notify_all()
-
-    def flush(self, *, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while self._pending and self._error is None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise OperationTimeoutError(
-                        f"{self._pending} messages to {self.topic} not acknowledged within {timeout:.1f}s"
-                    )
-                self._cond.wait(remaining)
-            if self._error is not None:
-                raise BackendUnavailableError(f"a send to {self.topic} failed: {self._error}")
-
-    def close(self) -> None:
-        producer = self._producer
-        if producer is None:
-            return
-        try:
-            self.flush(timeout=self._backend.config.operation_timeout)
-        finally:
-            self._producer = None
-            _close_quietly(producer)
+            close_quietly(cursor.reader)
 
 
 def _message_id_of(address: str) -> Any:
@@ -923,53 +789,11 @@ def _message_id_of(address: str) -> Any:
             raise ValueError("not p:<partition>:<base64>")
         return pulsar.MessageId.deserialize(base64.b64decode(parsed[1], validate=True))
     except Exception as exc:
-        raise ConfigurationError(
-            f"{address!r} is not a message address of Pulsar (expected 'p:<partition>:<base64 message id>')"
-        ) from exc
-
-
-def delete_pulsar_topic_if_last(backend: PulsarBackend, topic: str, last: bytes | None, *, timeout: float) -> bool:
-    """Delete a non-partitioned topic only if its last entry is still ``last`` (None: empty) and no
-    producer or reader is connected to it (the broker refuses a non-forced deletion then: a process
-    that just published keeps its producer open, so its message is not lost). Returns whether deleted."""
-    entry = backend.read_last(topic, timeout=timeout)
-    now = None if entry is None else backend.encode_position(entry.position)
-    if now != last:
-        return False
-    resp = backend.admin.request(
-        "DELETE", backend.admin.topic_path(topic), ok=(200, 204, 404, 412), params={"force": "false"}
-    )
-    return resp.status_code != 412
-
-
-def create_pulsar_topic(backend: PulsarBackend, topic: str, *, partitions: int = 0) -> None:
-    """Create ``topic`` (``partitions`` > 0: partitioned); an identical existing one is fine.
-
-    :raises ConfigurationError: it exists with another partition count, or ``partitions`` < 0.
-    """
-    if not isinstance(partitions, int) or partitions < 0:
-        raise ConfigurationError(f"partitions must be a non-negative int, got {partitions!r}")
-    admin = backend.admin
-    for _attempt in range(2):
-        existing = admin.partition_count(topic)
-        if existing is not None:
-            if existing != partitions:
-                raise ConfigurationError(f"topic {topic} exists with {existing} partitions, not {partitions}")
-            return
-        if partitions:
-            created = admin.create_partitioned_topic(topic, partitions)
-        else:
-            created = admin.create_non_partitioned_topic(topic)
-        if created:
-            return
+        raise not_an_address(address, "Pulsar", PULSAR_ADDRESS_FORM) from exc
 
 
 def _ignore(*_args: Any) -> None:
     pass
 
 
-def _close_quietly(resource: Any) -> None:
-    try:
-        resource.close()
-    except pulsar.PulsarException:
-        pass
+__all__ = ["PulsarOffsetLog", "PulsarTopicPublisher", "create_pulsar_topic", "delete_pulsar_topic_if_last"]

@@ -16,8 +16,8 @@ import httpx
 
 from airflow_provider_pulsarstate.engine.backends.admin_async import AsyncPulsarAdmin
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
-from airflow_provider_pulsarstate.engine.errors import UnknownTopicError
 from airflow_provider_pulsarstate.engine.offsets.base import AsyncOffsetProbe
+from airflow_provider_pulsarstate.engine.offsets.checks import unknown_topic
 from airflow_provider_pulsarstate.engine.offsets.pulsar_index import (
     cursor_positions,
     last_index_property,
@@ -56,7 +56,7 @@ class PulsarAsyncOffsetProbe(AsyncOffsetProbe):
     async def _partition_topics(self, topic: str) -> dict[int, str]:
         resp = await self._request("GET", f"{topic_path(topic)}/partitions", ok=(200, 404))
         if resp.status_code == 404:
-            raise UnknownTopicError(f"topic {topic} does not exist on {self._shown}")
+            raise unknown_topic(f"{topic} (broker {self._shown})")
         count = int(resp.json().get("partitions", 0))
         return {p: partition_topic(topic, count, p) for p in (range(count) if count else [0])}
 

@@ -34,6 +34,7 @@ from airflow_provider_pulsarstate.engine.backends.admin import PulsarAdmin
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig, redact_url
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError, MessageNotFoundError
 from airflow_provider_pulsarstate.engine.offsets.base import StoredMessage, format_address, parse_address
+from airflow_provider_pulsarstate.engine.offsets.checks import not_an_address
 from airflow_provider_pulsarstate.engine.offsets.pulsar_index import read_varint
 
 HTTP_MESSAGE_MAX_BYTES = (1 << 20) + (64 << 10)
@@ -42,6 +43,7 @@ header line); larger ones go through a producer, which chunks what is over the b
 PULSAR_ADDRESS = "p"
 """Addresses on Pulsar: ``p:<partition>:<base64 of the serialized MessageId>`` (partition -1 is
 encoded as 0; the id itself says whether the topic is partitioned)."""
+PULSAR_ADDRESS_FORM = "p:<partition>:<base64 message id>"
 _EXPECTED_HEADERS = ("X-Pulsar-Message-ID",)
 _NOT_PLAIN_HEADERS = ("X-Pulsar-num-chunks-from-msg", "X-Pulsar-chunk-id", "X-Pulsar-num-batch-message")
 _MAX_REDIRECTS = 3
@@ -118,9 +120,7 @@ def plain_id_of(address: str) -> tuple[int, int, int] | None:
             raise ValueError
         raw = base64.b64decode(parsed[1], validate=True)
     except ValueError:
-        raise ConfigurationError(
-            f"{address!r} is not a message address of Pulsar (expected 'p:<partition>:<base64 message id>')"
-        ) from None
+        raise not_an_address(address, "Pulsar", PULSAR_ADDRESS_FORM) from None
     decoded = decode_message_id(raw)
     if decoded is None or decoded[3] != -1:
         return None
