@@ -8,15 +8,15 @@ counted or listed (a map holding keys of another scope shows none of them). A ma
 not exist is reported as absent (counts) or :class:`~.state_reader.TopicMissingError` (entries)
 before anything opens a reader on it, so asking creates nothing. Nothing here writes.
 
-Counts and sizes (bytes as stored, record header included) are cached per map and log offset: a
-request after the map is loaded costs a catch-up with the log's tail and, when nothing changed, a
-dictionary look-up. Values come only from :func:`entries` with ``values=True``; the API asks the
+Counts and sizes (bytes as stored, record header included) and the sorted keys of a scope are
+cached per map and log offset: a request after the map is loaded costs a catch-up with the log's
+tail and, when nothing changed, a dictionary look-up (counts) or a binary search (a page). Values come only from :func:`entries` with ``values=True``; the API asks the
 auth manager before calling it.
 """
 
 from __future__ import annotations
 
-import heapq
+import bisect
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -42,6 +42,8 @@ STORES = ("xcom", "task_state")
 _DIGEST_CHARS = 32  # of every scope map's topic name: <base>-<namespace>-<kind><digest>
 _CACHE_SIZE = 256
 _cache: OrderedDict[tuple[str, str], tuple[int, dict[str, Any]]] = OrderedDict()
+_KEY_CACHE_SIZE = 16  # sorted key lists (one per map shown recently): the bigger memory
+_key_cache: OrderedDict[tuple[str, str], tuple[int, list[str]]] = OrderedDict()
 _cache_lock = threading.Lock()
 
 
@@ -187,6 +189,26 @@ def asset_summary(hook: PulsarStateHook, name: str) -> dict[str, Any]:
     return {"name": name, **described}
 
 
+def _sorted_keys(target: _Target, table: Any) -> list[str]:
+    """The target's keys in order, kept per map and log offset (a page is then a binary search)."""
+    manager = table.manager
+    offset = manager.read(lambda m: manager.applied_offset, latest=True)
+    cache_key = (target.topic, "keys:" + target.prefix)
+    with _cache_lock:
+        hit = _key_cache.get(cache_key)
+        if hit is not None and hit[0] == offset:
+            _key_cache.move_to_end(cache_key)
+            return hit[1]
+    prefix = target.prefix
+    offset, ordered = manager.read(lambda m: (manager.applied_offset, sorted(k for k in m if k.startswith(prefix))))
+    with _cache_lock:
+        _key_cache[cache_key] = (offset, ordered)
+        _key_cache.move_to_end(cache_key)
+        while len(_key_cache) > _KEY_CACHE_SIZE:
+            _key_cache.popitem(last=False)
+    return ordered
+
+
 def _page(
     hook: PulsarStateHook, target: _Target, *, cursor: str | None, limit: int, values: bool, row: Callable[..., Any]
 ) -> dict[str, Any]:
@@ -197,9 +219,9 @@ def _page(
     prefix = target.prefix
     after = prefix + cursor if cursor is not None else ""
     with target.borrow() as table:
-        keys = table.manager.read(
-            lambda m: heapq.nsmallest(limit + 1, (k for k in m if k.startswith(prefix) and k > after)), latest=True
-        )
+        ordered = _sorted_keys(target, table)
+        start = bisect.bisect_right(ordered, after) if after else 0
+        keys = ordered[start : start + limit + 1]
         page = keys[:limit]
         rows = [row(k[len(prefix) :], table.get(k), values) for k in page]
     return {

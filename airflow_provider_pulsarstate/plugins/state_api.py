@@ -216,6 +216,12 @@ def create_app() -> FastAPI:
                 hook, _topic(topic) if topic is not None else None, name=name, limit=limit
             )
 
+    @app.get(base + "/leadership", dependencies=access)
+    def leadership(connection_id: str, topic: str) -> dict[str, Any]:
+        """The exclusive producer (held, name, epoch) of each partition of ``topic``."""
+        with _hook(connection_id) as hook:
+            return state_reader.leadership(hook, _topic(topic))
+
     maps = base + "/maps"
     xcom_access = [*access, _xcom_access()]
 

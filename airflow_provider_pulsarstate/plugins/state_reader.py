@@ -219,3 +219,14 @@ def lease_transitions(hook: PulsarStateHook, topic: str | None, *, name: str | N
     with hook.shared_leases(full) as log:
         found = log.transitions(name, limit=limit)
     return {"topic": full, "transitions": [t.as_dict() for t in found]}
+
+
+def leadership(hook: PulsarStateHook, topic: str) -> dict[str, Any]:
+    """The exclusive producer of each partition of ``topic`` (any topic: a table, a watched source):
+    held or not, its name and its epoch (the broker's fencing counter)."""
+    full = existing_topic(hook, topic)
+    partitions = [
+        {"partition": w.partition, "held": w.has_leader, "holder": w.writer_name, "epoch": w.epoch}
+        for w in hook.get_leadership(full)
+    ]
+    return {"topic": full, "partitions": partitions, "held": any(p["held"] for p in partitions)}

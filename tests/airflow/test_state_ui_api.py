@@ -488,3 +488,15 @@ def test_bad_map_input_is_a_400_naming_the_field(
     answer = admin.get(api(deployment, path), params=params, timeout=30)
     assert answer.status_code == 400, (answer.status_code, answer.text)
     assert answer.json()["detail"].startswith(field + ":"), answer.text
+
+
+def test_leadership_of_any_topic(deployment: tuple[AirflowProcesses, dict[str, Any]], admin: requests.Session) -> None:
+    for topic in (TABLE, SOURCE):
+        answer = admin.get(api(deployment, "/leadership"), params={"topic": topic}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        assert body["topic"].endswith("/" + topic) and body["held"] is False  # the writing process is gone
+        (partition,) = body["partitions"]
+        if topic == TABLE:  # its writer held it exclusively once: the epoch says so
+            assert partition["epoch"] is not None and partition["epoch"] >= 0
+    assert admin.get(api(deployment, "/leadership"), params={"topic": "no-such-topic"}, timeout=60).status_code == 404
