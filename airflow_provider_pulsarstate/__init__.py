@@ -76,7 +76,7 @@ if _typing.TYPE_CHECKING:
         create_topic,
         open_publisher,
     )
-    from airflow_provider_pulsarstate.engine.recipes.lease import Lease, LeaseInfo, LeaseKeeper, Leases
+    from airflow_provider_pulsarstate.engine.recipes.lease import Lease, LeaseInfo, LeaseKeeper, Leases, LeaseTransition
     from airflow_provider_pulsarstate.engine.recipes.map import MapChange, PulsarMap
     from airflow_provider_pulsarstate.engine.recipes.table import (
         StateTable,
@@ -149,7 +149,7 @@ _LAZY: dict[str, str] = {
         ("PulledMessage", "PullConsumer", "PullResult", "TopicPublisher", "create_topic", "open_publisher"),
         "engine.offsets",
     ),
-    **dict.fromkeys(("Lease", "LeaseInfo", "LeaseKeeper", "Leases"), "engine.recipes.lease"),
+    **dict.fromkeys(("Lease", "LeaseInfo", "LeaseKeeper", "Leases", "LeaseTransition"), "engine.recipes.lease"),
     **dict.fromkeys(("MapChange", "PulsarMap"), "engine.recipes.map"),
     **dict.fromkeys(
         ("StateTable", "TableChange", "ViewInfo", "ViewPlan", "ViewResult", "ViewStager", "register_scope_predicate"),

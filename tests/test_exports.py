@@ -39,6 +39,7 @@ EXPECTED = {
     "LeaseInfo",
     "LeaseKeeper",
     "Leases",
+    "LeaseTransition",
     # Offsets
     "PullConsumer",
     "PullResult",

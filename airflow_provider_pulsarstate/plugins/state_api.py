@@ -27,8 +27,8 @@ from airflow_provider_pulsarstate.engine.errors import (
     PulsarStateError,
 )
 from airflow_provider_pulsarstate.hooks.airflow_internals import server_context
-from airflow_provider_pulsarstate.plugins import state_reader
-from airflow_provider_pulsarstate.plugins.state_reader import MAX_PAGE_ROWS, TopicMissingError
+from airflow_provider_pulsarstate.plugins import maps_reader, state_reader
+from airflow_provider_pulsarstate.plugins.state_reader import MAX_PAGE_ROWS, MAX_TRANSITIONS, TopicMissingError
 
 URL_PREFIX = "/pulsarstate"
 """Where the API server mounts this app (``/pulsarstate/api/...``, the page at ``/pulsarstate/``)."""
@@ -36,6 +36,24 @@ URL_PREFIX = "/pulsarstate"
 MAX_PREFIX_CHARS = 512
 MAX_CURSOR_CHARS = 1024
 MAX_TOPIC_CHARS = 512
+MAX_ID_CHARS = 250  # Airflow's own bound on dag, run and task ids (the dag_run columns)
+MAX_ASSET_NAME_CHARS = 1500
+MAX_RUNS = 100
+
+
+def _xcom_access() -> Any:
+    """Reading the XComs of the DAG named by the ``dag_id`` path parameter
+    (``is_authorized_dag`` with ``DagAccessEntity.XCOM``), as Airflow's own XCom routes check it."""
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+    from airflow.api_fastapi.core_api.security import requires_access_dag
+
+    return Depends(requires_access_dag("GET", DagAccessEntity.XCOM))
+
+
+def _asset_access() -> Any:
+    from airflow.api_fastapi.core_api.security import requires_access_asset
+
+    return Depends(requires_access_asset("GET"))
 
 
 def _connection_access() -> Any:
@@ -89,6 +107,25 @@ def _hook(connection_id: str, *, field: str = "topic") -> Iterator[Any]:
             raise HTTPException(status_code=500, detail=f"{type(exc).__name__}: {exc}") from exc
         finally:
             hook.close()
+
+
+def _id(field: str, value: str, limit: int = MAX_ID_CHARS) -> str:
+    _check_text(field, value, limit)
+    if not value.strip():
+        raise _bad(field, "must not be empty")
+    return value
+
+
+def _store(store: str) -> str:
+    if store not in maps_reader.STORES:
+        raise _bad("store", f"must be one of {', '.join(maps_reader.STORES)}, got {store[:40]!r}")
+    return store
+
+
+def _page_args(cursor: str | None, limit: int) -> None:
+    _check_text("cursor", cursor, MAX_CURSOR_CHARS)
+    if not 1 <= limit <= MAX_PAGE_ROWS:
+        raise _bad("limit", f"must be between 1 and {MAX_PAGE_ROWS}, got {limit}")
 
 
 def _topic(topic: str) -> str:
@@ -164,6 +201,102 @@ def create_app() -> FastAPI:
         """Every lease of the lease log ``topic`` (default: the provider's lease log)."""
         with _hook(connection_id) as hook:
             return state_reader.leases(hook, _topic(topic) if topic is not None else None)
+
+    @app.get(base + "/leases/transitions", dependencies=access)
+    def lease_transitions(
+        connection_id: str, topic: str | None = None, name: str | None = None, limit: int = 100
+    ) -> dict[str, Any]:
+        """Recent holder changes of the lease log ``topic`` (of lease ``name``, or all), newest first."""
+        if name is not None:
+            _id("name", name, MAX_TOPIC_CHARS)
+        if not 1 <= limit <= MAX_TRANSITIONS:
+            raise _bad("limit", f"must be between 1 and {MAX_TRANSITIONS}, got {limit}")
+        with _hook(connection_id) as hook:
+            return state_reader.lease_transitions(
+                hook, _topic(topic) if topic is not None else None, name=name, limit=limit
+            )
+
+    @app.get(base + "/leadership", dependencies=access)
+    def leadership(connection_id: str, topic: str) -> dict[str, Any]:
+        """The exclusive producer (held, name, epoch) of each partition of ``topic``."""
+        with _hook(connection_id) as hook:
+            return state_reader.leadership(hook, _topic(topic))
+
+    maps = base + "/maps"
+    xcom_access = [*access, _xcom_access()]
+
+    @app.get(maps + "/dags/{dag_id}/runs", dependencies=access)
+    def dag_runs(connection_id: str, dag_id: str, limit: int = 25, cursor: int | None = None) -> dict[str, Any]:
+        """The DAG's newest runs (metadata DB) with entries and bytes of their XCom and task-state maps;
+        ``cursor``: the ``next_cursor`` of the previous page. No values."""
+        from airflow_provider_pulsarstate.xcom.metadata_db import recent_runs
+
+        _id("dag_id", dag_id)
+        if not 1 <= limit <= MAX_RUNS:
+            raise _bad("limit", f"must be between 1 and {MAX_RUNS}, got {limit}")
+        if cursor is not None and cursor < 1:
+            raise _bad("cursor", "must be the next_cursor of the previous page")
+        runs = recent_runs(dag_id, limit=limit + 1, before_id=cursor)
+        page = runs[:limit]
+        with _hook(connection_id, field="dag_id") as hook:
+            answer = maps_reader.dag_runs(hook, dag_id, page)
+        answer["next_cursor"] = page[-1]["id"] if len(runs) > limit else None
+        return answer
+
+    @app.get(maps + "/dags/{dag_id}/run", dependencies=access)
+    def run_maps(connection_id: str, dag_id: str, run_id: str) -> dict[str, Any]:
+        """Entries and bytes (per task) of one run's XCom map and task-state map. No values."""
+        _id("dag_id", dag_id)
+        _id("run_id", run_id)
+        with _hook(connection_id, field="run_id") as hook:
+            return maps_reader.run_summary(hook, dag_id, run_id)
+
+    @app.get(maps + "/dags/{dag_id}/run/entries", dependencies=access)
+    def run_entries(
+        connection_id: str, dag_id: str, run_id: str, store: str = "xcom", cursor: str | None = None, limit: int = 50
+    ) -> dict[str, Any]:
+        """One page of a run's entries of ``store`` (task, map index, key, size, type, time): no values."""
+        _id("dag_id", dag_id)
+        _id("run_id", run_id)
+        _store(store)
+        _page_args(cursor, limit)
+        with _hook(connection_id, field="run_id") as hook:
+            return maps_reader.run_entries(hook, dag_id, run_id, store=store, cursor=cursor, limit=limit, values=False)
+
+    @app.get(maps + "/dags/{dag_id}/run/values", dependencies=xcom_access)
+    def run_values(
+        connection_id: str, dag_id: str, run_id: str, store: str = "xcom", cursor: str | None = None, limit: int = 50
+    ) -> dict[str, Any]:
+        """The page of :func:`run_entries` with the values: only for users who may read the DAG's XComs."""
+        _id("dag_id", dag_id)
+        _id("run_id", run_id)
+        _store(store)
+        _page_args(cursor, limit)
+        with _hook(connection_id, field="run_id") as hook:
+            return maps_reader.run_entries(hook, dag_id, run_id, store=store, cursor=cursor, limit=limit, values=True)
+
+    @app.get(maps + "/asset", dependencies=access)
+    def asset_map(connection_id: str, name: str) -> dict[str, Any]:
+        """Entries and bytes of an asset's state map (by asset name). No values."""
+        _id("name", name, MAX_ASSET_NAME_CHARS)
+        with _hook(connection_id, field="name") as hook:
+            return maps_reader.asset_summary(hook, name)
+
+    @app.get(maps + "/asset/entries", dependencies=access)
+    def asset_entries(connection_id: str, name: str, cursor: str | None = None, limit: int = 50) -> dict[str, Any]:
+        """One page of an asset's state keys (size, expiry): no values."""
+        _id("name", name, MAX_ASSET_NAME_CHARS)
+        _page_args(cursor, limit)
+        with _hook(connection_id, field="name") as hook:
+            return maps_reader.asset_entries(hook, name, cursor=cursor, limit=limit, values=False)
+
+    @app.get(maps + "/asset/values", dependencies=[*access, _asset_access()])
+    def asset_values(connection_id: str, name: str, cursor: str | None = None, limit: int = 50) -> dict[str, Any]:
+        """The page of :func:`asset_entries` with the values: only for users who may read assets."""
+        _id("name", name, MAX_ASSET_NAME_CHARS)
+        _page_args(cursor, limit)
+        with _hook(connection_id, field="name") as hook:
+            return maps_reader.asset_entries(hook, name, cursor=cursor, limit=limit, values=True)
 
     @app.get(base + "/subscription", dependencies=access)
     def subscription(connection_id: str, topic: str, subscription: str) -> dict[str, Any]:

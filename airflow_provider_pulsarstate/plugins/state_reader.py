@@ -199,3 +199,34 @@ def subscription(hook: PulsarStateHook, topic: str, subscription: str) -> dict[s
         "total_lag": sum(p["lag"] for p in partitions),
         "sampled_at": time.time(),
     }
+
+
+MAX_TRANSITIONS = 500
+"""Most lease transitions one request may ask for."""
+
+
+def lease_transitions(hook: PulsarStateHook, topic: str | None, *, name: str | None, limit: int) -> dict[str, Any]:
+    """The recent holder changes of the lease log (of lease ``name``, or all), newest first: who
+    acquired, released, lost by expiry or was superseded, with token and time (what the API
+    server's replica of the log applied since it loaded, up to the engine's bound)."""
+    if not 1 <= limit <= MAX_TRANSITIONS:
+        raise ConfigurationError(f"limit must be between 1 and {MAX_TRANSITIONS}, got {limit}")
+    full = hook.topic_name(topic or DEFAULT_LEASE_TOPIC)
+    try:
+        existing_topic(hook, full)
+    except TopicMissingError:
+        return {"topic": full, "transitions": []}
+    with hook.shared_leases(full) as log:
+        found = log.transitions(name, limit=limit)
+    return {"topic": full, "transitions": [t.as_dict() for t in found]}
+
+
+def leadership(hook: PulsarStateHook, topic: str) -> dict[str, Any]:
+    """The exclusive producer of each partition of ``topic`` (any topic: a table, a watched source):
+    held or not, its name and its epoch (the broker's fencing counter)."""
+    full = existing_topic(hook, topic)
+    partitions = [
+        {"partition": w.partition, "held": w.has_leader, "holder": w.writer_name, "epoch": w.epoch}
+        for w in hook.get_leadership(full)
+    ]
+    return {"topic": full, "partitions": partitions, "held": any(p["held"] for p in partitions)}

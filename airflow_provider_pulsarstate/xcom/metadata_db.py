@@ -43,3 +43,26 @@ def _epoch(value: Any) -> float:
     if value.tzinfo is None:
         value = value.replace(tzinfo=datetime.timezone.utc)
     return value.timestamp()
+
+
+def recent_runs(dag_id: str, *, limit: int, before_id: int | None = None) -> list[dict[str, Any]]:
+    """The newest runs of ``dag_id`` in the ``dag_run`` table (by row id, newest first), at most
+    ``limit``, older than row ``before_id`` when given: id, run id, state and run-after time (epoch s)."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    query = select(DagRun.id, DagRun.run_id, DagRun.state, DagRun.run_after).where(DagRun.dag_id == dag_id)
+    if before_id is not None:
+        query = query.where(DagRun.id < before_id)
+    query = query.order_by(DagRun.id.desc()).limit(limit)
+    with create_session() as session:
+        return [
+            {
+                "id": row_id,
+                "run_id": run_id,
+                "state": None if state is None else str(state),
+                "run_after": None if run_after is None else _epoch(run_after),
+            }
+            for row_id, run_id, state, run_after in session.execute(query)
+        ]

@@ -1,12 +1,15 @@
 """The "Pulsar State" REST API as users meet it: a real ``airflow api-server`` with logins on,
 serving the state the engine wrote (a table, views, leases, a subscription) on the embedded back
 end; a user without the right to read the connection is refused; bad input is a 400 naming the
-field; no route writes."""
+field; no route writes. The XCom and state-store maps of a run show counts and sizes to every
+reader of the connection and values only to users the auth manager lets read the DAG's XComs
+(a ``no-xcom`` user of :mod:`tests.airflow.xcom_auth_manager` may not)."""
 
 from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +30,50 @@ LEASE = f"ui-nightly-{_RUN}"
 HOLDER = "worker-ui-7"
 SCRIPT_VALUE = "<script>window.__pwned = 1</script>"
 N_ROWS = 130
-_PASSWORDS = {"admin": "ui-admin-" + os.urandom(6).hex(), "viewer": "ui-viewer-" + os.urandom(6).hex()}
+KEY_NAMESPACE = "uitest"
+DAG = f"ui_dag_{_RUN}"
+OTHER_DAG = f"ui_other_{_RUN}"
+RUN_ID = f"manual__2026-11-26T00:00:00+00:00_{_RUN}"
+OLD_RUN_ID = f"scheduled__2026-11-25T00:00:00+00:00_{_RUN}"
+ASSET = f"ui-prices-asset-{_RUN}"
+N_XCOMS = 7
+_PASSWORDS = {
+    "admin": "ui-admin-" + os.urandom(6).hex(),
+    "viewer": "ui-viewer-" + os.urandom(6).hex(),
+    "operator": "ui-op-" + os.urandom(6).hex(),
+    "no-xcom-op": "ui-op-" + os.urandom(6).hex(),
+}
+
+
+def write_maps(hook: Any) -> dict[str, Any]:
+    """A run's XComs in its run map (``xcom_layout = map``) with one key of another run slipped in
+    (which must show nowhere), its task state, and an asset's state."""
+    from airflow_provider_pulsarstate.engine.recipes.state_store import AssetStateScope, TaskStateScope
+
+    texts = {}
+    with hook.xcom_run_store("airflow-xcom", namespace=KEY_NAMESPACE, dag_id=DAG, run_id=RUN_ID) as store:
+        for i in range(N_XCOMS):
+            text = json.dumps({"rows": i, "note": SCRIPT_VALUE if i == 0 else f"batch {i}"})
+            store.put(DAG, RUN_ID, "extract", i, "return_value", text, type_name="dict", try_number=1)
+            texts[i] = text
+        store.put(OTHER_DAG, "foreign-run", "t", -1, "secret", json.dumps("not yours"), type_name="str", try_number=1)
+        xcom_topic = store.topic
+    state = hook.get_state_store(namespace=KEY_NAMESPACE)
+    state.set(TaskStateScope(DAG, RUN_ID, "extract"), "job_id", {"id": 42})
+    state.set(TaskStateScope(DAG, RUN_ID, "load", 3), "cursor", "c-9")
+    state.set(AssetStateScope(ASSET), "watermark", "2026-11-25")
+    return {"xcom_bytes": sum(len(t) for t in texts.values()), "xcom_topic": xcom_topic}
+
+
+def add_dag_runs(db: Path) -> None:
+    """Rows of the API server's dag_run table for the DAG (the runs the maps tab lists)."""
+    with sqlite3.connect(db) as conn:
+        for run_id in (OLD_RUN_ID, RUN_ID):
+            conn.execute(
+                "INSERT INTO dag_run (dag_id, run_id, run_type, run_after, state, clear_number, span_status) "
+                "VALUES (?, ?, 'manual', CURRENT_TIMESTAMP, 'success', 0, 'not_started')",
+                (DAG, run_id),
+            )
 
 
 def write_state(conn_id: str) -> dict[str, Any]:
@@ -65,7 +111,8 @@ def write_state(conn_id: str) -> dict[str, Any]:
         consumer = hook.get_pull_consumer(SOURCE, SUBSCRIPTION)
         consumer.commit(5)
         lag = sum(consumer.lag().values())
-    return {"rows": rows, "result": result, "plan": plan, "token": lease.token, "lag": lag}
+        maps = write_maps(hook)
+    return {"rows": rows, "result": result, "plan": plan, "token": lease.token, "lag": lag, **maps}
 
 
 @pytest.fixture(scope="module", params=["embedded", pytest.param("pulsar", marks=pytest.mark.pulsar)])
@@ -85,7 +132,14 @@ def deployment(
     conn = json.dumps({"conn_type": "pulsarstate", "extra": extra})
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", conn)
-        facts = write_state(CONN_ID)
+        mp.setenv("AIRFLOW__PULSARSTATE__KEY_NAMESPACE", KEY_NAMESPACE)
+        from airflow_provider_pulsarstate.hooks.pulsarstate import close_shared_state_maps
+
+        close_shared_state_maps()
+        try:
+            facts = write_state(CONN_ID)
+        finally:
+            close_shared_state_maps()
     passwords = home / "passwords.json"
     passwords.write_text(json.dumps(_PASSWORDS))
     af = AirflowProcesses(
@@ -95,7 +149,9 @@ def deployment(
         env={
             "PYTHONPATH": str(ROOT),
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer,operator:op,no-xcom-op:op",
+            "AIRFLOW__CORE__AUTH_MANAGER": "tests.airflow.xcom_auth_manager.XComRestrictedAuthManager",
+            "AIRFLOW__PULSARSTATE__KEY_NAMESPACE": KEY_NAMESPACE,
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
             # the editable install of the checkout may predate the airflow.plugins entry point:
             # load the plugin through the provider info (the other declared way)
@@ -105,6 +161,7 @@ def deployment(
     )
     af.env.pop("AIRFLOW_CONN_PULSARSTATE_DEFAULT", None)
     af.start()
+    add_dag_runs(home / "airflow" / "airflow.db")
     try:
         yield af, facts
     finally:
@@ -279,3 +336,167 @@ def test_every_route_is_read_only(deployment: tuple[AirflowProcesses, dict[str, 
     assert methods <= {"GET", "HEAD"}, methods
     answer = admin.post(api(deployment, "/table"), params={"topic": TABLE}, timeout=30)
     assert answer.status_code == 405
+
+
+def test_lease_transitions(deployment: tuple[AirflowProcesses, dict[str, Any]], admin: requests.Session) -> None:
+    answer = admin.get(api(deployment, "/leases/transitions"), params={"name": LEASE}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    (acquired,) = answer.json()["transitions"]
+    assert (acquired["event"], acquired["holder"], acquired["token"], acquired["ttl"]) == (
+        "acquired",
+        HOLDER,
+        deployment[1]["token"],
+        3600,
+    )
+    assert acquired["at"] > time.time() - 3600
+    every = admin.get(api(deployment, "/leases/transitions"), timeout=60).json()["transitions"]
+    assert acquired in every
+
+
+def test_map_counts_and_sizes_for_every_reader_of_the_connection(
+    deployment: tuple[AirflowProcesses, dict[str, Any]], admin: requests.Session
+) -> None:
+    facts = deployment[1]
+    with login(deployment[0], "no-xcom-op") as restricted:
+        for session in (admin, restricted):
+            runs = session.get(api(deployment, f"/maps/dags/{DAG}/runs"), timeout=60)
+            assert runs.status_code == 200, runs.text
+            body = runs.json()
+            assert [r["run_id"] for r in body["runs"]] == [RUN_ID, OLD_RUN_ID]  # newest first
+            newest, old = body["runs"]
+            assert newest["xcom"]["entries"] == N_XCOMS and newest["xcom"]["bytes"] > facts["xcom_bytes"]
+            assert newest["task_state"]["entries"] == 2
+            assert old["xcom"] == {"entries": 0, "bytes": 0} and old["task_state"]["entries"] == 0
+            paged = session.get(api(deployment, f"/maps/dags/{DAG}/runs"), params={"limit": 1}, timeout=60).json()
+            assert [r["run_id"] for r in paged["runs"]] == [RUN_ID]
+            rest = session.get(
+                api(deployment, f"/maps/dags/{DAG}/runs"), params={"cursor": paged["next_cursor"]}, timeout=60
+            ).json()
+            assert [r["run_id"] for r in rest["runs"]] == [OLD_RUN_ID] and rest["next_cursor"] is None
+
+            run = session.get(api(deployment, f"/maps/dags/{DAG}/run"), params={"run_id": RUN_ID}, timeout=60).json()
+            assert run["xcom"]["topic"] == facts["xcom_topic"] and run["xcom"]["exists"]
+            assert run["xcom"]["tasks"] == {"extract": {"entries": N_XCOMS, "bytes": run["xcom"]["bytes"]}}
+            assert set(run["task_state"]["tasks"]) == {"extract", "load"}
+            assert run["xcom_messages"]["exists"] is False
+
+            entries = session.get(
+                api(deployment, f"/maps/dags/{DAG}/run/entries"), params={"run_id": RUN_ID, "limit": 5}, timeout=60
+            ).json()
+            assert [(e["task_id"], e["map_index"], e["key"]) for e in entries["rows"]] == [
+                ("extract", i, "return_value") for i in range(5)
+            ]
+            assert all("value" not in e and e["bytes"] > 0 and e["type"] == "dict" for e in entries["rows"])
+            more = session.get(
+                api(deployment, f"/maps/dags/{DAG}/run/entries"),
+                params={"run_id": RUN_ID, "cursor": entries["next_cursor"]},
+                timeout=60,
+            ).json()
+            assert [e["map_index"] for e in more["rows"]] == [5, 6] and more[
+                "next_cursor"
+            ] is None  # never the foreign key
+            state = session.get(
+                api(deployment, f"/maps/dags/{DAG}/run/entries"),
+                params={"run_id": RUN_ID, "store": "task_state"},
+                timeout=60,
+            ).json()
+            assert [(e["task_id"], e["map_index"], e["key"]) for e in state["rows"]] == [
+                ("extract", -1, "job_id"),
+                ("load", 3, "cursor"),
+            ]
+            asset = session.get(api(deployment, "/maps/asset"), params={"name": ASSET}, timeout=60).json()
+            assert asset["exists"] and asset["entries"] == 1
+
+
+def test_values_only_for_users_who_may_read_the_dags_xcoms(
+    deployment: tuple[AirflowProcesses, dict[str, Any]], admin: requests.Session
+) -> None:
+    params = {"run_id": RUN_ID, "limit": 2}
+    with login(deployment[0], "operator") as allowed:
+        for session in (admin, allowed):
+            values = session.get(api(deployment, f"/maps/dags/{DAG}/run/values"), params=params, timeout=60)
+            assert values.status_code == 200, values.text
+            rows = values.json()["rows"]
+            assert rows[0]["value"] == {"rows": 0, "note": SCRIPT_VALUE} and rows[1]["value"]["rows"] == 1
+            state = session.get(
+                api(deployment, f"/maps/dags/{DAG}/run/values"), params={**params, "store": "task_state"}, timeout=60
+            ).json()
+            assert [json.loads(r["value"]) for r in state["rows"]] == [{"id": 42}, "c-9"]
+            asset = session.get(api(deployment, "/maps/asset/values"), params={"name": ASSET}, timeout=60).json()
+            assert [(r["key"], json.loads(r["value"])) for r in asset["rows"]] == [("watermark", "2026-11-25")]
+    with login(deployment[0], "no-xcom-op") as refused:
+        for store in ("xcom", "task_state"):
+            answer = refused.get(
+                api(deployment, f"/maps/dags/{DAG}/run/values"), params={**params, "store": store}, timeout=60
+            )
+            assert answer.status_code == 403, (store, answer.text)
+            assert "value" not in answer.text.replace("values", "")
+    with login(deployment[0], "viewer") as viewer:  # may read XComs, not the connection
+        answer = viewer.get(api(deployment, f"/maps/dags/{DAG}/run/values"), params=params, timeout=60)
+        assert answer.status_code == 403
+        assert viewer.get(api(deployment, f"/maps/dags/{DAG}/runs"), timeout=60).status_code == 403
+
+
+def test_maps_are_reached_only_from_their_own_ids(
+    deployment: tuple[AirflowProcesses, dict[str, Any]], admin: requests.Session
+) -> None:
+    facts = deployment[1]
+    before = admin.get(api(deployment, "/topics"), timeout=60).json()["topics"]
+    for dag_id, run_id in (
+        (OTHER_DAG, "foreign-run"),  # its key sits in DAG's run map, but it has no map of its own
+        (DAG, facts["xcom_topic"]),  # a topic name is just an unknown run id
+        (DAG, "../" + RUN_ID),
+        (OTHER_DAG, RUN_ID),
+    ):
+        answer = admin.get(api(deployment, f"/maps/dags/{dag_id}/run/values"), params={"run_id": run_id}, timeout=60)
+        assert answer.status_code == 404, (dag_id, run_id, answer.text)
+        summary = admin.get(api(deployment, f"/maps/dags/{dag_id}/run"), params={"run_id": run_id}, timeout=60)
+        assert summary.json()["xcom"]["exists"] is False and summary.json()["xcom"]["entries"] == 0
+    # a cursor cannot leave the run's own key prefix
+    crafted = admin.get(
+        api(deployment, f"/maps/dags/{DAG}/run/values"),
+        params={"run_id": RUN_ID, "cursor": "../../" + OTHER_DAG},
+        timeout=60,
+    ).json()
+    assert {r["key"] for r in crafted["rows"]} <= {"return_value"}
+    missing_asset = admin.get(api(deployment, "/maps/asset/entries"), params={"name": "no-such-asset"}, timeout=60)
+    assert missing_asset.status_code == 404
+    assert admin.get(api(deployment, "/topics"), timeout=60).json()["topics"] == before  # nothing was created
+
+
+@pytest.mark.parametrize(
+    ("path", "params", "field"),
+    [
+        (f"/maps/dags/{DAG}/run/entries", {"run_id": RUN_ID, "store": "bogus"}, "store"),
+        (f"/maps/dags/{DAG}/run/entries", {"run_id": RUN_ID, "limit": 0}, "limit"),
+        (f"/maps/dags/{DAG}/run/entries", {"run_id": ""}, "run_id"),
+        (f"/maps/dags/{DAG}/run", {"run_id": "x\x01y"}, "run_id"),
+        (f"/maps/dags/{DAG}/run", {"run_id": "r" * 300}, "run_id"),
+        (f"/maps/dags/{DAG}/runs", {"limit": 1000}, "limit"),
+        (f"/maps/dags/{DAG}/runs", {"cursor": 0}, "cursor"),
+        ("/maps/asset", {"name": " "}, "name"),
+        ("/leases/transitions", {"limit": 0}, "limit"),
+    ],
+)
+def test_bad_map_input_is_a_400_naming_the_field(
+    deployment: tuple[AirflowProcesses, dict[str, Any]],
+    admin: requests.Session,
+    path: str,
+    params: dict[str, Any],
+    field: str,
+) -> None:
+    answer = admin.get(api(deployment, path), params=params, timeout=30)
+    assert answer.status_code == 400, (answer.status_code, answer.text)
+    assert answer.json()["detail"].startswith(field + ":"), answer.text
+
+
+def test_leadership_of_any_topic(deployment: tuple[AirflowProcesses, dict[str, Any]], admin: requests.Session) -> None:
+    for topic in (TABLE, SOURCE):
+        answer = admin.get(api(deployment, "/leadership"), params={"topic": topic}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        assert body["topic"].endswith("/" + topic) and body["held"] is False  # the writing process is gone
+        (partition,) = body["partitions"]
+        if topic == TABLE:  # its writer held it exclusively once: the epoch says so
+            assert partition["epoch"] is not None and partition["epoch"] >= 0
+    assert admin.get(api(deployment, "/leadership"), params={"topic": "no-such-topic"}, timeout=60).status_code == 404

@@ -11,16 +11,21 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 import requests
 
 from tests.airflow.test_state_ui_api import (  # noqa: F401  (module-scoped fixtures of the same deployment)
     _PASSWORDS,
+    ASSET,
     CONN_ID,
+    DAG,
     HOLDER,
     LEASE,
     N_ROWS,
+    N_XCOMS,
+    RUN_ID,
     SCRIPT_VALUE,
     SOURCE,
     SUBSCRIPTION,
@@ -65,6 +70,14 @@ def page(deployment: Any) -> Iterator[Any]:  # noqa: F811
 
 def _open(page: Any, deployment: Any, fragment: str) -> None:  # noqa: F811
     page.goto(f"{deployment[0].api_url}/pulsarstate/#conn={CONN_ID}&{fragment}")
+
+
+def _token(deployment: Any, user: str) -> str:  # noqa: F811
+    af = deployment[0]
+    answer = requests.post(
+        af.api_url + "/auth/token", json={"username": user, "password": _PASSWORDS[user]}, timeout=30
+    )
+    return str(answer.json()["access_token"])
 
 
 def test_tables_tab_shows_the_summary_rows_and_the_apply_chart(page: Any, deployment: Any, shots: Path) -> None:  # noqa: F811
@@ -129,3 +142,60 @@ def test_the_page_is_in_the_ui_navigation(page: Any, deployment: Any, shots: Pat
     inner.wait_for_selector("#tabs")
     assert page.get_by_text("Pulsar State").count() >= 1
     page.screenshot(path=str(shots / "in-airflow-ui.png"))
+
+
+def test_leaders_tab_shows_the_leader_and_its_transitions(page: Any, deployment: Any, shots: Path) -> None:  # noqa: F811
+    _open(page, deployment, f"tab=leaders&lease={LEASE}&topic={TABLE}")
+    page.wait_for_selector(f"tr[data-leader='{LEASE}']")
+    token = deployment[1]["token"]
+    leader = page.inner_text(f"tr[data-leader='{LEASE}']")
+    assert HOLDER in leader and str(token) in leader
+    acquired = page.inner_text(f"tr[data-transition='{LEASE}:{token}:acquired']")
+    assert HOLDER in acquired and "3600 s" in acquired
+    page.wait_for_selector("#producers")
+    assert "no" in page.inner_text("#producers")  # the table's writer is not held
+    page.screenshot(path=str(shots / "leaders.png"), full_page=True)
+    assert page.errors == []
+
+
+def test_maps_tab_shows_counts_sizes_and_values_as_text(page: Any, deployment: Any, shots: Path) -> None:  # noqa: F811
+    _open(page, deployment, f"tab=maps&dag={DAG}&run={quote(RUN_ID)}&asset={ASSET}")
+    page.wait_for_selector(f"tr[data-run='{RUN_ID}']")
+    assert page.locator("#map-runs tr").count() == 3  # a header and the DAG's two runs
+    cells = page.locator(f"tr[data-run='{RUN_ID}'] td").all_inner_texts()
+    assert cells[2] == str(N_XCOMS) and cells[4] == "2"
+    page.wait_for_selector("#map-entries tr:nth-child(2)")
+    assert page.locator("#map-entries tr").count() == N_XCOMS + 1
+    assert "value" not in page.locator("#map-entries tr").first.inner_text()
+    page.click("#show-values")
+    page.wait_for_function("document.querySelector('#map-entries')?.innerText.includes('batch 1')")
+    assert SCRIPT_VALUE in page.inner_text("#map-entries")
+    assert page.locator("#map-entries script").count() == 0
+    assert page.evaluate("window.__pwned") is None
+    page.wait_for_selector("#asset-summary")
+    assert "1 entries" in page.inner_text("#asset-summary")
+    page.wait_for_selector("#asset-entries tr:nth-child(2)")
+    assert "watermark" in page.inner_text("#asset-entries")
+    page.screenshot(path=str(shots / "xcom-and-state.png"), full_page=True)
+    assert page.errors == []
+
+
+def test_maps_tab_refuses_values_to_a_user_who_may_not_read_the_dags_xcoms(
+    page: Any,
+    deployment: Any,  # noqa: F811
+) -> None:
+    context = page.context.browser.new_context(viewport={"width": 1280, "height": 900})
+    try:
+        context.add_cookies(
+            [{"name": "_token", "value": _token(deployment, "no-xcom-op"), "url": deployment[0].api_url}]
+        )
+        restricted = context.new_page()
+        _open(restricted, deployment, f"tab=maps&dag={DAG}&run={quote(RUN_ID)}")
+        restricted.wait_for_selector("#map-entries tr:nth-child(2)")  # counts, sizes and keys: yes
+        assert restricted.locator(f"tr[data-run='{RUN_ID}'] td").all_inner_texts()[2] == str(N_XCOMS)
+        restricted.click("#show-values")
+        restricted.wait_for_selector("#values-error")
+        assert "403" in restricted.inner_text("#values-error")
+        assert "batch 1" not in restricted.content()
+    finally:
+        context.close()

@@ -324,3 +324,32 @@ def test_leases_count_validity_on_a_clock_that_runs_through_suspend(
             keeper.check()
     finally:
         leases.close()
+
+
+def test_transitions_name_who_held_which_token_and_how_it_ended(
+    leases: Any, backend_config: ConnectionConfig, topic: str
+) -> None:
+    a, b = leases(), leases()
+    first = a.acquire("n", "a", ttl=0.3)
+    time.sleep(0.5)
+    second = b.acquire("n", "b", ttl=TTL)  # after a's expiry
+    third = a.acquire("n", "a", ttl=TTL, steal=True)  # b's token was still valid
+    a.release(third)
+    a.renew(a.acquire("other", "c", ttl=TTL))  # a renewal is not a transition
+    seen = [(t.name, t.event, t.holder, t.token) for t in b.transitions()]
+    assert seen == [
+        ("other", "acquired", "c", 1),
+        ("n", "released", "a", third.token),
+        ("n", "acquired", "a", third.token),
+        ("n", "superseded", "b", second.token),
+        ("n", "acquired", "b", second.token),
+        ("n", "expired", "a", first.token),
+        ("n", "acquired", "a", first.token),
+    ]
+    assert [t.event for t in b.transitions("n", limit=2)] == ["released", "acquired"]
+    expiry = b.transitions("n")[-2]
+    assert expiry.at == pytest.approx(b.transitions("n")[-1].at + 0.3)
+    with open_backend(backend_config) as other, Leases(other, topic) as fresh:  # a new reader replays the log
+        assert [(t.name, t.event, t.holder, t.token) for t in fresh.transitions()] == seen
+    with pytest.raises(ConfigurationError, match="limit"):
+        b.transitions(limit=0)

@@ -49,6 +49,7 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -85,6 +86,8 @@ DEFAULT_CHECKPOINT_AFTER_BYTES = 1 << 20
 MAX_HOLDER_BYTES = 1024
 _ACQUIRE, _RENEW, _RELEASE = "acquire", "renew", "release"
 _IMAGE_VERSION = 1
+MAX_TRANSITIONS_KEPT = 1000
+"""Most lease transitions one :class:`Leases` remembers (the oldest go first)."""
 _BOOT_CLOCK_ID: int | None = getattr(time, "CLOCK_BOOTTIME", None)
 
 
@@ -202,6 +205,43 @@ class LeaseInfo:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class LeaseTransition:
+    """One change of a lease's holder as the lease log recorded it (:meth:`Leases.transitions`).
+
+    :ivar name: the lease name.
+    :ivar event: ``acquired`` (``holder`` took it with ``token``), ``released`` (``holder`` gave
+        token ``token`` back), ``expired`` (``holder``'s token ``token`` ran out before the next
+        acquire) or ``superseded`` (``holder``'s still valid token ``token`` was replaced by the
+        next acquire: a steal, or a re-acquisition by the same holder).
+    :ivar holder: whose token the event concerns.
+    :ivar token: the fencing token (epoch) concerned.
+    :ivar at: wall-clock time of the event (the writer's clock; for an expiry, the end of the last
+        ttl granted); for display only.
+    :ivar offset: the lease log offset of the op that recorded it.
+    :ivar ttl: the ttl granted (``acquired``), else None.
+    """
+
+    name: str
+    event: str
+    holder: str
+    token: int
+    at: float
+    offset: int
+    ttl: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "event": self.event,
+            "holder": self.holder,
+            "token": self.token,
+            "at": self.at,
+            "offset": self.offset,
+            "ttl": self.ttl,
+        }
+
+
 @dataclass(slots=True)
 class _Record:
     """One name's entry in the replicated state (mutated in place by the applier)."""
@@ -277,6 +317,11 @@ class Leases(Recipe):
         self.contended = 0
         """Attempts that decided nothing because the lease log's writer was contended (retried)."""
         self._changed = threading.Condition()
+        # Transitions seen by this replica's applier, oldest first; a rebuild replays ops already
+        # recorded, so each is kept once (by offset, name, token and event).
+        self._history: deque[LeaseTransition] = deque(maxlen=MAX_TRANSITIONS_KEPT)
+        self._history_keys: set[tuple[int, str, int, str]] = set()
+        self._history_lock = threading.Lock()
         options.setdefault("acquire_mode", AcquireMode.FENCE)
         options.setdefault("max_retries", 10)
         options.setdefault("writer_idle_timeout", 1.0)
@@ -504,6 +549,35 @@ class Leases(Recipe):
         _check_name(name)
         return self.manager.read(lambda s: self._info(s, name), latest=latest)
 
+    def transitions(self, name: str | None = None, *, limit: int = 100, latest: bool = True) -> list[LeaseTransition]:
+        """The most recent holder changes (of ``name``, or of every lease), newest first, at most
+        ``limit``: what this process's replica applied since it was opened, so a reader that
+        loaded a checkpoint knows only the ops after it (and at most :data:`MAX_TRANSITIONS_KEPT`).
+        Renewals are not transitions. Reads only: nothing is appended to the lease log.
+
+        :param latest: first read up to the tail (False: this process's replica as it is).
+        :raises ConfigurationError: ``limit`` is not a positive integer.
+        """
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ConfigurationError(f"limit must be a positive integer, got {limit!r}")
+        if name is not None:
+            _check_name(name)
+        self.manager.read(lambda s: None, latest=latest)
+        with self._history_lock:
+            items = [t for t in reversed(self._history) if name is None or t.name == name]
+        return items[:limit]
+
+    def _record_transition(self, transition: LeaseTransition) -> None:
+        key = (transition.offset, transition.name, transition.token, transition.event)
+        with self._history_lock:
+            if key in self._history_keys:
+                return
+            if len(self._history) == self._history.maxlen:
+                old = self._history[0]
+                self._history_keys.discard((old.offset, old.name, old.token, old.event))
+            self._history.append(transition)
+            self._history_keys.add(key)
+
     def watch(self, name: str, callback: Callable[[LeaseInfo], None]) -> Callable[[], None]:
         """Call ``callback`` with the new :class:`LeaseInfo` after every change of ``name``
         (acquire, renew, release, takeover) that this process observes; returns a function that
@@ -666,6 +740,12 @@ class Leases(Recipe):
                 )
                 return
             transitions = 0 if rec is None else rec.transitions + (rec.holder != holder)
+            if rec is not None and rec.holder is not None:
+                ends = rec.renewed_at + rec.ttl
+                ended = "expired" if op["at"] >= ends else "superseded"
+                at = ends if ended == "expired" else op["at"]
+                self._record_transition(LeaseTransition(name, ended, rec.holder, rec.token, at, offset))
+            self._record_transition(LeaseTransition(name, "acquired", holder, token, op["at"], offset, op["ttl"]))
             state[name] = rec = _Record(holder, token, op["ttl"], op["at"], op["at"], transitions, offset)
             self._observe(name, rec)
             return
@@ -684,6 +764,7 @@ class Leases(Recipe):
             rec.ttl, rec.renewed_at, rec.offset = op["ttl"], op["at"], offset
             self._observe(name, rec)
         else:
+            self._record_transition(LeaseTransition(name, "released", holder, token, op.get("at", 0.0), offset))
             rec.holder = None
 
     def _wake(self, change: Change[dict[str, Any]]) -> None:
