@@ -25,8 +25,6 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError
-from airflow_provider_pulsarstate.hooks.provider_config import ProviderSettings
-from airflow_provider_pulsarstate.hooks.provider_config import settings as provider_settings
 from airflow_provider_pulsarstate.hooks.pulsarstate import (
     AssetStateScope,
     PulsarStateHook,
@@ -35,6 +33,8 @@ from airflow_provider_pulsarstate.hooks.pulsarstate import (
     run_topic,
 )
 from airflow_provider_pulsarstate.plugins.state_reader import MAX_PAGE_ROWS, TopicMissingError
+from airflow_provider_pulsarstate.provider_settings import ProviderSettings
+from airflow_provider_pulsarstate.provider_settings import settings as provider_settings
 
 STORES = ("xcom", "task_state")
 """The maps of a DAG run: the XCom backend's run map and the state store's task-state map."""
