@@ -121,7 +121,8 @@ from airflow_provider_pulsarstate.engine.fencing import (
 )
 from airflow_provider_pulsarstate.engine.genesis import new_genesis_body, parse_genesis, read_beginning
 from airflow_provider_pulsarstate.engine.grants import LeaseGrants
-from airflow_provider_pulsarstate.engine.log import (
+from airflow_provider_pulsarstate.engine.progress_report import Progress
+from airflow_provider_pulsarstate.engine.wal import (
     DEFAULT_MAX_FRAME_BYTES,
     CorruptPolicy,
     LogReader,
@@ -129,7 +130,6 @@ from airflow_provider_pulsarstate.engine.log import (
     LogWriter,
     open_writer,
 )
-from airflow_provider_pulsarstate.engine.progress_report import Progress
 from airflow_provider_pulsarstate.engine.writes import OutcomeBook, PendingWrite, WriteOutcome
 
 log = logging.getLogger(__name__)
