@@ -35,7 +35,7 @@ LAYERS = "Layers:"
         ("engine/manager.py", "import airflow.sdk\n", "import nothing from Airflow"),
         ("spark/views.py", "from airflow.sdk import BaseHook\n", "import nothing from Airflow"),
         ("engine/topic_stream.py", "import airflow.triggers.base\n", "import nothing from Airflow"),
-        ("engine/log.py", "import airflow_provider_pulsarstate.hooks.pulsarstate\n", LAYERS),
+        ("engine/wal.py", "import airflow_provider_pulsarstate.hooks.pulsarstate\n", LAYERS),
         ("engine/recipes/map.py", "from airflow_provider_pulsarstate.spark import views\n", LAYERS),
         ("hooks/pulsarstate.py", "from airflow_provider_pulsarstate.triggers import polling\n", LAYERS),
         ("xcom/backend.py", "import airflow_provider_pulsarstate.cli.commands\n", LAYERS),

@@ -1,8 +1,9 @@
 """The state engine: an op log on a topic, replayed into shared state. It imports nothing from Airflow.
 
 * :mod:`.backends`: the log contract and its two back ends (a Pulsar broker, the embedded SQLite log);
-* :mod:`.envelope`, :mod:`.log`: frames, records, epochs and offsets, shared by both back ends;
-* :mod:`.manager`: :class:`SharedStateManager` (PIP-137); :mod:`.writes`: writes in flight and
+* :mod:`.envelope`, :mod:`.wal` (the write-ahead log): frames, records, epochs and offsets, shared by both back ends;
+* :mod:`.manager`: :class:`SharedStateManager` (PIP-137), a façade over :mod:`.state` (replica,
+  committer, writer custody, listeners, workers, ops); :mod:`.writes`: writes in flight and
   outcomes in doubt; :mod:`.checkpoint`: state images;
 * :mod:`.recipes`: small classes over the manager (:class:`PulsarMap`, ``StateTable`` with temp views);
 * :mod:`.config`, :mod:`.errors`: connection settings and the one exception hierarchy.

@@ -39,7 +39,7 @@ from typing import Any
 from airflow_provider_pulsarstate.engine.backends.base import Backend
 from airflow_provider_pulsarstate.engine.envelope import FrameError, RecordKind, decode_frame, encode_frames
 from airflow_provider_pulsarstate.engine.errors import CheckpointError, CorruptEntryError, PulsarStateError
-from airflow_provider_pulsarstate.engine.log import DEFAULT_MAX_FRAME_BYTES, LogReader
+from airflow_provider_pulsarstate.engine.wal import DEFAULT_MAX_FRAME_BYTES, LogReader
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from airflow_provider_pulsarstate.engine.backends.base import Backend
 from airflow_provider_pulsarstate.engine.envelope import RecordKind
 from airflow_provider_pulsarstate.engine.errors import CorruptEntryError, LogLostError
-from airflow_provider_pulsarstate.engine.log import LogReader, LogRecord
+from airflow_provider_pulsarstate.engine.wal import LogReader, LogRecord
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from airflow_provider_pulsarstate.cli.fence_reset import reset_fence
 from airflow_provider_pulsarstate.engine.backends.base import AcquireMode
 from airflow_provider_pulsarstate.engine.envelope import RecordKind, decode_fenced_writes, encode_writes
 from airflow_provider_pulsarstate.engine.errors import LeaseFencedError
-from airflow_provider_pulsarstate.engine.log import open_writer
+from airflow_provider_pulsarstate.engine.wal import open_writer
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from tests.engine.test_genesis import records
 

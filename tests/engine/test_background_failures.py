@@ -174,17 +174,17 @@ def test_a_dead_commit_thread_fails_its_writes_and_is_replaced(
     m = counter_manager(backend, topic, Counting())
     try:
         m.write(inc)
-        real_commit = m._commit
+        real_commit = m._committer.commit
 
         def broken_commit(batch: list) -> None:
             raise RuntimeError("bug in the commit loop")
 
-        monkeypatch.setattr(m, "_commit", broken_commit)
+        monkeypatch.setattr(m._committer, "commit", broken_commit)
         future = m.write_async(inc)
         with pytest.raises(Exception, match="bug in the commit loop"):
             future.result(timeout=10)
         assert m.stats["committer_errors"] == 1
-        monkeypatch.setattr(m, "_commit", real_commit)
+        monkeypatch.setattr(m._committer, "commit", real_commit)
         assert m.write_async(inc, x).result(timeout=30) == 2  # a new commit thread took over
     finally:
         m.close()

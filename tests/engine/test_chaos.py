@@ -16,7 +16,7 @@ import pytest
 
 from airflow_provider_pulsarstate import ConnectionConfig, PulsarMap, open_backend
 from airflow_provider_pulsarstate.engine.envelope import RecordKind, decode_writes
-from airflow_provider_pulsarstate.engine.log import LogReader
+from airflow_provider_pulsarstate.engine.wal import LogReader
 
 WORKER = Path(__file__).with_name("chaos_worker.py")
 DURATION = float(os.environ.get("PULSARSTATE_CHAOS_SECONDS", "20"))

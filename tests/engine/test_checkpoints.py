@@ -12,9 +12,9 @@ from airflow_provider_pulsarstate import ConfigurationError, PulsarMap, SharedSt
 from airflow_provider_pulsarstate.engine.backends.base import Backend
 from airflow_provider_pulsarstate.engine.checkpoint import CheckpointStore
 from airflow_provider_pulsarstate.engine.envelope import RecordKind, encode_frames, encode_writes
-from airflow_provider_pulsarstate.engine.log import LogReader
 from airflow_provider_pulsarstate.engine.recipes.map import _PUT
 from airflow_provider_pulsarstate.engine.serde import JSON
+from airflow_provider_pulsarstate.engine.wal import LogReader
 from airflow_provider_pulsarstate.testing import FaultInjectingBackend, wait_until
 
 

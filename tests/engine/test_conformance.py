@@ -22,7 +22,7 @@ from airflow_provider_pulsarstate import (
 )
 from airflow_provider_pulsarstate.engine.backends.base import Backend
 from airflow_provider_pulsarstate.engine.envelope import RecordKind, decode_writes
-from airflow_provider_pulsarstate.engine.log import LogReader
+from airflow_provider_pulsarstate.engine.wal import LogReader
 from airflow_provider_pulsarstate.testing import FaultInjectingBackend, wait_until
 
 

@@ -9,9 +9,9 @@ import pytest
 from airflow_provider_pulsarstate import CorruptEntryError
 from airflow_provider_pulsarstate.engine.backends.base import Backend
 from airflow_provider_pulsarstate.engine.envelope import RecordKind, encode_frames, encode_writes
-from airflow_provider_pulsarstate.engine.log import LogReader
 from airflow_provider_pulsarstate.engine.recipes.map import _PUT
 from airflow_provider_pulsarstate.engine.serde import JSON
+from airflow_provider_pulsarstate.engine.wal import LogReader
 from airflow_provider_pulsarstate.testing import wait_until
 
 FORGED_EPOCH = 2**62

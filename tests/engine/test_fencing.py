@@ -15,11 +15,11 @@ from airflow_provider_pulsarstate import ConfigurationError
 from airflow_provider_pulsarstate.engine.backends.base import AcquireMode, Backend
 from airflow_provider_pulsarstate.engine.envelope import RecordKind, decode_fenced_writes, encode_writes
 from airflow_provider_pulsarstate.engine.errors import LeaseFencedError
-from airflow_provider_pulsarstate.engine.log import open_writer
 from airflow_provider_pulsarstate.engine.recipes.lease import Lease, Leases
 from airflow_provider_pulsarstate.engine.recipes.map import _PUT
 from airflow_provider_pulsarstate.engine.recipes.table import StateTable
 from airflow_provider_pulsarstate.engine.serde import JSON
+from airflow_provider_pulsarstate.engine.wal import open_writer
 from tests.engine.test_genesis import records
 
 

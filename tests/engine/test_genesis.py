@@ -13,9 +13,9 @@ from airflow_provider_pulsarstate.engine.checkpoint import CheckpointStore
 from airflow_provider_pulsarstate.engine.envelope import RecordKind, encode_frames, encode_writes
 from airflow_provider_pulsarstate.engine.errors import LogLostError
 from airflow_provider_pulsarstate.engine.genesis import new_genesis_body
-from airflow_provider_pulsarstate.engine.log import LogReader, open_writer
 from airflow_provider_pulsarstate.engine.recipes.map import _PUT
 from airflow_provider_pulsarstate.engine.serde import JSON
+from airflow_provider_pulsarstate.engine.wal import LogReader, open_writer
 
 
 @pytest.fixture

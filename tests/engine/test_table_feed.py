@@ -13,11 +13,11 @@ import pytest
 from airflow_provider_pulsarstate.engine.backends.base import AcquireMode, Backend
 from airflow_provider_pulsarstate.engine.envelope import RecordKind, encode_writes
 from airflow_provider_pulsarstate.engine.errors import CommitNotFoundError, ConfigurationError, TableNotFoundError
-from airflow_provider_pulsarstate.engine.log import open_writer
 from airflow_provider_pulsarstate.engine.recipes.lease import Leases
 from airflow_provider_pulsarstate.engine.recipes.table import StateTable
 from airflow_provider_pulsarstate.engine.recipes.table_feed import TableFeed, read_commit
 from airflow_provider_pulsarstate.engine.recipes.table_ops import canonical, encode_op, set_op
+from airflow_provider_pulsarstate.engine.wal import open_writer
 from tests.engine.test_views import switch
 
 

@@ -1,7 +1,7 @@
 """The contract both back ends implement: an exclusive fenced writer, readers, and the tail.
 
 The contract is deliberately small and byte-oriented. Framing, offsets, epoch markers, zombie
-filtering and atomic multi-part records live one level up (:mod:`airflow_provider_pulsarstate.engine.log`)
+filtering and atomic multi-part records live one level up (:mod:`airflow_provider_pulsarstate.engine.wal`)
 and are shared by both back ends, so they behave the same by construction.
 
 Guarantees every back end gives:

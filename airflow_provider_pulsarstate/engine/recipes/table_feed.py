@@ -43,10 +43,10 @@ from airflow_provider_pulsarstate.engine.errors import (
     TableNotFoundError,
 )
 from airflow_provider_pulsarstate.engine.genesis import read_beginning
-from airflow_provider_pulsarstate.engine.log import CorruptPolicy
 from airflow_provider_pulsarstate.engine.manager import Change, SharedStateManager
 from airflow_provider_pulsarstate.engine.recipes.table import TableChange
 from airflow_provider_pulsarstate.engine.recipes.table_ops import decode_checked_op, decode_row, encode_op
+from airflow_provider_pulsarstate.engine.wal import CorruptPolicy
 
 __all__ = ["CommitChanges", "TableCommit", "TableFeed", "read_commit"]
 

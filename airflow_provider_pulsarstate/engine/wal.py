@@ -1,4 +1,4 @@
-"""The op log both back ends share: records over frames, epochs, offsets, zombie filtering.
+"""The write-ahead log both back ends share: records over frames, epochs, offsets, zombie filtering.
 
 Reading rules (applied identically on every back end):
 
