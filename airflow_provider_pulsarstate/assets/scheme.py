@@ -13,8 +13,8 @@ from airflow.sdk import Asset
 
 from airflow_provider_pulsarstate.assets.uri import (
     LINEAGE_NAMESPACE_EXTRA,
+    SCHEME,
     asset_topic,
-    dataset_identity,
     sanitize_uri,
     topic_asset_uri,
 )
@@ -41,20 +41,21 @@ def create_asset(
 
 
 def convert_asset_to_openlineage(asset: Asset, lineage_context: Any = None) -> Dataset:
-    """The OpenLineage dataset of a ``pulsar://`` asset, on the broker of ``pulsarstate_default``.
+    """The OpenLineage dataset of a ``pulsar://`` asset; makes no connection, Variable or DB lookup.
 
-    Namespace ``pulsar://{host}:{port}`` and name ``persistent://{tenant}/{namespace}/{topic}``
-    (the OpenLineage naming spec for Pulsar), so the asset and the operators' own lineage name
-    one dataset. Without that connection: the embedded log (see
-    :func:`~airflow_provider_pulsarstate.assets.uri.lineage_namespace`). An asset reported by a
-    hook carries its connection's namespace in its extra, and no connection is looked up.
+    The OpenLineage listener calls this in a process forked from the task, where a lookup through
+    the task's supervisor can hang (and the event is then dropped), so the namespace comes only
+    from the asset: its extra's ``pulsarstate_lineage_namespace`` (set by the apply operator's
+    table event and by hook lineage: ``pulsar://{host}:{port}`` of the connection's broker, the
+    namespace the operators' own lineage uses), else ``pulsar``, the scheme alone (an asset a DAG
+    declares by hand names no broker). The name is the full topic name
+    ``persistent://{tenant}/{namespace}/{topic}``. See
+    :func:`~airflow_provider_pulsarstate.assets.uri.lineage_namespace` for how the names follow
+    the OpenLineage naming spec.
     """
     from openlineage.client.event_v2 import Dataset
 
-    topic = asset_topic(asset.uri)
     namespace = (asset.extra or {}).get(LINEAGE_NAMESPACE_EXTRA)
     if not isinstance(namespace, str) or not namespace:
-        from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
-
-        namespace, _ = dataset_identity(PulsarStateHook().get_config(), topic)
-    return Dataset(namespace=namespace, name=topic)
+        namespace = SCHEME
+    return Dataset(namespace=namespace, name=asset_topic(asset.uri))

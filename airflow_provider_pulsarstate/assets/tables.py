@@ -15,7 +15,7 @@ from typing import Any
 
 from airflow.sdk import Asset, AssetAlias
 
-from airflow_provider_pulsarstate.assets.uri import topic_asset_uri
+from airflow_provider_pulsarstate.assets.uri import LINEAGE_NAMESPACE_EXTRA, topic_asset_uri
 
 ALIAS_PREFIX = "pulsarstate-table:"
 
@@ -44,16 +44,24 @@ def apply_event_extra(table: str, result: Mapping[str, Any]) -> dict[str, Any] |
 
 
 def emit_apply_event(
-    context: Mapping[str, Any], alias: AssetAlias, *, table: str, result: Mapping[str, Any]
+    context: Mapping[str, Any],
+    alias: AssetAlias,
+    *,
+    table: str,
+    result: Mapping[str, Any],
+    lineage_namespace: str | None = None,
 ) -> Asset | None:
     """Attach the table's asset to ``alias`` with the event of this apply; returns it (None: no event).
 
-    Does nothing outside a task run (a context without ``outlet_events``).
+    ``lineage_namespace`` (the connection's OpenLineage namespace) goes into the asset's extra, so
+    the ``pulsar://`` converter names the same dataset as the operator's own lineage without
+    looking the connection up. Does nothing outside a task run (a context without ``outlet_events``).
     """
     extra = apply_event_extra(table, result)
     events = context.get("outlet_events")
     if extra is None or events is None:
         return None
-    asset = Asset(uri=topic_asset_uri(table))
+    asset_extra: dict[str, Any] = {LINEAGE_NAMESPACE_EXTRA: lineage_namespace} if lineage_namespace else {}
+    asset = Asset(uri=topic_asset_uri(table), extra=asset_extra)
     events[alias].add(asset, extra=extra)
     return asset

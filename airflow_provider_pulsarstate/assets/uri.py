@@ -95,9 +95,13 @@ def asset_topic(uri: str) -> str:
 def lineage_namespace(config: ConnectionConfig) -> str:
     """The OpenLineage dataset namespace of the topics ``config`` reaches.
 
-    A broker: ``pulsar://{host}:{port}`` (the OpenLineage naming spec for Pulsar; ``pulsar+ssl``
-    is the same data source). The embedded log has no broker: ``pulsarstate-embedded:{path}``,
-    its state file, so two machines' embedded logs are never taken for one data source.
+    The OpenLineage naming spec has no Pulsar entry; its streaming analogue, Kafka, is namespace
+    ``kafka://{bootstrap server host}:{port}`` and name ``{topic}``. Following it, a broker is
+    ``pulsar://{host}:{port}`` of the first service URL host (``pulsar+ssl`` is the same data
+    source: scheme ``pulsar``, default port 6651), and the name is the full topic name
+    ``persistent://{tenant}/{namespace}/{topic}``, the one name unique on a cluster. The embedded
+    log has no broker: ``pulsarstate-embedded:{path}``, its state file, so two machines' embedded
+    logs are never taken for one data source.
     """
     if config.is_single_host:
         return f"pulsarstate-embedded:{config.embedded_path.expanduser().resolve()}"

@@ -8,7 +8,7 @@ no extra read is made); the OpenLineage listener, in the same task process, then
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
@@ -66,3 +66,12 @@ def record_job_arguments(lineage: RunLineage, config: ConnectionConfig, argument
     for flag in ("--source-topic", "--table-topic"):
         if flag in values[:-1]:
             lineage.reads.append(config.topic_name(values[values.index(flag) + 1]))
+
+
+def record_topics(
+    lineage: RunLineage, config: ConnectionConfig, *, inputs: Iterable[str] = (), outputs: Iterable[str] = ()
+) -> None:
+    """Record topics a task declares it reads (``inputs``) and writes (``outputs``); short names are
+    placed in ``config``'s tenant and namespace."""
+    lineage.reads.extend(config.topic_name(str(topic)) for topic in inputs)
+    lineage.writes.extend(config.topic_name(str(topic)) for topic in outputs)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
@@ -14,7 +15,8 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundExceptio
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError
 from airflow_provider_pulsarstate.hooks.airflow_internals import spark_submit_command, spark_submit_master
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
-from airflow_provider_pulsarstate.lineage.operators import TaskLineageMixin, record_job_arguments
+from airflow_provider_pulsarstate.lineage.facets import openlineage_available
+from airflow_provider_pulsarstate.lineage.operators import TaskLineageMixin, record_job_arguments, record_topics
 from airflow_provider_pulsarstate.operators.leases import LeaseGuardMixin
 from airflow_provider_pulsarstate.spark.requirement import missing_spark
 from airflow_provider_pulsarstate.spark.views import AUTH_TOKEN_ENV
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-class GuardedSparkSubmitOperator(LeaseGuardMixin, SparkSubmitOperator):
+class GuardedSparkSubmitOperator(TaskLineageMixin, LeaseGuardMixin, SparkSubmitOperator):
     """A SparkSubmitOperator that runs only while its DAG run holds a lease (see
     :class:`~airflow_provider_pulsarstate.operators.leases.LeaseGuardMixin`).
 
@@ -36,7 +38,39 @@ class GuardedSparkSubmitOperator(LeaseGuardMixin, SparkSubmitOperator):
     renewal finds the lease lost, the job is killed (``on_kill``: the spark-submit process, or
     the driver on a cluster) and the task fails naming the lease, its token and the new holder.
     Without ``lease_task_id`` it is a plain SparkSubmitOperator.
+
+    The job's code is opaque to Airflow, so its lineage is declared: ``input_topics`` and
+    ``output_topics`` (templated; short names are placed in the ``pulsarstate`` connection's
+    tenant and namespace) are reported to OpenLineage as the task's inputs and outputs, on
+    completion and on failure. The Spark provider's parent-job injection
+    (``[openlineage] spark_inject_parent_job_info``) applies as to any SparkSubmitOperator.
+
+    :param input_topics: topics the job reads.
+    :param output_topics: topics the job writes.
+    :param pulsarstate_conn_id: the ``pulsarstate`` connection of the lease and the topics.
     """
+
+    template_fields = (*SparkSubmitOperator.template_fields, "input_topics", "output_topics")
+
+    def __init__(
+        self,
+        *,
+        input_topics: Sequence[str] = (),
+        output_topics: Sequence[str] = (),
+        pulsarstate_conn_id: str = PulsarStateHook.default_conn_name,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.input_topics = input_topics
+        self.output_topics = output_topics
+        self.pulsarstate_conn_id = pulsarstate_conn_id
+
+    def execute(self, context: Context) -> Any:
+        if (self.input_topics or self.output_topics) and openlineage_available():
+            config = PulsarStateHook(self.pulsarstate_conn_id).get_config()
+            if lineage := self.start_lineage(config):
+                record_topics(lineage, config, inputs=self.input_topics, outputs=self.output_topics)
+        return super().execute(context)
 
 
 class ViewSparkSubmitOperator(TaskLineageMixin, LeaseGuardMixin, SparkSubmitOperator):
@@ -130,7 +164,8 @@ class ViewSparkSubmitOperator(TaskLineageMixin, LeaseGuardMixin, SparkSubmitOper
                 f"${AUTH_TOKEN_ENV} set by the cluster (e.g. spark.kubernetes.driver.secretKeyRef.{AUTH_TOKEN_ENV}); "
                 f"then pass pass_token=False and keep the token out of env_vars and application_args"
             )
-        self._hook = hook
+        # not kept: SparkSubmitOperator.execute builds the hook after it injects the OpenLineage
+        # parent-job (and transport) properties into ``conf``; a hook kept here would drop them
 
 
 def _is_local_master(spark_conn_id: str) -> bool:

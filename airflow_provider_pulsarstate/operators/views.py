@@ -30,6 +30,7 @@ from airflow.sdk import BaseOperator, TaskGroup, TriggerRule
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_pulsarstate.assets.tables import emit_apply_event, table_alias
+from airflow_provider_pulsarstate.assets.uri import lineage_namespace
 from airflow_provider_pulsarstate.engine.config import DEFAULT_MAX_DELETE_FRACTION
 from airflow_provider_pulsarstate.engine.errors import (
     LeaseFencedError,
@@ -228,7 +229,8 @@ class ApplyTempViewOperator(TaskLineageMixin, LeaseGuardMixin, BaseOperator):
             raise AirflowFailException("no view id to apply (did the create task push one?)")
         with self.lease_guard(context) as lease, PulsarStateHook(self.pulsarstate_conn_id) as hook:
             table = hook.get_table(self.table_topic)
-            lineage = self.start_lineage(hook.get_config())
+            config = hook.get_config()
+            lineage = self.start_lineage(config)
             if lineage is not None:
                 lineage.reads.append(table.topic)
                 if not self.dry_run:
@@ -276,7 +278,9 @@ class ApplyTempViewOperator(TaskLineageMixin, LeaseGuardMixin, BaseOperator):
             title = f"{title} earlier: nothing new published"
         self.log.info("%s", format_counts(result, title=title))
         if self.table_alias is not None:
-            emit_apply_event(context, self.table_alias, table=table.topic, result=result)
+            emit_apply_event(
+                context, self.table_alias, table=table.topic, result=result, lineage_namespace=lineage_namespace(config)
+            )
         return result
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -127,11 +128,52 @@ def test_lineage_namespace_follows_the_naming_spec(tmp_path: Path) -> None:
     )
 
 
-def test_converter_names_the_dataset_on_the_default_connections_broker(env_connection) -> None:
-    from airflow.sdk import Asset
+def test_converter_takes_the_namespace_from_the_asset_and_looks_nothing_up(
+    env_connection: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In the listener's forked process a connection lookup can hang: the converter makes none,
+    even with a default connection defined."""
+    from airflow.sdk import Asset, BaseHook
 
     from airflow_provider_pulsarstate.assets.scheme import convert_asset_to_openlineage
+    from airflow_provider_pulsarstate.assets.uri import LINEAGE_NAMESPACE_EXTRA
+    from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 
     env_connection("pulsarstate_default", extra={"service_url": "pulsar://127.0.0.1:36999"})
-    dataset = convert_asset_to_openlineage(Asset("pulsar://acme/pricing/prices"), None)
-    assert (dataset.namespace, dataset.name) == ("pulsar://127.0.0.1:36999", "persistent://acme/pricing/prices")
+
+    def lookup(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the converter looked a connection up")
+
+    monkeypatch.setattr(BaseHook, "get_connection", lookup)
+    monkeypatch.setattr(PulsarStateHook, "get_config", lookup)
+    carried = Asset("pulsar://acme/pricing/prices", extra={LINEAGE_NAMESPACE_EXTRA: "pulsar://10.1.2.3:6650"})
+    dataset = convert_asset_to_openlineage(carried, None)
+    assert (dataset.namespace, dataset.name) == ("pulsar://10.1.2.3:6650", "persistent://acme/pricing/prices")
+    by_hand = convert_asset_to_openlineage(Asset("pulsar://acme/pricing/prices"), None)
+    assert (by_hand.namespace, by_hand.name) == ("pulsar", "persistent://acme/pricing/prices")
+
+
+def test_the_emitted_table_asset_carries_the_lineage_namespace() -> None:
+    from collections import defaultdict
+
+    from airflow_provider_pulsarstate.assets.tables import emit_apply_event, table_alias
+    from airflow_provider_pulsarstate.assets.uri import LINEAGE_NAMESPACE_EXTRA
+
+    added: list[tuple[Any, dict[str, Any]]] = []
+
+    class Accessor:
+        def add(self, asset: Any, extra: dict[str, Any]) -> None:
+            added.append((asset, extra))
+
+    events: defaultdict[Any, Accessor] = defaultdict(Accessor)
+    result = {"view_id": "v", "commit_offset": 3, "set": 1, "delete": 0, "unchanged": 0}
+    asset = emit_apply_event(
+        {"outlet_events": events},
+        table_alias("d", "t"),
+        table="persistent://public/default/prices",
+        result=result,
+        lineage_namespace="pulsar://b:6650",
+    )
+    assert asset is not None and asset.uri == "pulsar://public/default/prices"
+    assert asset.extra == {LINEAGE_NAMESPACE_EXTRA: "pulsar://b:6650"}
+    assert added == [(asset, {"table": "persistent://public/default/prices", **result})]

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.airflow.dagruns import TEST_DAGS
+from tests.airflow.dagruns import EXAMPLE_DAGS, TEST_DAGS
 
 pytest.importorskip("airflow.providers.openlineage", reason="needs apache-airflow-providers-openlineage (test extra)")
 
@@ -32,10 +32,11 @@ def openlineage_file(airflow_db: Any, tmp_path_factory: pytest.TempPathFactory) 
     path = tmp_path_factory.mktemp("openlineage") / "events.jsonl"
     bundles = [
         {
-            "name": "pulsarstate-test-dags",
+            "name": name,
             "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-            "kwargs": {"path": str(TEST_DAGS), "refresh_interval": 0},
+            "kwargs": {"path": str(folder), "refresh_interval": 0},
         }
+        for name, folder in (("pulsarstate-examples", EXAMPLE_DAGS), ("pulsarstate-test-dags", TEST_DAGS))
     ]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps(bundles))
@@ -275,3 +276,129 @@ def test_the_spark_view_job_reports_the_table_and_source_it_reads(
         ("pulsar://127.0.0.1:36847", "persistent://public/default/prices"),
     }
     assert facets.outputs == []
+
+
+SPARK_LOCAL = json.dumps({"conn_type": "spark", "host": "local[*]"})
+
+
+def test_the_guarded_spark_job_reports_its_topics_and_the_spark_run_names_the_task_as_parent(
+    openlineage_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real spark-submit under a lease (embedded back end): the task's events list the declared
+    topics, and with ``[openlineage] spark_inject_parent_job_info`` the job is submitted with the
+    parent run properties the OpenLineage Spark integration reads (the job writes them back)."""
+    monkeypatch.delenv("AIRFLOW_CONN_PULSARSTATE_DEFAULT", raising=False)
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", SPARK_LOCAL)
+    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__SPARK_INJECT_PARENT_JOB_INFO", "True")
+    source, table = f"lin-sin-{uuid.uuid4().hex[:8]}", f"lin-sout-{uuid.uuid4().hex[:8]}"
+    out = tmp_path / "spark-openlineage.json"
+    run = run_real(
+        openlineage_file,
+        "lineage_guarded_spark",
+        {
+            "source_topic": source,
+            "table_topic": table,
+            "lease_name": f"lin-lease-{uuid.uuid4().hex[:8]}",
+            "out": str(out),
+        },
+    )
+    assert run.state == "success", (run.states, run.output)
+    events = _events(openlineage_file, "lineage_guarded_spark.spark_job")
+    assert [e["eventType"] for e in events] == ["START", "COMPLETE"]
+    complete = events[1]
+    ns = _namespace("embedded")
+    assert set(_datasets(complete, "inputs")) == {(ns, f"persistent://public/default/{source}")}
+    assert set(_datasets(complete, "outputs")) == {(ns, f"persistent://public/default/{table}")}
+
+    props = json.loads(out.read_text())
+    assert props["spark.openlineage.parentJobNamespace"] == "pulsarstate-tests"
+    assert props["spark.openlineage.parentJobName"] == "lineage_guarded_spark.spark_job"
+    assert props["spark.openlineage.parentRunId"] == complete["run"]["runId"]
+    assert props["spark.openlineage.rootParentJobName"] == "lineage_guarded_spark"
+    parent = complete["run"]["facets"]["parent"]
+    assert props["spark.openlineage.rootParentRunId"] == parent["root"]["run"]["runId"]
+
+
+def test_the_view_spark_operator_keeps_the_injected_parent_properties_with_a_token(
+    env_connection: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a token the operator checks the spark-submit command before submitting; the hook it
+    builds for that check must not be the one that submits (it predates the injected properties)."""
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+    from airflow.providers.apache.spark.operators import spark_submit as provider_module
+
+    from airflow_provider_pulsarstate.operators.spark_submit import ViewSparkSubmitOperator
+
+    env_connection("pulsarstate_default", extra={"service_url": "pulsar://127.0.0.1:1", "auth_token": "tok-123"})
+    env_connection("spark_default", conn_type="spark", host="local[*]")
+    injected = {"spark.openlineage.parentRunId": "0192-parent", "spark.openlineage.parentJobName": "d.t"}
+    monkeypatch.setattr(
+        provider_module,
+        "inject_parent_job_information_into_spark_properties",
+        lambda properties, context: {**properties, **injected},
+    )
+    submitted: list[dict[str, Any]] = []
+    monkeypatch.setattr(
+        SparkSubmitHook, "submit", lambda self, application="", **kw: submitted.append(dict(self._conf))
+    )
+    op = ViewSparkSubmitOperator(
+        task_id="spark_job",
+        application="job.py",
+        conf={"spark.ui.enabled": "false"},
+        openlineage_inject_parent_job_info=True,
+    )
+    op.execute({})  # type: ignore[arg-type]
+    assert submitted == [{"spark.ui.enabled": "false", **injected}]
+
+
+def test_the_example_pipeline_reports_the_events_consumed_and_the_counts_published(
+    openlineage_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``airflow dags test price_events_pipeline`` with a real spark-submit (embedded back end):
+    the apply's COMPLETE event has exactly the events topic (with the offsets the run consumed)
+    and the table as inputs, and exactly the table (with the published counts) as output."""
+    monkeypatch.delenv("AIRFLOW_CONN_PULSARSTATE_DEFAULT", raising=False)
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", SPARK_LOCAL)
+    suffix = uuid.uuid4().hex[:8]
+    names = {"events_topic": f"lin-pe-{suffix}", "table_topic": f"lin-pt-{suffix}", "subscription": f"lin-ps-{suffix}"}
+    run = run_real(
+        openlineage_file,
+        "price_events_pipeline",
+        {"batch": 1, "events": 300, "skus": 120, "lease_timeout": 120, **names},
+    )
+    assert run.state == "success", (run.states, run.output)
+    report, result = run.xcoms["report"], run.xcoms["prices.apply_view"]
+    ns = _namespace("embedded")
+    events_name = f"persistent://public/default/{names['events_topic']}"
+    table_name = f"persistent://public/default/{names['table_topic']}"
+
+    def lifecycle(task_id: str) -> list[dict[str, Any]]:
+        return _events(openlineage_file, f"price_events_pipeline.{task_id}")
+
+    apply = lifecycle("prices.apply_view")
+    assert [e["eventType"] for e in apply] == ["START", "COMPLETE"]
+    inputs, outputs = _datasets(apply[1], "inputs"), _datasets(apply[1], "outputs")
+    assert set(inputs) == {(ns, events_name), (ns, table_name)}
+    consumed = [{"partition": int(p), "start": r[0], "next": r[1]} for p, r in sorted(report["offsets"].items())]
+    assert inputs[(ns, events_name)]["inputFacets"]["pulsarOffsetRanges"]["ranges"] == consumed
+    assert sum(r["next"] - r["start"] for r in consumed) == report["offsets_consumed"] == 300
+    assert set(outputs) == {(ns, table_name)}
+    facets = outputs[(ns, table_name)]["outputFacets"]
+    assert facets["outputStatistics"]["rowCount"] == report["table_rows"]
+    commit = facets["pulsarTableCommit"]
+    assert (commit["set"], commit["delete"], commit["unchanged"]) == (
+        result["set"],
+        result["delete"],
+        result["unchanged"],
+    )
+    assert (commit["commitOffset"], commit["viewId"]) == (result["commit_offset"], result["view_id"])
+
+    spark = lifecycle("prices.spark_job")
+    assert [e["eventType"] for e in spark] == ["START", "COMPLETE"]
+    assert set(_datasets(spark[1], "inputs")) == {(ns, events_name), (ns, table_name)}
+    assert not spark[1].get("outputs")
+    commit_task = lifecycle("prices.commit_offsets")[-1]
+    assert commit_task["eventType"] == "COMPLETE"
+    assert (
+        _datasets(commit_task, "inputs")[(ns, events_name)]["inputFacets"]["pulsarOffsetRanges"]["ranges"] == consumed
+    )

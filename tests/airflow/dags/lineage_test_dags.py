@@ -142,3 +142,38 @@ with DAG(
             return len(messages)
 
     copy_messages()
+
+with DAG(
+    "lineage_guarded_spark",
+    schedule=None,
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    params={
+        "source_topic": Param("lineage-spark-in", type="string"),
+        "table_topic": Param("lineage-spark-out", type="string"),
+        "lease_name": Param("lineage-spark-lease", type="string"),
+        "out": Param("", type="string", description="where the job writes its spark.openlineage.* properties"),
+    },
+) as lineage_guarded_spark:
+    import os
+    import sys
+    from pathlib import Path
+
+    from airflow_provider_pulsarstate.operators.leases import lease_task_group
+    from airflow_provider_pulsarstate.operators.spark_submit import GuardedSparkSubmitOperator
+
+    spark_job = GuardedSparkSubmitOperator(
+        task_id="spark_job",
+        application=str(Path(__file__).resolve().parent / "jobs" / "openlineage_conf_job.py"),
+        application_args=["--out", "{{ params.out }}"],
+        input_topics=["{{ params.source_topic }}"],
+        output_topics=["{{ params.table_topic }}"],
+        conf={"spark.ui.enabled": "false"},
+        # a plain SparkSubmitOperator: the venv's spark-submit and Python
+        env_vars={
+            "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
+            "PYSPARK_PYTHON": sys.executable,
+        },
+    )
+    lease_task_group(
+        "lease", lease_name="{{ params.lease_name }}", ttl=60.0, timeout=60, holder="{{ run_id }}", guard=[spark_job]
+    )
