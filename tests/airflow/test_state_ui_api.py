@@ -310,7 +310,7 @@ def test_bad_input_is_a_400_naming_the_field(
     params: dict[str, Any],
     field: str,
 ) -> None:
-    answer = admin.get(api(deployment, path), params=params, timeout=30)
+    answer = admin.get(api(deployment, path.format(dag=DAG)), params=params, timeout=30)
     assert answer.status_code == 400, (answer.status_code, answer.text)
     assert answer.json()["detail"].startswith(field + ":"), answer.text
 
@@ -467,13 +467,13 @@ def test_maps_are_reached_only_from_their_own_ids(
 @pytest.mark.parametrize(
     ("path", "params", "field"),
     [
-        (f"/maps/dags/{DAG}/run/entries", {"run_id": RUN_ID, "store": "bogus"}, "store"),
-        (f"/maps/dags/{DAG}/run/entries", {"run_id": RUN_ID, "limit": 0}, "limit"),
-        (f"/maps/dags/{DAG}/run/entries", {"run_id": ""}, "run_id"),
-        (f"/maps/dags/{DAG}/run", {"run_id": "x\x01y"}, "run_id"),
-        (f"/maps/dags/{DAG}/run", {"run_id": "r" * 300}, "run_id"),
-        (f"/maps/dags/{DAG}/runs", {"limit": 1000}, "limit"),
-        (f"/maps/dags/{DAG}/runs", {"cursor": 0}, "cursor"),
+        ("/maps/dags/{dag}/run/entries", {"run_id": RUN_ID, "store": "bogus"}, "store"),
+        ("/maps/dags/{dag}/run/entries", {"run_id": RUN_ID, "limit": 0}, "limit"),
+        ("/maps/dags/{dag}/run/entries", {"run_id": ""}, "run_id"),
+        ("/maps/dags/{dag}/run", {"run_id": "x\x01y"}, "run_id"),
+        ("/maps/dags/{dag}/run", {"run_id": "r" * 300}, "run_id"),
+        ("/maps/dags/{dag}/runs", {"limit": 1000}, "limit"),
+        ("/maps/dags/{dag}/runs", {"cursor": 0}, "cursor"),
         ("/maps/asset", {"name": " "}, "name"),
         ("/leases/transitions", {"limit": 0}, "limit"),
     ],
@@ -485,7 +485,7 @@ def test_bad_map_input_is_a_400_naming_the_field(
     params: dict[str, Any],
     field: str,
 ) -> None:
-    answer = admin.get(api(deployment, path), params=params, timeout=30)
+    answer = admin.get(api(deployment, path.format(dag=DAG)), params=params, timeout=30)
     assert answer.status_code == 400, (answer.status_code, answer.text)
     assert answer.json()["detail"].startswith(field + ":"), answer.text
 
