@@ -250,11 +250,12 @@ def test_a_spark_job_is_killed_when_its_lease_is_taken_over(dag_bundles: None, t
     lease, marker = _name("lease"), tmp_path / "marks"
     thread, stolen = _steal_when(marker, lease, "spark-start")
     started = time.monotonic()
-    run = run_dag(dag, {"lease_name": lease, "marker": str(marker), "seconds": 60})
+    # the job would run 300 s: ending well before that, without its end mark, means it was killed
+    run = run_dag(dag, {"lease_name": lease, "marker": str(marker), "seconds": 300})
     thread.join(timeout=30)
     assert run.state == "failed" and run.states["spark_job"] == "failed", run.states
     assert [m[0] for m in _marks(marker)] == ["spark-start"]  # it never reached its end
-    assert time.monotonic() - started < 60
+    assert time.monotonic() - started < 240
     assert run.xcoms["lease.release"]["released"] is False and "lease" in stolen
 
 
