@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_provider_pulsarstate.engine.backends import backend_class
+from airflow_provider_pulsarstate.engine.backends import backend_offers
 from airflow_provider_pulsarstate.engine.backends.base import Backend, partition_topic_name, writer_base_name
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, LeadershipError
@@ -352,7 +352,7 @@ def _open_leases(config: ConnectionConfig, topic: str) -> Any:
 
 def open_async_leadership_probe(config: ConnectionConfig, *, freshness: float = 0.0) -> AsyncLeadershipProbe:
     """An :class:`AsyncLeadershipProbe` for the back end ``config`` selects (no I/O until first use)."""
-    return backend_class(config).open_async_leadership_probe(config, freshness=freshness)
+    return backend_offers(config).open_async_leadership_probe(config, freshness=freshness)
 
 
 __all__ = [

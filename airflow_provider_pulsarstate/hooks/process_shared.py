@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_pulsarstate.engine.backends import backend_class
+from airflow_provider_pulsarstate.engine.backends import backend_offers
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.engine.offsets.pulsar_http import PulsarHttpMessages
 from airflow_provider_pulsarstate.engine.recipes.lease import DEFAULT_LEASE_TOPIC, Leases
@@ -120,6 +120,6 @@ class SharedObjectMethods:
         return shared_objects.shared(
             config,
             ("pulsar-http",),
-            lambda _opener: backend_class(config).open_http_messages(config),
+            lambda _opener: backend_offers(config).open_http_messages(config),
             lazy_backend=True,
         )

@@ -20,7 +20,7 @@ from typing import Any
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
-from airflow_provider_pulsarstate.engine.backends import Backend, backend_class, open_backend
+from airflow_provider_pulsarstate.engine.backends import Backend, backend_offers, open_backend
 from airflow_provider_pulsarstate.engine.backends.pulsar_offers import HEALTHCHECK_TOPIC
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError
@@ -487,4 +487,4 @@ class PulsarStateHook(TopicMethods, SharedObjectMethods, AsyncHookMethods, State
             config = self.get_config()
         except Exception as exc:
             return False, f"{type(exc).__name__}: {exc}"
-        return backend_class(config).check_reachable(config)
+        return backend_offers(config).check_reachable(config)

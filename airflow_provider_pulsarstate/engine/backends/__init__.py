@@ -10,6 +10,8 @@ from airflow_provider_pulsarstate.engine.backends.base import (
     RawReader,
     RawWriter,
 )
+from airflow_provider_pulsarstate.engine.backends.embedded_offers import EmbeddedOffers
+from airflow_provider_pulsarstate.engine.backends.pulsar_offers import PulsarOffers
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 
 
@@ -24,9 +26,27 @@ def backend_class(config: ConnectionConfig) -> type[Backend]:
     return EmbeddedBackend
 
 
+def backend_offers(config: ConnectionConfig) -> type[PulsarOffers] | type[EmbeddedOffers]:
+    """What the back end the config selects offers before one is opened: its reachability check,
+    async probes and HTTP message path. Asked without importing the back end's client library, so
+    a task process pushing small XComs, or a triggerer starting probes on its loop, never loads
+    ``pulsar``."""
+    return PulsarOffers if config.kind == "pulsar" else EmbeddedOffers
+
+
 def open_backend(config: ConnectionConfig) -> Backend:
     """The back end the config's URL selects (no network I/O happens here)."""
     return backend_class(config).from_config(config)
 
 
-__all__ = ["EARLIEST", "AcquireMode", "Backend", "RawEntry", "RawReader", "RawWriter", "backend_class", "open_backend"]
+__all__ = [
+    "EARLIEST",
+    "AcquireMode",
+    "Backend",
+    "RawEntry",
+    "RawReader",
+    "RawWriter",
+    "backend_class",
+    "backend_offers",
+    "open_backend",
+]

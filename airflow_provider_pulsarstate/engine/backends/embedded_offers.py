@@ -34,6 +34,11 @@ class EmbeddedOffers:
         return check_embedded_file(config)
 
     @classmethod
+    def open_http_messages(cls, config: ConnectionConfig) -> None:
+        """None: the embedded log keeps no message ids, so it has no HTTP message path."""
+        return None
+
+    @classmethod
     def open_async_offset_probe(cls, config: ConnectionConfig, *, freshness: float = 0.0) -> AsyncOffsetProbe:
         from airflow_provider_pulsarstate.engine.offsets.embedded import EmbeddedAsyncOffsetProbe
 

@@ -48,10 +48,12 @@ class PulsarOffers:
         target = (
             f"{config.source}: Pulsar broker {redact_url(config.url)} (admin {redact_url(config.resolved_admin_url)})"
         )
+        from airflow_provider_pulsarstate.engine.backends import open_backend
+
         backend: Any = None
         field = "admin_url"  # the one the failing step reaches
         try:
-            backend = cls.from_config(config)
+            backend = open_backend(config)
             topics = backend.admin.namespace_topics(config.tenant, config.namespace)
             persistent = sorted(t for t in topics if t.startswith("persistent://"))
             probe = (

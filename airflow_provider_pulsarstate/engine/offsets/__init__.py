@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_provider_pulsarstate.engine.backends import Backend, backend_class
+from airflow_provider_pulsarstate.engine.backends import Backend, backend_offers
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.engine.offsets.base import (
     AsyncOffsetProbe,
@@ -71,7 +71,7 @@ def delete_topic_if_unchanged(backend: Backend, topic: str, *, last: bytes | Non
 def open_async_probe(config: ConnectionConfig, *, freshness: float = 0.0) -> AsyncOffsetProbe:
     """An :class:`AsyncOffsetProbe` for the back end ``config`` selects (no I/O until first use);
     ``freshness``: see :class:`~airflow_provider_pulsarstate.engine.offsets.pulsar_async.PulsarAsyncOffsetProbe`."""
-    return backend_class(config).open_async_offset_probe(config, freshness=freshness)
+    return backend_offers(config).open_async_offset_probe(config, freshness=freshness)
 
 
 __all__ = [
