@@ -251,29 +251,29 @@ def create_app() -> FastAPI:
         with _hook(connection_id, field="run_id") as hook:
             return maps_reader.run_summary(hook, dag_id, run_id)
 
-    @app.get(maps + "/dags/{dag_id}/run/entries", dependencies=access)
-    def run_entries(
-        connection_id: str, dag_id: str, run_id: str, store: str = "xcom", cursor: str | None = None, limit: int = 50
+    def _run_page(
+        connection_id: str, dag_id: str, run_id: str, store: str, cursor: str | None, limit: int, *, values: bool
     ) -> dict[str, Any]:
-        """One page of a run's entries of ``store`` (task, map index, key, size, type, time): no values."""
         _id("dag_id", dag_id)
         _id("run_id", run_id)
         _store(store)
         _page_args(cursor, limit)
         with _hook(connection_id, field="run_id") as hook:
-            return maps_reader.run_entries(hook, dag_id, run_id, store=store, cursor=cursor, limit=limit, values=False)
+            return maps_reader.run_entries(hook, dag_id, run_id, store=store, cursor=cursor, limit=limit, values=values)
+
+    @app.get(maps + "/dags/{dag_id}/run/entries", dependencies=access)
+    def run_entries(
+        connection_id: str, dag_id: str, run_id: str, store: str = "xcom", cursor: str | None = None, limit: int = 50
+    ) -> dict[str, Any]:
+        """One page of a run's entries of ``store`` (task, map index, key, size, type, time): no values."""
+        return _run_page(connection_id, dag_id, run_id, store, cursor, limit, values=False)
 
     @app.get(maps + "/dags/{dag_id}/run/values", dependencies=xcom_access)
     def run_values(
         connection_id: str, dag_id: str, run_id: str, store: str = "xcom", cursor: str | None = None, limit: int = 50
     ) -> dict[str, Any]:
         """The page of :func:`run_entries` with the values: only for users who may read the DAG's XComs."""
-        _id("dag_id", dag_id)
-        _id("run_id", run_id)
-        _store(store)
-        _page_args(cursor, limit)
-        with _hook(connection_id, field="run_id") as hook:
-            return maps_reader.run_entries(hook, dag_id, run_id, store=store, cursor=cursor, limit=limit, values=True)
+        return _run_page(connection_id, dag_id, run_id, store, cursor, limit, values=True)
 
     @app.get(maps + "/asset", dependencies=access)
     def asset_map(connection_id: str, name: str) -> dict[str, Any]:
