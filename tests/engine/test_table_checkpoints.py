@@ -17,7 +17,7 @@ from airflow_provider_pulsarstate.engine.backends.base import Backend
 from airflow_provider_pulsarstate.engine.checkpoint import CheckpointStore
 from airflow_provider_pulsarstate.engine.errors import ViewConflictError, ViewNotFoundError
 from airflow_provider_pulsarstate.engine.manager import SharedStateManager
-from airflow_provider_pulsarstate.engine.recipes import table as table_module
+from airflow_provider_pulsarstate.engine.recipes import table_state as table_state_module
 from airflow_provider_pulsarstate.engine.recipes.table import SourceRange, StateTable
 from airflow_provider_pulsarstate.engine.recipes.table_ops import decode_op, encode_op
 from tests.engine.test_views import switch as staged_view
@@ -112,7 +112,7 @@ def test_a_damaged_table_image_means_a_full_replay(
 def test_closed_views_beyond_the_limit_are_forgotten_identically_everywhere(
     tables: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(table_module, "KEEP_CLOSED_VIEWS", 3)
+    monkeypatch.setattr(table_state_module, "KEEP_CLOSED_VIEWS", 3)
     w = tables(checkpoint_after_bytes=None)
     ids = [switch(w, {"k": {"v": n}}, view_id=f"v{n}") for n in range(6)]
     for vid in ids[:5]:
