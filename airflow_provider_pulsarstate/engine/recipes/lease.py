@@ -40,6 +40,11 @@ Example::
 
 A :class:`Lease` travels between processes (Airflow XCom) as :meth:`Lease.to_json`; the receiving
 process calls :meth:`Leases.renew` first, which re-validates it against the lease log.
+
+:class:`Leases` is a façade over parts with one job each: :mod:`.lease_records` (the records),
+:mod:`.lease_codec` (the lease log's ops and image), :mod:`.lease_observer` (the fold and this
+process's observations), :mod:`.lease_ops` (the decisions and checks) and :mod:`.lease_keeper`
+(:class:`LeaseKeeper`). Every public name is importable from here.
 """
 
 from __future__ import annotations

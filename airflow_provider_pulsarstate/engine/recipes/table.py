@@ -50,6 +50,12 @@ is sonic-swss-common's create_temp_view / apply_temp_view, minus its weaknesses:
   :data:`KEEP_CLOSED_VIEWS` (a re-apply of an older one raises :class:`ViewNotFoundError`).
 * **Expiry.** Views not applied or dropped within ``ttl`` seconds are dropped by the next
   create_view (or :meth:`StateTable.expire_views`), and their staging topics deleted.
+
+:class:`StateTable` is a façade over parts with one job each: :mod:`.table_records` (the records
+it hands out), :mod:`.table_state` (the replicated state, its fold and image), :mod:`.table_apply`
+(plan and apply on a state), :mod:`.table_views` (the view lifecycle and staging clean-up),
+:mod:`.table_rows` (reads and listeners) and :mod:`.scope_predicates`. Every public name is
+importable from here.
 """
 
 from __future__ import annotations
