@@ -466,7 +466,7 @@ def test_task_group_dry_run_drops_after_planning_and_rejects_reserved_arguments(
     from airflow.sdk import TriggerRule
 
     _, group, _ = _group_dag(dry_run=True)
-    assert group.apply.dry_run is True and group.apply.drop_after_plan is True
+    assert group.apply.plan_only is True and group.apply.drop_after_plan is True
     assert group.apply.max_delete_fraction == 0.5 and group.apply.max_deletes is None  # the safe default
     _, group, _ = _group_dag(max_deletes=7, max_delete_fraction=0.9)
     assert (group.apply.max_deletes, group.apply.max_delete_fraction) == (7, 0.9)
