@@ -127,21 +127,33 @@ def _worker(names: dict[str, str], batch: int, kill_after: str) -> dict[str, Any
     return json.loads(line[len("RESULT ") :])
 
 
-@pytest.mark.usefixtures("dag_bundles")
-@pytest.mark.timeout(1800)  # seven runs with a real spark-submit each: ~6 min alone on 2 cores
-def test_every_event_counts_exactly_once_when_a_worker_dies_at_each_task_boundary(state_backend: str) -> None:
-    names = _names()
-    stale_view = None
-    # each run publishes a new batch, then its worker dies after one task; the next run follows
-    boundaries = [
+# Each series runs its batches in order: every run publishes a new batch, then its worker dies after
+# one task (or fails once and is retried); the next run follows. The two series are independent (own
+# topics), so they run in parallel; together they cover every task boundary of the pipeline.
+KILL_SERIES = {
+    "dies-before-the-cursor-moves": [
         "publish_events",
         "wait_for_events",
         "prices.spark_job",
         "prices.apply_view",
+        "",
+    ],
+    "dies-after-the-cursor-moved": [
         "prices.commit_offsets",
         "fail:prices.apply_view",  # fails after its commit, retried in the same run: already applied, nothing twice
-        "",
-    ]
+    ],
+}
+
+
+@pytest.mark.usefixtures("dag_bundles")
+@pytest.mark.timeout(1200)  # up to five runs with a real spark-submit each: ~4 min alone on 2 cores
+@pytest.mark.parametrize("series", list(KILL_SERIES))
+def test_every_event_counts_exactly_once_when_a_worker_dies_at_each_task_boundary(
+    state_backend: str, series: str
+) -> None:
+    names = _names()
+    stale_view = None
+    boundaries = KILL_SERIES[series]
     for batch, kill_after in enumerate(boundaries, start=1):
         outcome = _worker(names, batch, kill_after)
         with PulsarStateHook() as hook:
@@ -157,6 +169,7 @@ def test_every_event_counts_exactly_once_when_a_worker_dies_at_each_task_boundar
             if kill_after == "prices.apply_view":  # applied, the cursor not yet moved
                 assert recorded == end and cursor != recorded
                 # the view staged by the dead run 3 read from the same (empty) record: applying it now would double-count
+                assert stale_view is not None
                 with pytest.raises(SourceOffsetsConflictError, match="consumed .* partition"):
                     _table(hook, names["table_topic"]).apply(stale_view)
             if kill_after in ("prices.commit_offsets", "fail:prices.apply_view", ""):
