@@ -20,6 +20,9 @@ import requests
 
 from airflow_provider_pulsarstate.testing.airflow_processes import AirflowProcesses
 
+# the tests share the module's API servers (the fixture ``deployment``): on one xdist worker, started once
+pytestmark = pytest.mark.xdist_group("state-ui-api")
+
 ROOT = Path(__file__).resolve().parents[2]
 CONN_ID = "ps_ui"
 _RUN = os.urandom(4).hex()  # the shared test broker keeps topics between runs
@@ -124,6 +127,7 @@ def deployment(
     not read connections) whose deployment defines the connection."""
     home = tmp_path_factory.mktemp("state-ui")
     (home / "dags").mkdir()
+    migrated_db = request.getfixturevalue("migrated_db")  # a copy of the run's migrated DB, not a migration
     if request.param == "pulsar":
         broker = request.getfixturevalue("pulsar_broker")
         extra = {"service_url": broker.service_url, "admin_url": broker.admin_url, "operation_timeout": 30}
@@ -146,6 +150,7 @@ def deployment(
         home=home / "airflow",
         dags_folder=home / "dags",
         components=("api-server",),
+        metadata_db=migrated_db,
         env={
             "PYTHONPATH": str(ROOT),
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
