@@ -11,6 +11,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from airflow_provider_pulsarstate.engine.backends.base import partition_topic_name
 from airflow_provider_pulsarstate.engine.errors import (
     ClosedError,
     ConfigurationError,
@@ -123,6 +124,24 @@ def partition_error(topic: str, count: int, partition: int) -> UnknownPartitionE
     if 0 <= partition < count:
         return None
     return UnknownPartitionError(f"topic {topic} has partitions 0..{count - 1}: no partition {partition}")
+
+
+def stored_topic(topic: str, count: int, partition: int) -> str:
+    """The topic ``partition`` of ``topic`` (``count`` partitions, 0: non-partitioned) is stored
+    under: ``topic`` itself when not partitioned, else ``topic-partition-K`` as Pulsar names it.
+
+    :raises UnknownPartitionError: the topic has no such partition.
+    """
+    error = partition_error(topic, count, partition)
+    if error is not None:
+        raise error
+    return topic if count == 0 else partition_topic_name(topic, partition)
+
+
+def check_commit_range(topic: str, partition: int, next_offset: int, beginning: int, end: int) -> None:
+    """A committed offset lies in ``[beginning, end]`` (the end itself: everything consumed)."""
+    if not beginning <= next_offset <= end:
+        raise out_of_range(topic, partition, next_offset, beginning, end, commit=True)
 
 
 def partition_needed(topic: str, count: int) -> UnknownPartitionError:
