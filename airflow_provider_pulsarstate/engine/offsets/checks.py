@@ -15,6 +15,7 @@ from airflow_provider_pulsarstate.engine.backends.base import partition_topic_na
 from airflow_provider_pulsarstate.engine.errors import (
     ClosedError,
     ConfigurationError,
+    MessageNotFoundError,
     OffsetOutOfRangeError,
     UnknownPartitionError,
     UnknownTopicError,
@@ -175,6 +176,15 @@ def topic_exists_differently(topic: str, existing: int, partitions: int) -> Conf
 def not_an_address(address: object, store: str, expected: str) -> ConfigurationError:
     """``address`` is not a message address of ``store`` (``expected``: the form it has there)."""
     return ConfigurationError(f"{address!r} is not a message address of {store} (expected {expected!r})")
+
+
+NOTHING_THERE = "nothing there (never written, topic deleted, or trimmed)"
+"""Why :meth:`~.base.OffsetLog.read_at` found no message at an address the topic does not hold."""
+
+
+def message_not_found(topic: str, address: str, where: str, why: str) -> MessageNotFoundError:
+    """No message at ``address``; ``where``: the back end's ``topic_url`` of the topic read."""
+    return MessageNotFoundError(f"no message at {address} of {where}: {why}", topic=topic, address=address)
 
 
 def log_closed(topic: str) -> ClosedError:

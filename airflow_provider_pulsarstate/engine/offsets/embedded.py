@@ -33,7 +33,6 @@ from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.engine.errors import (
     BackendUnavailableError,
     ConfigurationError,
-    MessageNotFoundError,
     UnknownPartitionError,
     UnknownTopicError,
 )
@@ -45,10 +44,12 @@ from airflow_provider_pulsarstate.engine.offsets.base import (
     parse_address,
 )
 from airflow_provider_pulsarstate.engine.offsets.checks import (
+    NOTHING_THERE,
     check_commit_range,
     check_offset,
     check_partition_count,
     check_topic,
+    message_not_found,
     not_an_address,
     out_of_range,
     topic_exists_differently,
@@ -173,22 +174,14 @@ class EmbeddedOffsetLog(OffsetLog):
             try:
                 stored = stored_partition(conn, self.backend, self.topic, partition)
             except (UnknownTopicError, UnknownPartitionError) as exc:
-                raise MessageNotFoundError(
-                    f"no message at {address} of {self.backend.topic_url(self.topic)}: {exc}",
-                    topic=self.topic,
-                    address=address,
-                ) from exc
+                raise message_not_found(self.topic, address, self.backend.topic_url(self.topic), str(exc)) from exc
             row = conn.execute(
                 "SELECT e.payload, e.publish_time, m.properties FROM entries e "
                 "LEFT JOIN entry_meta m ON m.topic = e.topic AND m.pos = e.pos WHERE e.topic = ? AND e.pos = ?",
                 (stored, position),
             ).fetchone()
         if row is None:
-            raise MessageNotFoundError(
-                f"no message at {address} of {self.backend.topic_url(self.topic)} (never written there, or trimmed)",
-                topic=self.topic,
-                address=address,
-            )
+            raise message_not_found(self.topic, address, self.backend.topic_url(stored), NOTHING_THERE)
         return StoredMessage(address, bytes(row[0]), properties_of(row[2], stored, position), float(row[1]))
 
     def _commit_at(self, subscription: str, partition: int, next_offset: int) -> None:

@@ -40,7 +40,7 @@ from airflow_provider_pulsarstate.engine.backends.base import partition_topic_na
 from airflow_provider_pulsarstate.engine.backends.pulsar import PulsarBackend, unique_subscription
 from airflow_provider_pulsarstate.engine.errors import MessageNotFoundError
 from airflow_provider_pulsarstate.engine.offsets.base import OffsetLog, PulledMessage, StoredMessage, parse_address
-from airflow_provider_pulsarstate.engine.offsets.checks import not_an_address
+from airflow_provider_pulsarstate.engine.offsets.checks import NOTHING_THERE, message_not_found, not_an_address
 from airflow_provider_pulsarstate.engine.offsets.pulsar_commits import SubscriptionCommits
 from airflow_provider_pulsarstate.engine.offsets.pulsar_fetch import Fetcher
 from airflow_provider_pulsarstate.engine.offsets.pulsar_http import PULSAR_ADDRESS, PULSAR_ADDRESS_FORM
@@ -153,7 +153,7 @@ class PulsarOffsetLog(OffsetLog):
             raise self._backend._unreachable("creating a reader of", pt, exc) from exc
         try:
             if not reader.has_message_available():
-                raise self._not_found(address, pt, "nothing there (never written, topic deleted, or trimmed)")
+                raise self._not_found(address, pt, NOTHING_THERE)
             msg = reader.read_next(max(1, int(timeout * 1000)))
         except pulsar.Timeout as exc:
             raise self._not_found(address, pt, f"nothing arrived within {timeout:.1f}s") from exc
@@ -167,7 +167,7 @@ class PulsarOffsetLog(OffsetLog):
         return StoredMessage(address, msg.data(), dict(msg.properties()), msg.publish_timestamp() / 1000.0)
 
     def _not_found(self, address: str, pt: str, why: str) -> MessageNotFoundError:
-        return MessageNotFoundError(f"no message at {address} of {pt}: {why}", topic=self.topic, address=address)
+        return message_not_found(self.topic, address, self._backend.topic_url(pt), why)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def _check_open(self) -> None:
