@@ -308,21 +308,21 @@ def _add_asset_map_routes(app: FastAPI, maps: str, access: list[Any]) -> None:
         with _hook(connection_id, field="name") as hook:
             return maps_reader.asset_summary(hook, name)
 
-    @app.get(maps + "/asset/entries", dependencies=access)
-    def asset_entries(connection_id: str, name: str, cursor: str | None = None, limit: int = 50) -> dict[str, Any]:
-        """One page of an asset's state keys (size, expiry): no values."""
+    def _asset_page(connection_id: str, name: str, cursor: str | None, limit: int, *, values: bool) -> dict[str, Any]:
         _id("name", name, MAX_ASSET_NAME_CHARS)
         _page_args(cursor, limit)
         with _hook(connection_id, field="name") as hook:
-            return maps_reader.asset_entries(hook, name, cursor=cursor, limit=limit, values=False)
+            return maps_reader.asset_entries(hook, name, cursor=cursor, limit=limit, values=values)
+
+    @app.get(maps + "/asset/entries", dependencies=access)
+    def asset_entries(connection_id: str, name: str, cursor: str | None = None, limit: int = 50) -> dict[str, Any]:
+        """One page of an asset's state keys (size, expiry): no values."""
+        return _asset_page(connection_id, name, cursor, limit, values=False)
 
     @app.get(maps + "/asset/values", dependencies=[*access, _asset_access()])
     def asset_values(connection_id: str, name: str, cursor: str | None = None, limit: int = 50) -> dict[str, Any]:
         """The page of :func:`asset_entries` with the values: only for users who may read assets."""
-        _id("name", name, MAX_ASSET_NAME_CHARS)
-        _page_args(cursor, limit)
-        with _hook(connection_id, field="name") as hook:
-            return maps_reader.asset_entries(hook, name, cursor=cursor, limit=limit, values=True)
+        return _asset_page(connection_id, name, cursor, limit, values=True)
 
 
 def _add_subscription_routes(app: FastAPI, base: str, access: list[Any]) -> None:
