@@ -170,7 +170,7 @@ def api_server(
 
 @pytest.fixture(scope="module", params=["embedded", pytest.param("pulsar", marks=pytest.mark.pulsar)])
 def deployment(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, migrated_db: Path
 ) -> Iterator[tuple[AirflowProcesses, dict[str, Any]]]:
     """The engine's state (in an embedded file, or on the test broker), and a real API server
     (:func:`api_server`) whose deployment defines the connection."""
