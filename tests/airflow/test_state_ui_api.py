@@ -175,7 +175,6 @@ def deployment(
     """The engine's state (in an embedded file, or on the test broker), and a real API server
     (:func:`api_server`) whose deployment defines the connection."""
     home = tmp_path_factory.mktemp("state-ui")
-    migrated_db = request.getfixturevalue("migrated_db")  # a copy of the run's migrated DB, not a migration
     if request.param == "pulsar":
         broker = request.getfixturevalue("pulsar_broker")
         extra = {"service_url": broker.service_url, "admin_url": broker.admin_url, "operation_timeout": 30}
