@@ -19,7 +19,7 @@ In any other process (``sys.argv[1]`` is not ``triggerer``) it does nothing and 
 The triggerer's supervisor goes on making long-lived objects after the imports (its database
 models, ~100,000 objects), then forks the trigger runner that runs the triggers' event loop; the
 runner keeps the frozen objects and, by a fork hook this call registers, freezes the supervisor's
-later ones too before its loop starts.
+later ones too as it starts.
 """
 
 from __future__ import annotations
@@ -44,11 +44,6 @@ PRELOAD: tuple[str, ...] = (
 triggers with the client library they load when they start."""
 
 
-def _collect_and_freeze() -> None:
-    gc.collect()
-    gc.freeze()
-
-
 def is_triggerer(argv: Sequence[str]) -> bool:
     """Whether ``argv`` is an ``airflow triggerer`` (or ``python -m airflow triggerer``) command line."""
     return len(argv) > 1 and argv[1] == "triggerer"
@@ -57,7 +52,7 @@ def is_triggerer(argv: Sequence[str]) -> bool:
 def freeze_triggerer_imports(*, argv: Sequence[str] | None = None, preload: Iterable[str] = PRELOAD) -> int:
     """In an ``airflow triggerer`` process: import ``preload``, collect, then :func:`gc.freeze`.
 
-    A process forked afterwards (the trigger runner) collects and freezes again as it starts.
+    A process forked afterwards (the trigger runner) freezes again as it starts.
     Returns the number of objects frozen (``gc.get_freeze_count()``), 0 when ``argv`` (default
     ``sys.argv``) is not a triggerer's. If an import fails, nothing is frozen: a warning naming the
     module goes to stderr and the triggerer starts as it would without this call.
@@ -72,8 +67,11 @@ def freeze_triggerer_imports(*, argv: Sequence[str] | None = None, preload: Iter
                 f"pulsarstate triggerer_gc: not freezing, importing {name} failed: {exc!r}", file=sys.stderr, flush=True
             )
             return 0
-    _collect_and_freeze()
+    gc.collect()
+    gc.freeze()
     frozen = gc.get_freeze_count()
-    os.register_at_fork(after_in_child=_collect_and_freeze)
+    # only a freeze in the child: a collection right after a fork could run a finalizer that
+    # waits for a lock a thread of the parent held at the fork
+    os.register_at_fork(after_in_child=gc.freeze)
     print(f"pulsarstate triggerer_gc: froze {frozen} objects of the triggerer's imports", file=sys.stderr, flush=True)
     return frozen
