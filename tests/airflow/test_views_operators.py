@@ -29,11 +29,10 @@ from airflow_provider_pulsarstate.engine.recipes.table import (
 )
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.spark import AUTH_TOKEN_ENV, load_config
-from tests.airflow.dagruns import EXAMPLE_DAGS, TEST_DAGS, load_dag, load_job, run_dag
+from tests.airflow.dagruns import EXAMPLE_DAGS, TEST_DAGS, dag_bundle_env, load_dag, load_job, run_dag
 from tests.conftest import count_entries
 
 ROWS = 5000
-SPARK_LOCAL = json.dumps({"conn_type": "spark", "host": "local[*]"})
 job = load_job("price_table_job")
 
 
@@ -41,17 +40,9 @@ job = load_job("price_table_job")
 @pytest.fixture(scope="module")
 def dag_bundles(airflow_db: Path) -> Iterator[None]:
     """DAG bundles for the example DAGs and the test DAGs (dag.test() needs serialized DAGs), and Spark."""
-    bundles = [
-        {
-            "name": name,
-            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-            "kwargs": {"path": str(path), "refresh_interval": 0},
-        }
-        for name, path in (("pulsarstate-examples", EXAMPLE_DAGS), ("pulsarstate-test-dags", TEST_DAGS))
-    ]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps(bundles))
-        patch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", SPARK_LOCAL)
+        for name, value in dag_bundle_env().items():
+            patch.setenv(name, value)
         yield
 
 
