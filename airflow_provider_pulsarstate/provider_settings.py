@@ -126,7 +126,9 @@ def load_settings(conf: Any = None) -> ProviderSettings:
     :raises ConfigurationError: an option has a bad value; the message names ``[pulsarstate] <option>``.
     """
     if conf is None:
-        from airflow.sdk.configuration import conf  # the same file and env on workers and servers
+        from airflow.sdk.configuration import conf as airflow_conf  # the same file and env on workers and servers
+
+        conf = airflow_conf
     values: dict[str, Any] = {}
     for name, spec in OPTIONS.items():
         raw = conf.get(SECTION, name, fallback=spec["default"])

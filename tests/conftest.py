@@ -38,6 +38,7 @@ SERVICE_URL_ENV, ADMIN_URL_ENV, PID_ENV = (
 LOG_ENV = "PULSARSTATE_TEST_BROKER_LOG"  # the shared broker's log, for the failure reports
 BROKER_LOG_TAIL_LINES = 50
 _SHARED_BROKER_KEY = pytest.StashKey[Any]()
+SPARK_CONF_DIR = Path(__file__).resolve().parent / "spark-conf"  # short-lived local JVMs: see its spark-defaults.conf
 
 
 def _is_xdist_controller(config: pytest.Config) -> bool:
@@ -46,7 +47,10 @@ def _is_xdist_controller(config: pytest.Config) -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Under xdist, the controller starts the session broker once and gives its URLs to the workers
-    (they inherit the environment); without its pid, so no worker freezes what the others use."""
+    (they inherit the environment); without its pid, so no worker freezes what the others use.
+    Every spark-submit of the run (in this process or in the Airflow processes it starts) reads the
+    test Spark defaults, unless the caller chose a SPARK_CONF_DIR."""
+    os.environ.setdefault("SPARK_CONF_DIR", str(SPARK_CONF_DIR))
     if not _is_xdist_controller(config) or os.environ.get(SERVICE_URL_ENV) or config.option.collectonly:
         return
     import tempfile
@@ -73,6 +77,32 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(broker.data_dir, ignore_errors=True)
         for name in (SERVICE_URL_ENV, ADMIN_URL_ENV, LOG_ENV):
             os.environ.pop(name, None)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Slowest modules first, each module's tests kept together and in their order (module fixtures
+    are set up once): under xdist the long live tests then start at once instead of ending the run
+    alone. The times come from ``tests/durations.json`` (``dev/test_durations.py`` refreshes it);
+    a test it does not know counts as fast."""
+    known = _known_durations()
+    if not known:
+        return
+    slowest: dict[str, float] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        slowest[module] = max(slowest.get(module, 0.0), known.get(item.nodeid, 0.0))
+    items.sort(key=lambda item: -slowest[item.nodeid.split("::", 1)[0]])  # stable: order within a module kept
+
+
+def _known_durations() -> dict[str, float]:
+    import json
+
+    path = Path(__file__).resolve().parent / "durations.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
 def _log_tail(path: Path, lines: int = BROKER_LOG_TAIL_LINES) -> str:

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+# the tests share the module's built wheel: on one xdist worker, built once
+pytestmark = pytest.mark.xdist_group("packaging")
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "airflow_provider_pulsarstate"
 SPARK_RUNTIME = {"pyspark", "pyspark-client", "pyarrow", "apache-airflow-providers-apache-spark"}

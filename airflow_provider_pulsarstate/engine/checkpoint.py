@@ -255,11 +255,7 @@ class CheckpointStore:
         :raises CheckpointError: the image or its manifest could not be stored.
         """
         started = time.monotonic()
-        try:
-            previous = self.latest()
-        except PulsarStateError as exc:
-            log.warning("%s; writing a new checkpoint anyway", exc)
-            previous = None
+        previous = self._latest_or_none()
         ckpt_id = uuid.uuid4().bytes
         data_topic = self.image_topic(offset, ckpt_id.hex())
         frames = encode_frames(
@@ -284,39 +280,9 @@ class CheckpointStore:
             log_id=log_id,
             fences=dict(fences or {}),
         )
-        manifest = json.dumps(
-            {
-                "format": FORMAT,
-                "topic": self.topic,
-                "offset": offset,
-                "epoch": epoch,
-                "position": base64.b64encode(self.backend.encode_position(position)).decode(),
-                "data_topic": data_topic,
-                "id": info.checkpoint_id,
-                "size": info.size,
-                "crc32": info.crc32,
-                "created": info.created,
-                "previous": info.previous,
-                "log_id": log_id,
-                "fences": {name: t for (ref, name), t in info.fences.items() if ref == ""},
-                "lease_fences": sorted([ref, name, t] for (ref, name), t in info.fences.items() if ref != ""),
-            }
-        ).encode()
-        try:
-            # Kept like the log: the manifests witness that the table existed (a deleted log is then
-            # noticed), and an image the broker deletes while idle would make checkpoints useless.
-            self.backend.ensure_durable(data_topic)
-            self.backend.ensure_durable(self.index_topic)
-            self._append(data_topic, frames, compress=True)
-            self._append(self.index_topic, [manifest])
-        except PulsarStateError as exc:
-            raise self._error(f"could not store the checkpoint at offset {offset}: {exc}") from exc
-        stale = previous.previous if previous is not None else None
-        if stale is not None and self.is_own_image(stale) and stale not in (data_topic, previous.data_topic):
-            try:
-                self.backend.delete_topic(stale)
-            except PulsarStateError as exc:
-                log.warning("%s: could not delete the old checkpoint image %s: %s", self.topic, stale, exc)
+        self._store(info, frames)
+        if previous is not None:
+            self._delete_stale_image(previous, data_topic)
         elapsed = time.monotonic() - started
         log.info(
             "%s: checkpoint at offset %d written: %s bytes in %d frames, %.2fs (%.1f MB/s)",
@@ -328,6 +294,57 @@ class CheckpointStore:
             len(data) / 1e6 / max(elapsed, 1e-9),
         )
         return info
+
+    def _store(self, info: CheckpointInfo, frames: list[bytes]) -> None:
+        """Append the image's frames to its topic, then the manifest to the index topic."""
+        try:
+            # Kept like the log: the manifests witness that the table existed (a deleted log is then
+            # noticed), and an image the broker deletes while idle would make checkpoints useless.
+            self.backend.ensure_durable(info.data_topic)
+            self.backend.ensure_durable(self.index_topic)
+            self._append(info.data_topic, frames, compress=True)
+            self._append(self.index_topic, [self._manifest(info)])
+        except PulsarStateError as exc:
+            raise self._error(f"could not store the checkpoint at offset {info.offset}: {exc}") from exc
+
+    def _latest_or_none(self) -> CheckpointInfo | None:
+        """The newest checkpoint, or None (also when it cannot be read: a new one is written anyway)."""
+        try:
+            return self.latest()
+        except PulsarStateError as exc:
+            log.warning("%s; writing a new checkpoint anyway", exc)
+            return None
+
+    def _manifest(self, info: CheckpointInfo) -> bytes:
+        """The manifest of ``info`` as appended to the index topic."""
+        return json.dumps(
+            {
+                "format": FORMAT,
+                "topic": self.topic,
+                "offset": info.offset,
+                "epoch": info.epoch,
+                "position": base64.b64encode(self.backend.encode_position(info.position)).decode(),
+                "data_topic": info.data_topic,
+                "id": info.checkpoint_id,
+                "size": info.size,
+                "crc32": info.crc32,
+                "created": info.created,
+                "previous": info.previous,
+                "log_id": info.log_id,
+                "fences": {name: t for (ref, name), t in info.fences.items() if ref == ""},
+                "lease_fences": sorted([ref, name, t] for (ref, name), t in info.fences.items() if ref != ""),
+            }
+        ).encode()
+
+    def _delete_stale_image(self, previous: CheckpointInfo, data_topic: str) -> None:
+        """Delete the image before ``previous`` (two are kept: the new one and ``previous``), when it
+        is one of this table's own; a failure is logged, the new checkpoint stands."""
+        stale = previous.previous
+        if stale is not None and self.is_own_image(stale) and stale not in (data_topic, previous.data_topic):
+            try:
+                self.backend.delete_topic(stale)
+            except PulsarStateError as exc:
+                log.warning("%s: could not delete the old checkpoint image %s: %s", self.topic, stale, exc)
 
     def _append(self, topic: str, payloads: list[bytes], *, compress: bool = False) -> None:
         writer = self.backend.open_shared_writer(topic, compress=compress)
@@ -342,7 +359,7 @@ def _field(manifest: dict[str, Any], name: str, kind: type | tuple[type, ...], *
     value = manifest[name]
     if not isinstance(value, kind) or isinstance(value, bool):
         raise TypeError(f"{name} {value!r} is a {type(value).__name__}, not {getattr(kind, '__name__', kind)}")
-    if minimum is not None and value < minimum:
+    if minimum is not None and isinstance(value, (int, float)) and value < minimum:
         raise ValueError(f"{name} {value!r} is below {minimum}")
     return value
 

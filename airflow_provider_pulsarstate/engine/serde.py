@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -23,7 +23,8 @@ class JsonSerde(Generic[T]):
         return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
     def deserialize(self, data: bytes) -> T:
-        return json.loads(data)
+        # json.loads is typed Any; the round-trip contract makes it the T that serialize was given.
+        return cast("T", json.loads(data))
 
 
 class StrSerde:

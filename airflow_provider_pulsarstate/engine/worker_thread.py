@@ -16,7 +16,8 @@ import os
 import threading
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Generic, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar, cast
 
 from airflow_provider_pulsarstate.engine.errors import ClosedError
 
@@ -28,7 +29,7 @@ MAX_THREADS = 8
 number of triggers (a read is bounded by its connection's ``operation_timeout``)."""
 
 _pool_lock = threading.Lock()
-_pool: list[Any] = []  # [(pid, executor)]
+_pool: list[tuple[int, ThreadPoolExecutor]] = []  # [(pid, executor)]
 
 
 def shared_pool() -> ThreadPoolExecutor:
@@ -39,6 +40,16 @@ def shared_pool() -> ThreadPoolExecutor:
         return _pool[0][1]
 
 
+@dataclass(eq=False)
+class _Held:
+    """One key's resource in a process: opened by the first user, closed after the last."""
+
+    pid: int
+    resource: object = None  # None until opened
+    users: int = 0
+    opening: threading.Lock = field(default_factory=threading.Lock)  # one opener per key
+
+
 class SharedResources:
     """Resources opened once per key and process, counted by users, closed after the last one.
 
@@ -47,21 +58,22 @@ class SharedResources:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._held: dict[Hashable, list[Any]] = {}  # key -> [resource, users, opening lock, pid]
+        self._held: dict[Hashable, _Held] = {}
 
     def acquire(self, key: Hashable, opener: Callable[[], R]) -> R:
         """The resource of ``key``, opened by ``opener`` if no one holds it; one more user."""
         pid = os.getpid()
         with self._lock:
             entry = self._held.get(key)
-            if entry is None or entry[3] != pid:
-                entry = self._held[key] = [None, 0, threading.Lock(), pid]
-            entry[1] += 1
+            if entry is None or entry.pid != pid:
+                entry = self._held[key] = _Held(pid)
+            entry.users += 1
         try:
-            with entry[2]:  # one opener per key; the others wait for its resource
-                if entry[0] is None:
-                    entry[0] = opener()
-                return entry[0]
+            with entry.opening:  # the others wait for the first opener's resource
+                if entry.resource is None:
+                    entry.resource = opener()
+                # The registry holds resources of many types; a key's resource is what its opener returned.
+                return cast("R", entry.resource)
         except BaseException:
             self._drop(key, entry)
             raise
@@ -72,23 +84,23 @@ class SharedResources:
             entry = self._held.get(key)
             if entry is None:
                 return
-            entry[1] -= 1
-            if entry[1] > 0:
+            entry.users -= 1
+            if entry.users > 0:
                 return
             del self._held[key]
-        if entry[0] is not None:
-            closer(entry[0])
+        if entry.resource is not None:
+            closer(entry.resource)
 
     def users(self, key: Hashable) -> int:
         """How many hold ``key`` now (for tests)."""
         with self._lock:
             entry = self._held.get(key)
-            return 0 if entry is None else int(entry[1])
+            return 0 if entry is None else entry.users
 
-    def _drop(self, key: Hashable, entry: list[Any]) -> None:
+    def _drop(self, key: Hashable, entry: _Held) -> None:
         with self._lock:
-            entry[1] -= 1
-            if entry[1] <= 0 and self._held.get(key) is entry:
+            entry.users -= 1
+            if entry.users <= 0 and self._held.get(key) is entry:
                 del self._held[key]
 
 

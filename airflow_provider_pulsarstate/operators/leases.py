@@ -43,6 +43,11 @@ if TYPE_CHECKING:
 
     from airflow_provider_pulsarstate.hooks.pulsarstate import Lease, Leases
 
+    # What the mixin is mixed into: an operator (its execute, on_kill, >>).
+    _GuardedOperator = BaseOperator
+else:
+    _GuardedOperator = object
+
 DEFAULT_CONN_ID = PulsarStateHook.default_conn_name
 DEFAULT_HOLDER = "{{ dag.dag_id }}/{{ run_id }}"
 """The holder an :class:`AcquireLeaseOperator` names by default: the DAG and the run."""
@@ -278,7 +283,8 @@ def hold_lease(
                 lease.holder,
                 renew_interval or lease.ttl / 3.0,
             )
-        renewer = LeaseRenewer(leases, lease, interval=renew_interval, on_lost=on_lost, log=log).start()
+        renewer = LeaseRenewer(leases, lease, interval=renew_interval, on_lost=on_lost, log=log)
+        renewer.start()
         try:
             yield renewer
         except BaseException:
@@ -289,7 +295,7 @@ def hold_lease(
         renewer.check()
 
 
-class LeaseGuardMixin:
+class LeaseGuardMixin(_GuardedOperator):
     """Makes an operator a guarded task: it runs only while its DAG run holds a lease.
 
     Mix in before the operator class (``class MyOp(LeaseGuardMixin, SomeOperator)``). With
@@ -377,6 +383,7 @@ class LeaseTaskGroup(TaskGroup):
         :returns: this group (``lease.guard(a).guard(b)``).
         """
         for item in items:
+            guarded: list[LeaseGuardMixin]
             if isinstance(item, TaskGroup):
                 guarded = [task for task in item.iter_tasks() if isinstance(task, LeaseGuardMixin)]
                 if not guarded:
@@ -423,7 +430,8 @@ def lease_task_group(
         :class:`AcquireLeaseOperator`.
     :param guard: tasks or groups to guard now (same as calling :meth:`LeaseTaskGroup.guard`).
     """
-    with LeaseTaskGroup(group_id=group_id) as group:
+    group = LeaseTaskGroup(group_id=group_id)
+    with group:
         acquire = AcquireLeaseOperator(
             task_id="acquire",
             lease_name=lease_name,

@@ -165,7 +165,8 @@ class ApplyTempViewOperator(TaskLineageMixin, LeaseGuardMixin, BaseOperator):
 
     :param table_topic: the table. Templated.
     :param view_id: the view, usually from the create task's XCom. Templated.
-    :param dry_run: plan only: publish nothing (the view stays open unless ``drop_after_plan``).
+    :param dry_run: plan only: publish nothing (the view stays open unless ``drop_after_plan``);
+        kept as :attr:`plan_only` (``BaseOperator.dry_run`` is a method).
     :param drop_after_plan: with ``dry_run``, drop the view after planning it (nothing else
         will apply it).
     :param overwrite: publish even where the table changed since the view's baseline.
@@ -216,7 +217,7 @@ class ApplyTempViewOperator(TaskLineageMixin, LeaseGuardMixin, BaseOperator):
             self.outlets = [*self.outlets, self.table_alias]
         self.table_topic = table_topic
         self.view_id = view_id
-        self.dry_run = dry_run
+        self.plan_only = dry_run
         self.drop_after_plan = drop_after_plan
         self.overwrite = overwrite
         self.max_deletes = max_deletes
@@ -233,11 +234,10 @@ class ApplyTempViewOperator(TaskLineageMixin, LeaseGuardMixin, BaseOperator):
             lineage = self.start_lineage(config)
             if lineage is not None:
                 lineage.reads.append(table.topic)
-                if not self.dry_run:
+                if not self.plan_only:
                     lineage.writes.append(table.topic)
-            fence = {"lease": lease} if lease is not None else {}
             try:
-                if self.dry_run:
+                if self.plan_only:
                     plan = table.plan(self.view_id, sample=self.sample).as_dict()
                     title = f"dry run of view {self.view_id} on {table.topic}: nothing published"
                     if self.drop_after_plan:
@@ -251,7 +251,7 @@ class ApplyTempViewOperator(TaskLineageMixin, LeaseGuardMixin, BaseOperator):
                     max_deletes=self.max_deletes,
                     max_delete_fraction=self.max_delete_fraction,
                     sample=self.sample,
-                    **fence,
+                    lease=lease,
                 ).as_dict()
             except LeaseFencedError as exc:
                 raise AirflowFailException(
@@ -353,9 +353,34 @@ class TempViewTaskGroup(TaskGroup):
     ``commit`` when there is one, else ``apply`` (``group >> report`` runs ``report`` after a
     successful apply), although ``drop`` has no downstream task either: it is skipped when the
     job succeeds.
+
+    The Spark application gets, before ``application_args_extra``::
+
+        --view-id <id> --table-topic <full topic> --config-json <ConnectionConfig as JSON>
+
+    all rendered from the create task's XCom (the config as the hook resolved it, with an
+    absolute embedded path and without the auth token, which the job finds in
+    ``$PULSARSTATE_AUTH_TOKEN``). A job stages its rows with
+    :func:`airflow_provider_pulsarstate.spark.write_view`.
+
+    ``drop`` runs only when ``spark`` fails (trigger rule ``one_failed``) and drops the
+    half-staged view; the table is untouched. A failed ``apply`` keeps its view open on
+    purpose: apply is idempotent and resumable (clear the task to finish a crashed apply, or to
+    apply a conflicting one with ``overwrite``), and an abandoned view expires after ``ttl``.
+    Since ``apply`` stays a leaf of the DAG, a failure of the job or the apply fails the
+    run even when the group ends the DAG. With ``dry_run`` the apply task plans the view, then
+    drops it.
+
+    Retries of ``spark`` stage into the same open view (a deterministic job stages the same
+    rows again, which changes nothing). After a final failure the view is dropped: re-run by
+    clearing the group from ``create``, whose new attempt opens a new view.
     """
 
-    commit: Any = None
+    create: CreateTempViewOperator
+    spark: BaseOperator
+    apply: ApplyTempViewOperator
+    drop: DropTempViewOperator
+    commit: BaseOperator | None = None
 
     def get_leaves(self) -> Any:
         last = self.commit or getattr(self, "apply", None)
@@ -386,28 +411,8 @@ def temp_view_spark_task_group(
     source_subscription: str | None = None,
     **spark_kwargs: Any,
 ) -> TempViewTaskGroup:
-    """create_view -> spark_job -> apply_view, plus drop_view when the Spark job fails.
-
-    The Spark application gets, before ``application_args_extra``::
-
-        --view-id <id> --table-topic <full topic> --config-json <ConnectionConfig as JSON>
-
-    all rendered from the create task's XCom (the config as the hook resolved it, with an
-    absolute embedded path and without the auth token, which the job finds in
-    ``$PULSARSTATE_AUTH_TOKEN``). A job stages its rows with
-    :func:`airflow_provider_pulsarstate.spark.write_view`.
-
-    ``drop_view`` runs only when ``spark_job`` fails (trigger rule ``one_failed``) and drops the
-    half-staged view; the table is untouched. A failed ``apply_view`` keeps its view open on
-    purpose: apply is idempotent and resumable (clear the task to finish a crashed apply, or to
-    apply a conflicting one with ``overwrite``), and an abandoned view expires after ``ttl``.
-    Since ``apply_view`` stays a leaf of the DAG, a failure of the job or the apply fails the
-    run even when the group ends the DAG. With ``dry_run`` the apply task plans the view, then
-    drops it.
-
-    Retries of ``spark_job`` stage into the same open view (a deterministic job stages the same
-    rows again, which changes nothing). After a final failure the view is dropped: re-run by
-    clearing the group from ``create_view``, whose new attempt opens a new view.
+    """create_view -> spark_job -> apply_view, plus drop_view when the Spark job fails
+    (:class:`TempViewTaskGroup` says what the job is given and when each task runs).
 
     :param group_id: the task group's id.
     :param table_topic: the table. Templated (e.g. ``"{{ params.table }}"``).
@@ -430,20 +435,10 @@ def temp_view_spark_task_group(
     :return: the group; ``group.create``, ``.spark``, ``.apply``, ``.drop`` are its tasks.
     :raises MissingExtraError: the ``[spark]`` extra (the Spark provider) is not installed.
     """
-    for reserved in ("task_id", "application", "application_args", "conn_id"):
-        if reserved in spark_kwargs:
-            raise TypeError(f"temp_view_spark_task_group() sets {reserved!r} itself")
-    extra = [arg if isinstance(arg, str) else str(arg) for arg in application_args_extra]
-    if source_subscription and not source_topic:
-        raise TypeError("temp_view_spark_task_group(): source_subscription needs source_topic")
-    if source_topic:
-        extra = ["--source-topic", source_topic, *extra]
-    try:
-        from airflow_provider_pulsarstate.operators.spark_submit import ViewSparkSubmitOperator
-    except MissingExtraError as exc:
-        raise MissingExtraError(f"temp_view_spark_task_group: {exc}", extra=exc.extra) from exc
-
-    with TempViewTaskGroup(group_id=group_id) as group:
+    extra = _job_extra_args(application_args_extra, source_topic, source_subscription, spark_kwargs)
+    submit_operator = _view_spark_submit_operator()
+    group = TempViewTaskGroup(group_id=group_id)
+    with group:
         create = CreateTempViewOperator(
             task_id="create_view",
             table_topic=table_topic,
@@ -453,19 +448,11 @@ def temp_view_spark_task_group(
             view_id=view_id,
             pulsarstate_conn_id=pulsarstate_conn_id,
         )
-        pull = f"ti.xcom_pull(task_ids={create.task_id!r})"
-        spark = ViewSparkSubmitOperator(
+        job_args = [*_view_job_args(create.task_id), *extra]
+        spark = submit_operator(
             task_id="spark_job",
             application=application,
-            application_args=[
-                "--view-id",
-                "{{ %s['view_id'] }}" % pull,
-                "--table-topic",
-                "{{ %s['table'] }}" % pull,
-                "--config-json",
-                "{{ ti.xcom_pull(task_ids=%r, key=%r) }}" % (create.task_id, CONFIG_XCOM_KEY),
-                *extra,
-            ],
+            application_args=job_args,
             conn_id=spark_conn_id,
             pulsarstate_conn_id=pulsarstate_conn_id,
             **spark_kwargs,
@@ -473,7 +460,7 @@ def temp_view_spark_task_group(
         apply = ApplyTempViewOperator(
             task_id="apply_view",
             table_topic=table_topic,
-            view_id="{{ %s['view_id'] }}" % pull,
+            view_id="{{ %s['view_id'] }}" % _pull(create.task_id),
             dry_run=dry_run,
             drop_after_plan=dry_run,
             overwrite=overwrite,
@@ -482,25 +469,85 @@ def temp_view_spark_task_group(
             sample=sample,
             pulsarstate_conn_id=pulsarstate_conn_id,
         )
-        drop = DropTempViewOperator(
-            task_id="drop_view",
-            table_topic=table_topic,
-            view_id="{{ (%s or {}).get('view_id') or '' }}" % pull,
-            pulsarstate_conn_id=pulsarstate_conn_id,
-            trigger_rule=TriggerRule.ONE_FAILED,
-        )
+        drop = _drop_task(create.task_id, table_topic, pulsarstate_conn_id)
         create >> spark >> apply
         spark >> drop
-        if source_subscription:
-            from airflow_provider_pulsarstate.operators.offsets import CommitSourceOffsetsOperator
-
-            group.commit = CommitSourceOffsetsOperator(
-                task_id="commit_offsets",
-                table_topic=table_topic,
-                source_topic=source_topic,  # type: ignore[arg-type]
-                subscription=source_subscription,
-                pulsarstate_conn_id=pulsarstate_conn_id,
+        if source_subscription and source_topic:  # _job_extra_args refuses a subscription without a topic
+            group.commit = _commit_offsets_task(
+                apply, table_topic, source_topic, source_subscription, pulsarstate_conn_id
             )
-            apply >> group.commit
     group.create, group.spark, group.apply, group.drop = create, spark, apply, drop
     return group
+
+
+def _job_extra_args(
+    application_args_extra: Iterable[Any],
+    source_topic: str | None,
+    source_subscription: str | None,
+    spark_kwargs: Mapping[str, Any],
+) -> list[str]:
+    """The job's arguments after the view's: ``--source-topic`` first for ingestion, then the
+    caller's (each as a str); refuses arguments the group sets itself."""
+    for reserved in ("task_id", "application", "application_args", "conn_id"):
+        if reserved in spark_kwargs:
+            raise TypeError(f"temp_view_spark_task_group() sets {reserved!r} itself")
+    extra = [arg if isinstance(arg, str) else str(arg) for arg in application_args_extra]
+    if source_subscription and not source_topic:
+        raise TypeError("temp_view_spark_task_group(): source_subscription needs source_topic")
+    return ["--source-topic", source_topic, *extra] if source_topic else extra
+
+
+def _view_spark_submit_operator() -> type[BaseOperator]:
+    """:class:`~airflow_provider_pulsarstate.operators.spark_submit.ViewSparkSubmitOperator`, which
+    needs the ``[spark]`` extra."""
+    try:
+        from airflow_provider_pulsarstate.operators.spark_submit import ViewSparkSubmitOperator
+    except MissingExtraError as exc:
+        raise MissingExtraError(f"temp_view_spark_task_group: {exc}", extra=exc.extra) from exc
+    return ViewSparkSubmitOperator
+
+
+def _pull(create_task_id: str) -> str:
+    """The template expression of the create task's XCom (the view's info)."""
+    return f"ti.xcom_pull(task_ids={create_task_id!r})"
+
+
+def _view_job_args(create_task_id: str) -> list[str]:
+    """The job's first arguments: the view, its table and the connection, rendered from the create task's XComs."""
+    pull = _pull(create_task_id)
+    return [
+        "--view-id",
+        "{{ %s['view_id'] }}" % pull,
+        "--table-topic",
+        "{{ %s['table'] }}" % pull,
+        "--config-json",
+        "{{ ti.xcom_pull(task_ids=%r, key=%r) }}" % (create_task_id, CONFIG_XCOM_KEY),
+    ]
+
+
+def _drop_task(create_task_id: str, table_topic: str, pulsarstate_conn_id: str) -> DropTempViewOperator:
+    """Drops the view when the Spark job fails (an empty view id when the create task did not run)."""
+    return DropTempViewOperator(
+        task_id="drop_view",
+        table_topic=table_topic,
+        view_id="{{ (%s or {}).get('view_id') or '' }}" % _pull(create_task_id),
+        pulsarstate_conn_id=pulsarstate_conn_id,
+        trigger_rule=TriggerRule.ONE_FAILED,
+    )
+
+
+def _commit_offsets_task(
+    apply: ApplyTempViewOperator, table_topic: str, source_topic: str, subscription: str, pulsarstate_conn_id: str
+) -> BaseOperator:
+    """Moves the source subscription's cursor to the table's record, after the apply."""
+    from airflow_provider_pulsarstate.operators.offsets import CommitSourceOffsetsOperator
+
+    commit = CommitSourceOffsetsOperator(
+        task_id="commit_offsets",
+        table_topic=table_topic,
+        source_topic=source_topic,
+        subscription=subscription,
+        pulsarstate_conn_id=pulsarstate_conn_id,
+    )
+    apply >> commit
+    return commit

@@ -31,14 +31,15 @@ class XComCleanupOperator(BaseOperator):
     :param older_than_days: also delete finished runs whose newest entry is older than this (None: keep
         them); runs that are not finished are never deleted.
     :param remove_missing_runs: delete runs the metadata DB no longer holds (default True).
-    :param dry_run: report what would be deleted, delete nothing.
+    :param dry_run: report what would be deleted, delete nothing. Templated; kept as
+        :attr:`report_only` (``BaseOperator.dry_run`` is a method).
     :param dag_id: only this DAG's entries (default: all DAGs of ``[pulsarstate] key_namespace``).
     :return: (XCom) the counts: ``runs_scanned``, ``entries_scanned``, ``runs_missing``,
         ``runs_expired``, ``runs_live``, ``runs_changed``, ``maps_foreign``, ``entries_deleted``,
         ``bytes_deleted``, ``dry_run``.
     """
 
-    template_fields: Sequence[str] = ("older_than_days", "dry_run", "dag_id_filter")
+    template_fields: Sequence[str] = ("older_than_days", "report_only", "dag_id_filter")
 
     def __init__(
         self,
@@ -52,7 +53,7 @@ class XComCleanupOperator(BaseOperator):
         super().__init__(**kwargs)
         self.older_than_days = older_than_days
         self.remove_missing_runs = remove_missing_runs
-        self.dry_run = dry_run
+        self.report_only = dry_run
         self.dag_id_filter = dag_id_filter
 
     def execute(self, context: Any) -> dict[str, Any]:
@@ -62,7 +63,7 @@ class XComCleanupOperator(BaseOperator):
             run_statuses=_run_statuses_via_api(ti.get_dr_count, ti.get_dagrun_state),
             remove_missing_runs=self.remove_missing_runs,
             older_than_days=days,
-            dry_run=str(self.dry_run) == "True",
+            dry_run=str(self.report_only) == "True",
             dag_id=self.dag_id_filter or None,
             log=self.log,
         )

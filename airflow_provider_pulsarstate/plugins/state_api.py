@@ -146,6 +146,18 @@ def create_app() -> FastAPI:
     )
     access = [_connection_access()]
     base = "/api/connections/{connection_id}"
+    _add_page_routes(app)
+    _add_table_routes(app, base, access)
+    _add_lease_routes(app, base, access)
+    maps = base + "/maps"
+    _add_run_map_routes(app, maps, access)
+    _add_asset_map_routes(app, maps, access)
+    _add_subscription_routes(app, base, access)
+    return app
+
+
+def _add_page_routes(app: FastAPI) -> None:
+    """The page itself and its icon."""
 
     @app.get("/", response_class=HTMLResponse, dependencies=[_authenticated()], include_in_schema=False)
     def page() -> HTMLResponse:
@@ -156,6 +168,10 @@ def create_app() -> FastAPI:
     def icon() -> Response:
         svg = resources.files("airflow_provider_pulsarstate.plugins").joinpath("icon.svg").read_bytes()
         return Response(svg, media_type="image/svg+xml")
+
+
+def _add_table_routes(app: FastAPI, base: str, access: list[Any]) -> None:
+    """Topics of the namespace, and a table's summary, rows and views."""
 
     @app.get(base + "/topics", dependencies=access)
     def topics(connection_id: str, prefix: str = Query("", max_length=MAX_PREFIX_CHARS)) -> dict[str, Any]:
@@ -196,6 +212,10 @@ def create_app() -> FastAPI:
         with _hook(connection_id) as hook:
             return state_reader.table_views(hook, _topic(topic))
 
+
+def _add_lease_routes(app: FastAPI, base: str, access: list[Any]) -> None:
+    """Leases, their holder changes, and the exclusive producers (leadership) of a topic."""
+
     @app.get(base + "/leases", dependencies=access)
     def leases(connection_id: str, topic: str | None = None) -> dict[str, Any]:
         """Every lease of the lease log ``topic`` (default: the provider's lease log)."""
@@ -222,7 +242,9 @@ def create_app() -> FastAPI:
         with _hook(connection_id) as hook:
             return state_reader.leadership(hook, _topic(topic))
 
-    maps = base + "/maps"
+
+def _add_run_map_routes(app: FastAPI, maps: str, access: list[Any]) -> None:
+    """The XCom and task-state maps of a DAG's runs (values only with the right to read XComs)."""
     xcom_access = [*access, _xcom_access()]
 
     @app.get(maps + "/dags/{dag_id}/runs", dependencies=access)
@@ -275,6 +297,10 @@ def create_app() -> FastAPI:
         """The page of :func:`run_entries` with the values: only for users who may read the DAG's XComs."""
         return _run_page(connection_id, dag_id, run_id, store, cursor, limit, values=True)
 
+
+def _add_asset_map_routes(app: FastAPI, maps: str, access: list[Any]) -> None:
+    """An asset's state map (values only with the right to read assets)."""
+
     @app.get(maps + "/asset", dependencies=access)
     def asset_map(connection_id: str, name: str) -> dict[str, Any]:
         """Entries and bytes of an asset's state map (by asset name). No values."""
@@ -282,21 +308,25 @@ def create_app() -> FastAPI:
         with _hook(connection_id, field="name") as hook:
             return maps_reader.asset_summary(hook, name)
 
-    @app.get(maps + "/asset/entries", dependencies=access)
-    def asset_entries(connection_id: str, name: str, cursor: str | None = None, limit: int = 50) -> dict[str, Any]:
-        """One page of an asset's state keys (size, expiry): no values."""
+    def _asset_page(connection_id: str, name: str, cursor: str | None, limit: int, *, values: bool) -> dict[str, Any]:
         _id("name", name, MAX_ASSET_NAME_CHARS)
         _page_args(cursor, limit)
         with _hook(connection_id, field="name") as hook:
-            return maps_reader.asset_entries(hook, name, cursor=cursor, limit=limit, values=False)
+            return maps_reader.asset_entries(hook, name, cursor=cursor, limit=limit, values=values)
+
+    @app.get(maps + "/asset/entries", dependencies=access)
+    def asset_entries(connection_id: str, name: str, cursor: str | None = None, limit: int = 50) -> dict[str, Any]:
+        """One page of an asset's state keys (size, expiry): no values."""
+        return _asset_page(connection_id, name, cursor, limit, values=False)
 
     @app.get(maps + "/asset/values", dependencies=[*access, _asset_access()])
     def asset_values(connection_id: str, name: str, cursor: str | None = None, limit: int = 50) -> dict[str, Any]:
         """The page of :func:`asset_entries` with the values: only for users who may read assets."""
-        _id("name", name, MAX_ASSET_NAME_CHARS)
-        _page_args(cursor, limit)
-        with _hook(connection_id, field="name") as hook:
-            return maps_reader.asset_entries(hook, name, cursor=cursor, limit=limit, values=True)
+        return _asset_page(connection_id, name, cursor, limit, values=True)
+
+
+def _add_subscription_routes(app: FastAPI, base: str, access: list[Any]) -> None:
+    """Committed offsets and lag of a subscription."""
 
     @app.get(base + "/subscription", dependencies=access)
     def subscription(connection_id: str, topic: str, subscription: str) -> dict[str, Any]:
@@ -306,8 +336,6 @@ def create_app() -> FastAPI:
             raise _bad("subscription", "must not be empty")
         with _hook(connection_id) as hook:
             return state_reader.subscription(hook, _topic(topic), subscription)
-
-    return app
 
 
 app = create_app()

@@ -32,7 +32,7 @@ from typing import Any
 
 from airflow_provider_pulsarstate.hooks import shared_objects
 from airflow_provider_pulsarstate.hooks.pulsarstate import StateStore, TaskStateScope
-from airflow_provider_pulsarstate.xcom.cleanup import TERMINAL_STATES, RunStatuses
+from airflow_provider_pulsarstate.xcom.cleanup import TERMINAL_STATES, RunStatus, RunStatuses
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def run_state_cleanup(
     maps = list(store.list_maps())
     foreign = [m for m in maps if m.owner is None]
     owned = [m for m in maps if m.owner is not None]
-    statuses: dict[tuple[str, str], Any] = {}
+    statuses: dict[tuple[str, str], RunStatus] = {}
     by_dag: dict[str, list[str]] = {}
     for m in owned:
         if isinstance(m.owner, TaskStateScope):
@@ -82,8 +82,8 @@ def run_state_cleanup(
     for m in owned:
         verdict = "asset"
         if isinstance(m.owner, TaskStateScope):
-            status = statuses.get((m.owner.dag_id, m.owner.run_id))
-            verdict = "missing" if status is None else ("finished" if str(status.state) in TERMINAL_STATES else "live")
+            run = statuses.get((m.owner.dag_id, m.owner.run_id))
+            verdict = "missing" if run is None else ("finished" if str(run.state) in TERMINAL_STATES else "live")
         if verdict == "live":
             live += 1
             continue

@@ -26,7 +26,7 @@ cannot be told apart: run the move from one of them only, or pass ``--from-names
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,8 +90,18 @@ def migrate_legacy_state(
             else:
                 kept += 1
         if not dry_run:
-            legacy.update(map_key, lambda _k, current, raw=raw: None if current == raw else current)
+            legacy.update(map_key, _remove_if_unchanged(raw))
     return MigrationReport(legacy_topic, store.namespace, moved, kept, expired, other, dry_run)
+
+
+def _remove_if_unchanged(raw: Any) -> Callable[[str, Any], Any]:
+    """An update of a legacy entry that removes it only while it still holds ``raw`` (a value
+    written meanwhile stays)."""
+
+    def update(_key: str, current: Any) -> Any:
+        return None if current == raw else current
+
+    return update
 
 
 def _named(map_key: str, namespaces: list[str]) -> tuple[Any, str] | None:

@@ -72,6 +72,7 @@ class AirflowProcesses:
     :param airflow: the ``airflow`` executable (default: the one next to ``sys.executable``).
     :param metadata_db: a SQLite metadata DB already migrated by the same Airflow version, copied
         (SQLite backup API) to start from instead of running ``airflow db migrate`` (~12 s of CPU).
+    :param component_env: extra environment for one component only, by component name (over ``env``).
     """
 
     def __init__(
@@ -85,6 +86,7 @@ class AirflowProcesses:
         start_timeout: float = 180.0,
         airflow: str | Path | None = None,
         metadata_db: Path | None = None,
+        component_env: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         self.home = Path(home)
         self.metadata_db = Path(metadata_db) if metadata_db is not None else None
@@ -93,6 +95,11 @@ class AirflowProcesses:
         unknown = set(self.components) - set(COMPONENTS)
         if unknown:
             raise ValueError(f"unknown Airflow components {sorted(unknown)}; choose from {COMPONENTS}")
+        self.component_env = {name: dict(extra) for name, extra in (component_env or {}).items()}
+        if unknown := set(self.component_env) - set(COMPONENTS):
+            raise ValueError(
+                f"component_env names unknown Airflow components {sorted(unknown)}; choose from {COMPONENTS}"
+            )
         self.start_timeout = start_timeout
         self.api_port = free_port()
         self.airflow = str(airflow or Path(sys.executable).with_name("airflow"))
@@ -160,7 +167,11 @@ class AirflowProcesses:
         log = open(self.log_path(component), "ab")  # noqa: SIM115 - owned by the process
         try:
             self._procs[component] = subprocess.Popen(
-                args, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                args,
+                env={**self.env, **self.component_env.get(component, {})},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         finally:
             log.close()

@@ -61,7 +61,7 @@ from typing import Any
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 from airflow.triggers.shared_stream import AdvanceItem, SharedStreamProducer, reject_shared_stream_event
 
-from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, ConfigurationError
+from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, ClosedError, ConfigurationError
 from airflow_provider_pulsarstate.engine.retry import Backoff
 from airflow_provider_pulsarstate.hooks.pulsarstate import (
     INITIAL_POSITIONS,
@@ -437,14 +437,21 @@ class PulsarMessageStreamProducer(SharedStreamProducer):
     """The broker side of a shared :class:`PulsarMessageTrigger` stream: one consumer, advanced per partition."""
 
     def __init__(self, trigger: PulsarMessageTrigger) -> None:
-        self._trigger = trigger
+        self._trigger: PulsarMessageTrigger | None = trigger
         self._stream: TopicStream | None = None
 
     async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
-        self._stream = await self._trigger.open_topic_stream()
-        trigger = self._trigger
+        # the trigger built from the kwargs only opens the consumer: a running stream keeps none
+        # (a thousand streams live as long as the triggerer, each kept object counts towards the
+        # process's next full garbage collection)
+        trigger, self._trigger = self._trigger, None
+        if trigger is None:
+            raise ClosedError("a PulsarMessageStreamProducer opens its stream once; it was opened before")
+        batch_size, batch_wait = trigger.batch_size, trigger.batch_wait
+        self._stream = await trigger.open_topic_stream()
+        del trigger
         while True:
-            batch = await self._stream.receive_batch(max_messages=trigger.batch_size, max_wait=trigger.batch_wait)
+            batch = await self._stream.receive_batch(max_messages=batch_size, max_wait=batch_wait)
             for group in group_by_partition(batch):
                 yield group, group
 

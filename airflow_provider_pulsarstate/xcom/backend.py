@@ -438,55 +438,65 @@ class PulsarXComBackend(BaseXCom):
         if key is None or task_id is None or dag_id is None or run_id is None:  # not a task's push
             return serialized
         map_index = -1 if map_index is None else map_index
-        where = _where(dag_id, run_id, task_id, map_index, key)
+        row = (dag_id, run_id, task_id, map_index, key)
+        where = _where(*row)
         _refuse_foreign_push(dag_id, run_id, task_id, map_index, where)
         text = json.dumps(serialized, separators=(",", ":"))
         size = len(text.encode())
-        limit = settings.xcom_max_value_bytes
-        if size > limit:
-            if settings.xcom_oversize == "error":
-                raise XComValueTooLargeError(
-                    f"{where} is {size:,} bytes serialized, over the {limit:,}-byte limit "
-                    f"([pulsarstate] xcom_max_value_bytes; xcom_oversize = error)",
-                    size=size,
-                    limit=limit,
-                )
-            log.info(
-                "%s is %s bytes, over the %s-byte limit: kept in the metadata DB", where, f"{size:,}", f"{limit:,}"
-            )
-            if settings.xcom_layout == "map":  # a message needs no removal: nothing refers to it any more
-                with (
-                    _reaching_the_map(f"{where}: cannot remove its earlier value from {settings.xcom_topic!r}"),
-                    run_store(settings, dag_id, run_id) as store,
-                ):
-                    store.delete(dag_id, run_id, task_id, map_index, key)
-            return {DB_VALUE_MARKER: 1, "value": serialized}
+        if size > settings.xcom_max_value_bytes:
+            return PulsarXComBackend._keep_in_db(settings, where, row, serialized, size)
         try_number = _current_try(dag_id, run_id, task_id, map_index)
-        if settings.xcom_layout == "messages":
-            reference = PulsarXComBackend._append(
-                settings,
-                where,
-                (dag_id, run_id, task_id, map_index, key),
-                text,
-                type_name=_type_name(value),
-                try_number=try_number,
+        store_value = PulsarXComBackend._append if settings.xcom_layout == "messages" else PulsarXComBackend._put
+        reference = store_value(settings, where, row, text, type_name=_type_name(value), try_number=try_number)
+        preview = _preview(value, size, settings.xcom_preview_chars)
+        if preview is not None:
+            reference["preview"] = preview
+        return reference
+
+    @staticmethod
+    def _keep_in_db(
+        settings: ProviderSettings, where: str, row: tuple[str, str, str, int, str], serialized: Any, size: int
+    ) -> dict[str, Any]:
+        """An oversized value: refused (``xcom_oversize = error``), or the row that keeps it in the
+        metadata DB (with the map layout, the row's earlier value is removed from the map first)."""
+        limit = settings.xcom_max_value_bytes
+        if settings.xcom_oversize == "error":
+            raise XComValueTooLargeError(
+                f"{where} is {size:,} bytes serialized, over the {limit:,}-byte limit "
+                f"([pulsarstate] xcom_max_value_bytes; xcom_oversize = error)",
+                size=size,
+                limit=limit,
             )
-            preview = _preview(value, size, settings.xcom_preview_chars)
-            if preview is not None:
-                reference["preview"] = preview
-            return reference
+        log.info("%s is %s bytes, over the %s-byte limit: kept in the metadata DB", where, f"{size:,}", f"{limit:,}")
+        if settings.xcom_layout == "map":  # a message needs no removal: nothing refers to it any more
+            with (
+                _reaching_the_map(f"{where}: cannot remove its earlier value from {settings.xcom_topic!r}"),
+                run_store(settings, row[0], row[1]) as store,
+            ):
+                store.delete(*row)
+        return {DB_VALUE_MARKER: 1, "value": serialized}
+
+    @staticmethod
+    def _put(
+        settings: ProviderSettings,
+        where: str,
+        row: tuple[str, str, str, int, str],
+        text: str,
+        *,
+        type_name: str,
+        try_number: int | None,
+    ) -> dict[str, Any]:
+        """Put the value in its run's map (the map layout); the reference the DB keeps for it."""
         with (
             _reaching_the_map(
                 f"{where}: cannot store it in {settings.xcom_topic!r} (connection {settings.conn_id!r})",
                 note=". Nothing was written to the metadata DB.",
             ),
-            run_store(settings, dag_id, run_id) as store,
+            run_store(settings, row[0], row[1]) as store,
         ):
-            PulsarXComBackend._sweep_older_tries(store, dag_id, run_id, task_id, map_index, try_number)
-            map_key, record = store.put(
-                dag_id, run_id, task_id, map_index, key, text, type_name=_type_name(value), try_number=try_number
-            )
-        reference: dict[str, Any] = {
+            PulsarXComBackend._sweep_older_tries(store, *row[:4], try_number)
+            map_key, record = store.put(*row, text, type_name=type_name, try_number=try_number)
+        return {
             REFERENCE_MARKER: MAP_REFERENCE_VERSION,
             "topic": store.topic,
             "key": map_key,
@@ -494,10 +504,6 @@ class PulsarXComBackend(BaseXCom):
             "type": record.type_name,
             "written_at": datetime.datetime.fromtimestamp(record.written_at, datetime.timezone.utc).isoformat(),
         }
-        preview = _preview(value, size, settings.xcom_preview_chars)
-        if preview is not None:
-            reference["preview"] = preview
-        return reference
 
     @staticmethod
     def _append(

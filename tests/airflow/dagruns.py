@@ -1,9 +1,14 @@
-"""Helpers the Airflow tests share: load a DAG, run it once with dag.test(), load an example Spark job."""
+"""Helpers the Airflow tests share: load a DAG, run it once with dag.test() (here or in a child
+process), the DAG bundles and Spark connection dag.test() needs, load an example Spark job."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
+import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -11,6 +16,25 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_DAGS = ROOT / "dags"
 TEST_DAGS = Path(__file__).resolve().parent / "dags"
+PIPELINE_WORKER = Path(__file__).with_name("ingest_kill_worker.py")
+SPARK_LOCAL = json.dumps({"conn_type": "spark", "host": "local[*]"})
+
+
+def dag_bundle_env() -> dict[str, str]:
+    """The environment that lets dag.test() run the example DAGs and the test DAGs (it needs them
+    in DAG bundles to serialize them) and their Spark jobs (``spark_default`` in local mode)."""
+    bundles = [
+        {
+            "name": name,
+            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+            "kwargs": {"path": str(path), "refresh_interval": 0},
+        }
+        for name, path in (("pulsarstate-examples", EXAMPLE_DAGS), ("pulsarstate-test-dags", TEST_DAGS))
+    ]
+    return {
+        "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundles),
+        "AIRFLOW_CONN_SPARK_DEFAULT": SPARK_LOCAL,
+    }
 
 
 def load_dag(folder: Path, dag_id: str) -> Any:
@@ -53,3 +77,27 @@ def load_job(name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def run_pipeline_worker(
+    conf: dict[str, Any], *, env: Mapping[str, str], kill_after: str = "", timeout: float = 900
+) -> subprocess.CompletedProcess[str]:
+    """``price_events_pipeline`` run once with dag.test() in a child process (``ingest_kill_worker.py``)
+    under ``env`` (its AIRFLOW_HOME, metadata DB and connections); ``kill_after`` as the worker takes it."""
+    return subprocess.run(
+        [sys.executable, str(PIPELINE_WORKER), str(EXAMPLE_DAGS), json.dumps(conf), kill_after],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(env),
+    )
+
+
+def worker_result(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """The ``RESULT`` line of a pipeline worker that finished (state, task states, tries, run id,
+    return values); a worker that failed fails the test with the end of its output."""
+    tail = f"\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}"
+    assert proc.returncode == 0, f"rc={proc.returncode}{tail}"
+    line = next((line for line in proc.stdout.splitlines() if line.startswith("RESULT ")), None)
+    assert line is not None, f"no RESULT line{tail}"
+    return dict(json.loads(line[len("RESULT ") :]))

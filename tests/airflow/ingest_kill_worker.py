@@ -1,6 +1,6 @@
 """Runs the ingestion pipeline once with dag.test() in this process, SIGKILLing itself right after
 one task's execute returned (its work done, its success not yet recorded): a worker dying at a
-task boundary. Prints the run's task states as JSON when no kill was asked for.
+task boundary. Prints the run's id, task states and return values as JSON when no kill was asked for.
 
     python ingest_kill_worker.py <dags folder> <run conf JSON> <task id to die after, or "">
 
@@ -44,13 +44,19 @@ def main() -> int:
 
         dag.get_task(kill_after)._post_execute_hook = die  # runs right after execute, before the state is saved
     run = dag.test(run_conf=conf)
+    from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
     with create_session() as session:
         tis = run.get_task_instances(session=session)
         states = {ti.task_id: str(ti.state) for ti in tis}
         tries = {ti.task_id: ti.try_number for ti in tis}
-    print("RESULT " + json.dumps({"state": str(run.state), "states": states, "tries": tries}), flush=True)
+        xcoms = {
+            row.task_id: XComModel.deserialize_value(row)
+            for row in session.scalars(XComModel.get_many(run_id=run.run_id, dag_ids=dag.dag_id, key="return_value"))
+        }
+    result = {"state": str(run.state), "run_id": run.run_id, "states": states, "tries": tries, "xcoms": xcoms}
+    print("RESULT " + json.dumps(result, default=str), flush=True)
     return 0
 
 

@@ -19,6 +19,9 @@ from airflow_provider_pulsarstate.hooks.connection_form import CONN_FIELDS, CONN
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.testing.airflow_processes import AirflowProcesses
 
+# the tests share the module's API server: on one xdist worker, started once
+pytestmark = pytest.mark.xdist_group("connection-form")
+
 ROOT = Path(__file__).resolve().parents[2]
 EnvConnection = Callable[..., str]
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -20,10 +18,9 @@ import pytest
 from airflow_provider_pulsarstate.engine.errors import SourceOffsetsConflictError
 from airflow_provider_pulsarstate.engine.recipes.table import TableChange
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
-from tests.airflow.dagruns import EXAMPLE_DAGS, load_dag, load_job, run_dag
+from tests.airflow.dagruns import EXAMPLE_DAGS, load_dag, load_job, run_dag, run_pipeline_worker, worker_result
 from tests.airflow.test_views_operators import _table, dag_bundles  # noqa: F401
 
-WORKER = Path(__file__).with_name("ingest_kill_worker.py")
 EVENTS, SKUS = 400, 1500
 DAG_ID = "price_events_pipeline"
 
@@ -111,37 +108,41 @@ def test_second_run_consumes_only_new_events_and_publishes_only_changed_rows(
 # ---------------------------------------------------------------------------------- kill and retry
 def _worker(names: dict[str, str], batch: int, kill_after: str) -> dict[str, Any] | None:
     """One dag.test() run in a child process that SIGKILLs itself after ``kill_after`` (or finishes)."""
-    proc = subprocess.run(
-        [sys.executable, str(WORKER), str(EXAMPLE_DAGS), json.dumps(_conf(batch, names)), kill_after],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=os.environ.copy(),
-    )
-    tail = f"\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}"
+    proc = run_pipeline_worker(_conf(batch, names), env=os.environ, kill_after=kill_after)
     if kill_after and not kill_after.startswith("fail:"):
+        tail = f"\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}"
         assert proc.returncode == -9 and f"KILLED after {kill_after}" in proc.stdout, f"rc={proc.returncode}{tail}"
         return None
-    assert proc.returncode == 0, f"rc={proc.returncode}{tail}"
-    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
-    return json.loads(line[len("RESULT ") :])
+    return worker_result(proc)
 
 
-@pytest.mark.usefixtures("dag_bundles")
-@pytest.mark.timeout(1800)  # seven runs with a real spark-submit each: ~6 min alone on 2 cores
-def test_every_event_counts_exactly_once_when_a_worker_dies_at_each_task_boundary(state_backend: str) -> None:
-    names = _names()
-    stale_view = None
-    # each run publishes a new batch, then its worker dies after one task; the next run follows
-    boundaries = [
+# Each series runs its batches in order: every run publishes a new batch, then its worker dies after
+# one task (or fails once and is retried); the next run follows. The two series are independent (own
+# topics), so they run in parallel; together they cover every task boundary of the pipeline.
+KILL_SERIES = {
+    "dies-before-the-cursor-moves": [
         "publish_events",
         "wait_for_events",
         "prices.spark_job",
         "prices.apply_view",
+        "",
+    ],
+    "dies-after-the-cursor-moved": [
         "prices.commit_offsets",
         "fail:prices.apply_view",  # fails after its commit, retried in the same run: already applied, nothing twice
-        "",
-    ]
+    ],
+}
+
+
+@pytest.mark.usefixtures("dag_bundles")
+@pytest.mark.timeout(1200)  # up to five runs with a real spark-submit each: ~4 min alone on 2 cores
+@pytest.mark.parametrize("series", list(KILL_SERIES))
+def test_every_event_counts_exactly_once_when_a_worker_dies_at_each_task_boundary(
+    state_backend: str, series: str
+) -> None:
+    names = _names()
+    stale_view = None
+    boundaries = KILL_SERIES[series]
     for batch, kill_after in enumerate(boundaries, start=1):
         outcome = _worker(names, batch, kill_after)
         with PulsarStateHook() as hook:
@@ -157,6 +158,7 @@ def test_every_event_counts_exactly_once_when_a_worker_dies_at_each_task_boundar
             if kill_after == "prices.apply_view":  # applied, the cursor not yet moved
                 assert recorded == end and cursor != recorded
                 # the view staged by the dead run 3 read from the same (empty) record: applying it now would double-count
+                assert stale_view is not None
                 with pytest.raises(SourceOffsetsConflictError, match="consumed .* partition"):
                     _table(hook, names["table_topic"]).apply(stale_view)
             if kill_after in ("prices.commit_offsets", "fail:prices.apply_view", ""):

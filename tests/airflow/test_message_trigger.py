@@ -387,3 +387,41 @@ def test_large_payloads_go_by_reference_without_stalling_the_loop_and_a_task_rea
         assert message.payload == docs[5] and message.decode_payload("json")[1]["i"] == 5
         with pytest.raises(ConfigurationError, match="message_id"):
             hook.read_message({"topic": topic, "message_id": "not base64!"})
+
+
+def test_a_running_stream_keeps_no_trigger_of_its_own(broker_conn: tuple[str, Any]) -> None:
+    """The producer Airflow builds from a watcher's kwargs makes a trigger only to open the consumer;
+    a running stream (a thousand live as long as the triggerer) keeps none, since every kept object
+    counts towards the process's next full garbage collection. Counted objects, not time."""
+    import gc
+
+    conn, broker = broker_conn
+    topic, n = _fresh(), 12
+    _create(broker, topic)
+    kwargs = [
+        PulsarMessageTrigger(topics=[topic], subscription=f"keep-{i}", pulsarstate_conn_id=conn).serialize()[1]
+        for i in range(n)
+    ]
+
+    async def scenario() -> int:
+        producers = [PulsarMessageTrigger.create_shared_stream_producer(k) for k in kwargs]
+        streams = [p.open_stream() for p in producers]  # type: ignore[attr-defined]
+        tasks = [asyncio.ensure_future(s.__anext__()) for s in streams]
+        try:
+            deadline = asyncio.get_running_loop().time() + 60
+            while not all(p._stream is not None for p in producers):  # type: ignore[attr-defined]
+                assert asyncio.get_running_loop().time() < deadline, "the consumers did not open"
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)  # every stream waiting for its first message
+            gc.collect()
+            return sum(1 for o in gc.get_objects() if type(o) is PulsarMessageTrigger)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for stream, producer in zip(streams, producers):
+                await stream.aclose()
+                await producer.aclose()
+
+    alive = asyncio.run(scenario())
+    assert alive < n / 2, f"{alive} triggers alive for {n} running streams"

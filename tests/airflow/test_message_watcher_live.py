@@ -28,7 +28,8 @@ import requests
 
 from airflow_provider_pulsarstate.testing.airflow_processes import AirflowProcesses
 
-pytestmark = pytest.mark.pulsar
+# the tests share one deployment (the module fixture ``live``): on one xdist worker, started once
+pytestmark = [pytest.mark.pulsar, pytest.mark.xdist_group("message-watcher-live")]
 
 DAGS = Path(__file__).resolve().parent / "dags_messages_live"
 

@@ -28,6 +28,9 @@ from airflow_provider_pulsarstate.spark import (
     write_view,
 )
 
+# the tests share the module's SparkSession (one JVM): on one xdist worker, started once
+pytestmark = pytest.mark.xdist_group("spark-views")
+
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:

@@ -11,7 +11,8 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,9 @@ import pytest
 import requests
 
 from airflow_provider_pulsarstate.testing.airflow_processes import AirflowProcesses
+
+# the tests share the module's API servers (the fixture ``deployment``): on one xdist worker, started once
+pytestmark = pytest.mark.xdist_group("state-ui-api")
 
 ROOT = Path(__file__).resolve().parents[2]
 CONN_ID = "ps_ui"
@@ -115,37 +119,37 @@ def write_state(conn_id: str) -> dict[str, Any]:
     return {"rows": rows, "result": result, "plan": plan, "token": lease.token, "lag": lag, **maps}
 
 
-@pytest.fixture(scope="module", params=["embedded", pytest.param("pulsar", marks=pytest.mark.pulsar)])
-def deployment(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[AirflowProcesses, dict[str, Any]]]:
-    """The engine's state (in an embedded file, or on the test broker), and a real API server
-    (simple auth manager: ``admin`` with the Admin role, ``viewer`` with the Viewer role, which may
-    not read connections) whose deployment defines the connection."""
-    home = tmp_path_factory.mktemp("state-ui")
-    (home / "dags").mkdir()
-    if request.param == "pulsar":
-        broker = request.getfixturevalue("pulsar_broker")
-        extra = {"service_url": broker.service_url, "admin_url": broker.admin_url, "operation_timeout": 30}
-    else:
-        extra = {"service_url": f"file://{home / 'state.db'}"}
-    conn = json.dumps({"conn_type": "pulsarstate", "extra": extra})
+@contextmanager
+def as_deployment(conn: str) -> Iterator[None]:
+    """This process sees the deployment's connection ``CONN_ID`` (``conn``, JSON) and key namespace
+    while the block writes through the hook; the process-wide maps are closed on both sides."""
+    from airflow_provider_pulsarstate.hooks.pulsarstate import close_shared_state_maps
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", conn)
         mp.setenv("AIRFLOW__PULSARSTATE__KEY_NAMESPACE", KEY_NAMESPACE)
-        from airflow_provider_pulsarstate.hooks.pulsarstate import close_shared_state_maps
-
         close_shared_state_maps()
         try:
-            facts = write_state(CONN_ID)
+            yield
         finally:
             close_shared_state_maps()
+
+
+def api_server(
+    home: Path, conn: str, *, env: Mapping[str, str] | None = None, metadata_db: Path | None = None
+) -> AirflowProcesses:
+    """A real API server, not started yet (AIRFLOW_HOME ``home/airflow``; simple auth manager:
+    ``admin`` with the Admin role, ``viewer`` with the Viewer role, which may not read connections,
+    ``no-xcom-op`` who may not read XComs) whose deployment defines ``CONN_ID`` as ``conn`` and no
+    ``pulsarstate_default``; its metadata DB a copy of ``metadata_db`` (the run's migrated one)."""
+    (home / "dags").mkdir(exist_ok=True)
     passwords = home / "passwords.json"
     passwords.write_text(json.dumps(_PASSWORDS))
     af = AirflowProcesses(
         home=home / "airflow",
         dags_folder=home / "dags",
         components=("api-server",),
+        metadata_db=metadata_db,
         env={
             "PYTHONPATH": str(ROOT),
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
@@ -157,9 +161,29 @@ def deployment(
             # load the plugin through the provider info (the other declared way)
             "AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS": "False",
             f"AIRFLOW_CONN_{CONN_ID.upper()}": conn,
+            **(env or {}),
         },
     )
     af.env.pop("AIRFLOW_CONN_PULSARSTATE_DEFAULT", None)
+    return af
+
+
+@pytest.fixture(scope="module", params=["embedded", pytest.param("pulsar", marks=pytest.mark.pulsar)])
+def deployment(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, migrated_db: Path
+) -> Iterator[tuple[AirflowProcesses, dict[str, Any]]]:
+    """The engine's state (in an embedded file, or on the test broker), and a real API server
+    (:func:`api_server`) whose deployment defines the connection."""
+    home = tmp_path_factory.mktemp("state-ui")
+    if request.param == "pulsar":
+        broker = request.getfixturevalue("pulsar_broker")
+        extra = {"service_url": broker.service_url, "admin_url": broker.admin_url, "operation_timeout": 30}
+    else:
+        extra = {"service_url": f"file://{home / 'state.db'}"}
+    conn = json.dumps({"conn_type": "pulsarstate", "extra": extra})
+    with as_deployment(conn):
+        facts = write_state(CONN_ID)
+    af = api_server(home, conn, metadata_db=migrated_db)
     af.start()
     add_dag_runs(home / "airflow" / "airflow.db")
     try:

@@ -1,39 +1,123 @@
 """The "Pulsar State" page in a real browser: headless Chromium (the system's ``chromium``, driven
-by Playwright) loads it from a running ``airflow api-server`` with logins on, after the engine
-wrote a table, views, a lease and a subscription, and the test checks what each tab shows,
-including a row holding ``<script>`` shown as text. A screenshot of each tab is saved in
+by Playwright) loads it from a running ``airflow api-server`` with logins on, after the example
+pipeline ``price_events_pipeline`` ran (dag.test() in a child process on the API server's
+AIRFLOW_HOME and metadata DB, with a real ``spark-submit``, on the embedded default), and the test
+checks what each tab shows against what that run produced: the table's rows (the plain-Python
+fold of the job's own events), the published counts of its applied view (the run's ``report``
+XCom), its lease's transitions and the lag of its subscription after more events were published.
+The test also writes what one run cannot show: an open sealed view that would delete most of the
+table, a lease still held, a row holding ``<script>`` (shown as text) and XCom / state-store maps.
+
+One back end is enough here: the page only renders what the API returns, and
+``test_state_ui_api.py`` runs the API on both. A screenshot of each tab is saved in
 ``$PULSARSTATE_UI_SCREENSHOTS`` (default: a temp dir); the README shows the committed ones."""
 
 from __future__ import annotations
 
+import json
 import os
+import resource
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import urlencode
 
 import pytest
 import requests
 
-from tests.airflow.test_state_ui_api import (  # noqa: F401  (module-scoped fixtures of the same deployment)
+from airflow_provider_pulsarstate.testing.airflow_processes import AirflowProcesses
+from tests.airflow.dagruns import dag_bundle_env, load_job, run_pipeline_worker, worker_result
+from tests.airflow.test_state_ui_api import (
     _PASSWORDS,
     ASSET,
     CONN_ID,
     DAG,
     HOLDER,
     LEASE,
-    N_ROWS,
     N_XCOMS,
     RUN_ID,
     SCRIPT_VALUE,
-    SOURCE,
-    SUBSCRIPTION,
     TABLE,
-    deployment,
+    add_dag_runs,
+    api_server,
+    as_deployment,
+    write_state,
 )
 
+EVENTS, SKUS = 400, 1500  # one small batch: the Spark job dominates the run either way
+MORE_EVENTS = 37  # published after the run: the subscription's lag
+PIPELINE_TABLE, PIPELINE_SOURCE, PIPELINE_SUBSCRIPTION = "price-events-table", "price-events", "price-table-ingest"
+PIPELINE_LEASE = f"price-events-ingest/{PIPELINE_TABLE}"
+PENDING_KEYS = 20
+job = load_job("price_events_job")
+# the first test's setup runs the pipeline (a spark-submit): minutes on a loaded 2-CPU machine
+pytestmark = pytest.mark.timeout(1200)
 CHROMIUM = os.environ.get("PULSARSTATE_CHROMIUM", "/usr/bin/chromium")
+
+
+@pytest.fixture(scope="module")
+def deployment(
+    tmp_path_factory: pytest.TempPathFactory, migrated_db: Path
+) -> Iterator[tuple[AirflowProcesses, dict[str, Any]]]:
+    """A running API server whose deployment ran the example pipeline once (its state in the
+    embedded default under the deployment's AIRFLOW_HOME, which ``CONN_ID`` names), then what the
+    test adds: :func:`write_state`, an open sealed view of the pipeline's table keeping only
+    ``PENDING_KEYS`` rows, and ``MORE_EVENTS`` new events on the pipeline's source."""
+    home = tmp_path_factory.mktemp("state-ui-page")
+    state_file = home / "airflow" / "pulsarstate" / "state.db"  # the pipeline's embedded default
+    conn = json.dumps({"conn_type": "pulsarstate", "extra": {"service_url": f"file://{state_file}"}})
+    af = api_server(home, conn, env=dag_bundle_env(), metadata_db=migrated_db)
+    af.start()
+    try:
+        conf = {"batch": 1, "events": EVENTS, "skus": SKUS}
+        started, cpu = time.monotonic(), _children_cpu()
+        run = worker_result(run_pipeline_worker(conf, env=af.env))
+        print(
+            f"price_events_pipeline: {run['state']} in {time.monotonic() - started:.1f}s "
+            f"({_children_cpu() - cpu:.1f}s CPU) {run['states']}"
+        )
+        assert run["state"] == "success", run["states"]
+        with as_deployment(conn):
+            facts = write_state(CONN_ID)
+            facts.update(run=run, **_after_the_run(CONN_ID))
+        add_dag_runs(home / "airflow" / "airflow.db")
+        yield af, facts
+    finally:
+        af.stop()
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _after_the_run(conn_id: str) -> dict[str, Any]:
+    """Stage a view that would delete all but ``PENDING_KEYS`` rows of the pipeline's table (left
+    open), publish ``MORE_EVENTS`` more events; the plan and the subscription's lag before them."""
+    from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+
+    with PulsarStateHook(conn_id) as hook:
+        table = hook.get_table(PIPELINE_TABLE)
+        keep = sorted(table.to_dict(latest=True).items())[:PENDING_KEYS]
+        pending = table.create_view(view_id="ui-pending", scope_prefix="sku-")
+        with table.stager(pending.view_id) as stager:
+            for key, value in keep:
+                stager.set(key, value)
+        table.seal(pending.view_id, stagers=[stager])
+        plan = table.plan(pending.view_id)
+        source = hook.topic_name(PIPELINE_SOURCE)
+        consumer = hook.get_pull_consumer(source, PIPELINE_SUBSCRIPTION)
+        try:
+            lag_after_run = sum(consumer.lag().values())
+        finally:
+            consumer.close()
+        publisher = hook.get_publisher(source)
+        for event in job.batch_events(2, MORE_EVENTS, SKUS):
+            publisher.send(job.encode(event), key=event["sku"])
+        publisher.flush(timeout=60)
+    return {"pipeline_plan": plan, "lag_after_run": lag_after_run}
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +128,7 @@ def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def page(deployment: Any) -> Iterator[Any]:  # noqa: F811
+def page(deployment: Any) -> Iterator[Any]:
     """A logged-in browser page (the UI's ``_token`` cookie, as after a login)."""
     from playwright.sync_api import sync_playwright
 
@@ -68,11 +152,11 @@ def page(deployment: Any) -> Iterator[Any]:  # noqa: F811
             browser.close()
 
 
-def _open(page: Any, deployment: Any, fragment: str) -> None:  # noqa: F811
-    page.goto(f"{deployment[0].api_url}/pulsarstate/#conn={CONN_ID}&{fragment}")
+def _open(page: Any, deployment: Any, **fragment: str) -> None:
+    page.goto(f"{deployment[0].api_url}/pulsarstate/#" + urlencode({"conn": CONN_ID, **fragment}))
 
 
-def _token(deployment: Any, user: str) -> str:  # noqa: F811
+def _token(deployment: Any, user: str) -> str:
     af = deployment[0]
     answer = requests.post(
         af.api_url + "/auth/token", json={"username": user, "password": _PASSWORDS[user]}, timeout=30
@@ -80,23 +164,28 @@ def _token(deployment: Any, user: str) -> str:  # noqa: F811
     return str(answer.json()["access_token"])
 
 
-def test_tables_tab_shows_the_summary_rows_and_the_apply_chart(page: Any, deployment: Any, shots: Path) -> None:  # noqa: F811
-    _open(page, deployment, f"tab=tables&topic={TABLE}")
+def test_tables_tab_shows_the_pipelines_table_and_the_apply_chart(page: Any, deployment: Any, shots: Path) -> None:
+    expected = job.fold(job.batch_events(1, EVENTS, SKUS))
+    assert deployment[1]["run"]["xcoms"]["report"]["table_rows"] == len(expected)
+    _open(page, deployment, tab="tables", topic=PIPELINE_TABLE)
     page.wait_for_selector("#summary")
-    assert page.inner_text("#summary [data-field='rows']") == str(N_ROWS + 1)
+    assert page.inner_text("#summary [data-field='rows']") == str(len(expected))
     assert page.inner_text("#summary [data-field='writer']") == "not held"
     page.wait_for_selector("#rows tr:nth-child(2)")
     assert page.locator("#rows tr").count() == 51  # a header and one page of 50
-    assert page.locator("#apply-chart rect").count() >= 3
+    keys = sorted(expected)
+    assert page.locator("#rows tr:nth-child(2) td").first.inner_text() == keys[0]
+    assert json.loads(page.locator("#rows tr:nth-child(2) td").nth(1).inner_text()) == expected[keys[0]]
+    assert page.locator("#apply-chart rect").count() == 6  # the run's apply and the open view's plan
     page.screenshot(path=str(shots / "tables.png"), full_page=True)
     page.click("#next")
     # the next page replaces the rows table once it arrived
-    page.wait_for_function("document.querySelector('#rows tr:nth-child(2) td')?.textContent === 'sku-0050'")
+    page.wait_for_function(f"document.querySelector('#rows tr:nth-child(2) td')?.textContent === '{keys[50]}'")
     assert page.errors == []
 
 
-def test_a_script_in_a_row_is_shown_as_text(page: Any, deployment: Any) -> None:  # noqa: F811
-    _open(page, deployment, f"tab=tables&topic={TABLE}")
+def test_a_script_in_a_row_is_shown_as_text(page: Any, deployment: Any) -> None:
+    _open(page, deployment, tab="tables", topic=TABLE)
     page.wait_for_selector("#prefix")
     page.fill("#prefix", "zz")
     page.click("text=Filter")
@@ -108,34 +197,49 @@ def test_a_script_in_a_row_is_shown_as_text(page: Any, deployment: Any) -> None:
     assert page.evaluate("window.__pwned") is None
 
 
-def test_views_tab_shows_the_plan_and_the_published_counts(page: Any, deployment: Any, shots: Path) -> None:  # noqa: F811
-    _open(page, deployment, f"tab=views&topic={TABLE}&view=ui-pending")
-    page.wait_for_selector("tr[data-view='ui-pending']")
+def test_views_tab_shows_the_runs_published_counts_and_a_plan(page: Any, deployment: Any, shots: Path) -> None:
+    report = deployment[1]["run"]["xcoms"]["report"]
+    rows = len(job.fold(job.batch_events(1, EVENTS, SKUS)))
+    assert (report["set"], report["delete"], report["unchanged"]) == (rows, 0, 0)  # a first run on an empty table
+    _open(page, deployment, tab="views", topic=PIPELINE_TABLE, view="ui-pending")
+    applied = f"tr[data-view='{report['view_id']}']"
+    page.wait_for_selector(applied)
+    assert "applied" in page.inner_text(applied)
+    assert (
+        f"published: set {report['set']}, delete {report['delete']}, unchanged {report['unchanged']} "
+        f"at offset {report['commit_offset']}"
+    ) in page.inner_text(applied)
     pending = page.inner_text("tr[data-view='ui-pending']")
-    plan = deployment[1]["plan"]
-    assert plan.delete == N_ROWS - 20
+    plan = deployment[1]["pipeline_plan"]
+    assert (plan.set, plan.delete, plan.unchanged) == (0, rows - PENDING_KEYS, PENDING_KEYS)
     assert f"plan: set {plan.set}, delete {plan.delete}, unchanged {plan.unchanged}" in pending
     assert "hl" in (page.get_attribute("tr[data-view='ui-pending']", "class") or "")
-    assert "published: set 4, delete 0, unchanged 6" in page.inner_text("tr[data-view='ui-applied']")
+    assert page.locator("tr[data-view='ui-pending'] td.warn").count() == 1  # it would delete most of the table
     page.screenshot(path=str(shots / "views.png"), full_page=True)
 
 
-def test_leases_tab_shows_the_holder(page: Any, deployment: Any, shots: Path) -> None:  # noqa: F811
-    _open(page, deployment, f"tab=leases&lease={LEASE}")
+def test_leases_tab_shows_the_holder_and_the_pipelines_released_lease(page: Any, deployment: Any, shots: Path) -> None:
+    _open(page, deployment, tab="leases", lease=LEASE)
     page.wait_for_selector(f"tr[data-lease='{LEASE}']")
     assert HOLDER in page.inner_text(f"tr[data-lease='{LEASE}']")
+    assert "(released)" in page.inner_text(f"tr[data-lease='{PIPELINE_LEASE}']")  # release runs whatever happened
     page.screenshot(path=str(shots / "leases.png"), full_page=True)
 
 
-def test_subscriptions_tab_shows_the_lag(page: Any, deployment: Any, shots: Path) -> None:  # noqa: F811
-    _open(page, deployment, f"tab=subscriptions&topic={SOURCE}&subscription={SUBSCRIPTION}")
+def test_subscriptions_tab_shows_the_lag_of_the_events_published_after_the_run(
+    page: Any, deployment: Any, shots: Path
+) -> None:
+    assert deployment[1]["lag_after_run"] == 0  # the run committed its cursor to the table's record
+    _open(page, deployment, tab="subscriptions", topic=PIPELINE_SOURCE, subscription=PIPELINE_SUBSCRIPTION)
     page.wait_for_selector("#total-lag")
-    assert page.inner_text("#total-lag") == str(deployment[1]["lag"])
+    assert page.inner_text("#total-lag") == str(MORE_EVENTS)
+    cells = [row.locator("td").all_inner_texts() for row in page.locator("#partitions tr").all()[1:]]
+    assert len(cells) == 2 and sum(int(end) - int(committed) for _, committed, end, _ in cells) == MORE_EVENTS
     assert page.locator("#lag-chart polyline").count() == 1
     page.screenshot(path=str(shots / "subscriptions.png"), full_page=True)
 
 
-def test_the_page_is_in_the_ui_navigation(page: Any, deployment: Any, shots: Path) -> None:  # noqa: F811
+def test_the_page_is_in_the_ui_navigation(page: Any, deployment: Any, shots: Path) -> None:
     page.goto(f"{deployment[0].api_url}/plugin/pulsar-state")
     frame = page.wait_for_selector("iframe[src*='/pulsarstate/']", timeout=60_000)
     inner = frame.content_frame()
@@ -144,22 +248,31 @@ def test_the_page_is_in_the_ui_navigation(page: Any, deployment: Any, shots: Pat
     page.screenshot(path=str(shots / "in-airflow-ui.png"))
 
 
-def test_leaders_tab_shows_the_leader_and_its_transitions(page: Any, deployment: Any, shots: Path) -> None:  # noqa: F811
-    _open(page, deployment, f"tab=leaders&lease={LEASE}&topic={TABLE}")
+def test_leaders_tab_shows_the_leader_and_the_pipelines_transitions(page: Any, deployment: Any, shots: Path) -> None:
+    _open(page, deployment, tab="leaders", topic=PIPELINE_TABLE)
     page.wait_for_selector(f"tr[data-leader='{LEASE}']")
     token = deployment[1]["token"]
     leader = page.inner_text(f"tr[data-leader='{LEASE}']")
     assert HOLDER in leader and str(token) in leader
     acquired = page.inner_text(f"tr[data-transition='{LEASE}:{token}:acquired']")
     assert HOLDER in acquired and "3600 s" in acquired
+    # the run took its table's lease under its own name and gave it back
+    holder = f"airflow/price_events_pipeline/{deployment[1]['run']['run_id']}"
+    events = {
+        row.locator("td").nth(2).inner_text()
+        for row in page.locator("#transitions tr").all()[1:]
+        if row.locator("td").nth(1).inner_text() == PIPELINE_LEASE and holder in row.inner_text()
+    }
+    assert {"acquired", "released"} <= events, events
+    assert page.locator(f"tr[data-leader='{PIPELINE_LEASE}']").count() == 0  # released: no leader
     page.wait_for_selector("#producers")
     assert "no" in page.inner_text("#producers")  # the table's writer is not held
     page.screenshot(path=str(shots / "leaders.png"), full_page=True)
     assert page.errors == []
 
 
-def test_maps_tab_shows_counts_sizes_and_values_as_text(page: Any, deployment: Any, shots: Path) -> None:  # noqa: F811
-    _open(page, deployment, f"tab=maps&dag={DAG}&run={quote(RUN_ID)}&asset={ASSET}")
+def test_maps_tab_shows_counts_sizes_and_values_as_text(page: Any, deployment: Any, shots: Path) -> None:
+    _open(page, deployment, tab="maps", dag=DAG, run=RUN_ID, asset=ASSET)
     page.wait_for_selector(f"tr[data-run='{RUN_ID}']")
     assert page.locator("#map-runs tr").count() == 3  # a header and the DAG's two runs
     cells = page.locator(f"tr[data-run='{RUN_ID}'] td").all_inner_texts()
@@ -182,7 +295,7 @@ def test_maps_tab_shows_counts_sizes_and_values_as_text(page: Any, deployment: A
 
 def test_maps_tab_refuses_values_to_a_user_who_may_not_read_the_dags_xcoms(
     page: Any,
-    deployment: Any,  # noqa: F811
+    deployment: Any,
 ) -> None:
     context = page.context.browser.new_context(viewport={"width": 1280, "height": 900})
     try:
@@ -190,7 +303,7 @@ def test_maps_tab_refuses_values_to_a_user_who_may_not_read_the_dags_xcoms(
             [{"name": "_token", "value": _token(deployment, "no-xcom-op"), "url": deployment[0].api_url}]
         )
         restricted = context.new_page()
-        _open(restricted, deployment, f"tab=maps&dag={DAG}&run={quote(RUN_ID)}")
+        _open(restricted, deployment, tab="maps", dag=DAG, run=RUN_ID)
         restricted.wait_for_selector("#map-entries tr:nth-child(2)")  # counts, sizes and keys: yes
         assert restricted.locator(f"tr[data-run='{RUN_ID}'] td").all_inner_texts()[2] == str(N_XCOMS)
         restricted.click("#show-values")

@@ -29,11 +29,10 @@ from airflow_provider_pulsarstate.engine.recipes.table import (
 )
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.spark import AUTH_TOKEN_ENV, load_config
-from tests.airflow.dagruns import EXAMPLE_DAGS, TEST_DAGS, load_dag, load_job, run_dag
+from tests.airflow.dagruns import EXAMPLE_DAGS, TEST_DAGS, dag_bundle_env, load_dag, load_job, run_dag
 from tests.conftest import count_entries
 
 ROWS = 5000
-SPARK_LOCAL = json.dumps({"conn_type": "spark", "host": "local[*]"})
 job = load_job("price_table_job")
 
 
@@ -41,17 +40,9 @@ job = load_job("price_table_job")
 @pytest.fixture(scope="module")
 def dag_bundles(airflow_db: Path) -> Iterator[None]:
     """DAG bundles for the example DAGs and the test DAGs (dag.test() needs serialized DAGs), and Spark."""
-    bundles = [
-        {
-            "name": name,
-            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-            "kwargs": {"path": str(path), "refresh_interval": 0},
-        }
-        for name, path in (("pulsarstate-examples", EXAMPLE_DAGS), ("pulsarstate-test-dags", TEST_DAGS))
-    ]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps(bundles))
-        patch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", SPARK_LOCAL)
+        for name, value in dag_bundle_env().items():
+            patch.setenv(name, value)
         yield
 
 
@@ -466,7 +457,7 @@ def test_task_group_dry_run_drops_after_planning_and_rejects_reserved_arguments(
     from airflow.sdk import TriggerRule
 
     _, group, _ = _group_dag(dry_run=True)
-    assert group.apply.dry_run is True and group.apply.drop_after_plan is True
+    assert group.apply.plan_only is True and group.apply.drop_after_plan is True
     assert group.apply.max_delete_fraction == 0.5 and group.apply.max_deletes is None  # the safe default
     _, group, _ = _group_dag(max_deletes=7, max_delete_fraction=0.9)
     assert (group.apply.max_deletes, group.apply.max_delete_fraction) == (7, 0.9)

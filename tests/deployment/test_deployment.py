@@ -42,7 +42,13 @@ PROVIDER_ENV = {
     "AIRFLOW_CONN_SPARK_DEFAULT": '{"conn_type": "spark", "host": "local[*]"}',
 }
 # the wheel is built and installed, the DB migrated, four components started and a Spark job run
-pytestmark = [pytest.mark.deployment, pytest.mark.slow, pytest.mark.timeout(1800)]
+# Both back ends on one xdist worker: the venv (a module fixture) is then built once.
+pytestmark = [
+    pytest.mark.deployment,
+    pytest.mark.slow,
+    pytest.mark.timeout(1800),
+    pytest.mark.xdist_group("deployment-venv"),
+]
 
 
 def _uv() -> str:
@@ -76,6 +82,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "pip",
             "install",
             "--quiet",
+            "--compile-bytecode",  # as pip does by default: no Airflow process compiles its imports
             "--python",
             str(target / "bin" / "python"),
             "-c",

@@ -92,7 +92,7 @@ def test_the_follower_survives_sqlite_errors_and_listeners_keep_receiving(flaky_
         broken.clear()
         writer.put("b", 2)
         wait_until(lambda: ("b", 2) in seen, timeout=15, what="changes after the errors")
-        assert follower.manager._follower.is_alive()
+        assert follower.manager.follower_alive
     finally:
         writer.close()
         follower.close()

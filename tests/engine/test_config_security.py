@@ -147,3 +147,33 @@ def test_non_persistent_topics_are_refused_for_state() -> None:
     config = ConnectionConfig(allow_other_namespaces=True)
     with pytest.raises(ConfigurationError, match="non-persistent topic keeps no messages"):
         config.topic_name("non-persistent://public/default/t1")
+
+
+# ------------------------------------------------------------------------------- admin answers of the wrong shape
+def test_an_admin_answer_that_is_not_a_json_object_is_refused_naming_the_request() -> None:
+    import http.server
+    import threading
+
+    class ListAnswer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"[1, 2]"
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), ListAnswer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        admin = PulsarAdmin(f"http://127.0.0.1:{server.server_port}", timeout=5)
+        for call in (admin.topic_stats, admin.internal_stats, lambda t: admin.message_id_by_time(t, 0)):
+            with pytest.raises(BackendUnavailableError, match=r"GET .*/persistent/t/n/x/.* answered a JSON list"):
+                call("persistent://t/n/x")
+    finally:
+        server.shutdown()
+        server.server_close()

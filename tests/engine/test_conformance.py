@@ -345,7 +345,7 @@ def test_undecodable_entry_stops_bootstrap_unless_skipped(
     assert "next offset 1" in str(info.value)
     skipping = maps(on_corrupt="skip")
     assert skipping.get("a", latest=True) == 1
-    assert skipping.manager._reader.skipped == 2  # both logged and skipped, nothing else lost
+    assert skipping.manager.stats.corrupt_skipped == 2  # both logged and skipped, nothing else lost
     skipping.put("b", 2)
     assert maps(on_corrupt="skip").to_dict(latest=True) == {"a": 1, "b": 2}
 

@@ -58,20 +58,20 @@ def test_every_log_starts_with_one_genesis_record_that_checkpoints_record(
     kinds = [r.kind for r in records(backend, topic)]
     assert kinds[:3] == [RecordKind.EPOCH, RecordKind.GENESIS, RecordKind.DATA]
     assert kinds.count(RecordKind.GENESIS) == 1
-    log_id = a.manager._log_id
-    assert log_id and b.manager._log_id == log_id
+    log_id = a.manager.log_id
+    assert log_id and b.manager.log_id == log_id
     info = a.checkpoint()
     assert info is not None and info.log_id == log_id
     assert CheckpointStore(backend, topic).latest().log_id == log_id
     fresh = maps()
-    assert fresh.to_dict(latest=True) == {"x": 1, "y": 2} and fresh.manager._log_id == log_id
+    assert fresh.to_dict(latest=True) == {"x": 1, "y": 2} and fresh.manager.log_id == log_id
 
 
 def test_only_the_first_genesis_record_counts(maps: Any, backend: Backend, topic: str) -> None:
     """A second GENESIS (a concurrent first writer's) is ignored by every reader."""
     w = maps()
     w.put("x", 1)
-    first = w.manager._log_id
+    first = w.manager.log_id
     w.checkpoint()
     w.close()
     writer = open_writer(backend, topic, writer_id=b"g" * 16, mode=AcquireMode.WAIT, timeout=20)
@@ -81,7 +81,7 @@ def test_only_the_first_genesis_record_counts(maps: Any, backend: Backend, topic
         writer.close()
     fresh = maps()
     assert fresh.to_dict(latest=True) == {"x": 1}
-    assert fresh.manager._log_id == first and fresh.manager.stats["checkpoint_loaded_offset"] == 0
+    assert fresh.manager.log_id == first and fresh.manager.stats["checkpoint_loaded_offset"] == 0
     assert maps(use_checkpoints=False).manager.read(lambda s: None, latest=True) is None
 
 
@@ -116,7 +116,7 @@ def test_a_legacy_log_without_genesis_starting_at_offset_0_is_accepted(maps: Any
     w = maps()
     assert w.to_dict(latest=True) == {"k0": 0, "k1": 1, "k2": 2}
     w.put("k3", 3)
-    assert w.manager._log_id is None  # no GENESIS is added to a log that has data
+    assert w.manager.log_id is None  # no GENESIS is added to a log that has data
     assert RecordKind.GENESIS not in [r.kind for r in records(backend, topic)]
     info = w.checkpoint()
     assert info is not None and info.log_id is None

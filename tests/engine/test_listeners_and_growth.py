@@ -55,7 +55,7 @@ def test_a_removed_listener_hears_nothing_more(maps: Any) -> None:
     assert m.remove_listener(handle) is False
     m.put("b", 2)
     assert first == ["a"] and second == ["a", "b"]
-    assert len(m.manager._listeners) == 1
+    assert m.manager.listener_count == 1
 
 
 def test_listener_errors_are_counted_logged_and_handed_to_the_hook(maps: Any, caplog: pytest.LogCaptureFixture) -> None:

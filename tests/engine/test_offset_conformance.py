@@ -23,6 +23,7 @@ from airflow_provider_pulsarstate.engine.backends.base import Backend
 from airflow_provider_pulsarstate.engine.errors import (
     ClosedError,
     ConfigurationError,
+    MessageNotFoundError,
     OffsetOutOfRangeError,
     PulsarStateError,
     UnknownPartitionError,
@@ -447,6 +448,21 @@ def test_a_bad_address_names_the_back_end_and_its_form(world: World) -> None:
             ConfigurationError,
             f"{address!r} is not a message address of {store} (expected {form!r})",
         )
+
+
+def test_an_address_with_nothing_there_is_named_alike_on_both_back_ends(world: World) -> None:
+    """The topic was deleted and created again: the address names nothing now, said in one text."""
+    topic = f"{world.topic}-gone"
+    create_topic(world.backend, topic)
+    with open_publisher(world.backend, topic, batching=False) as publisher:
+        address = publisher.publish(b"x", timeout=FLUSH)
+    world.backend.delete_topic(topic)
+    create_topic(world.backend, topic)
+    raises(
+        lambda: _log(world, topic).read_at(address, timeout=1),
+        MessageNotFoundError,
+        f"no message at {address} of {world.url(topic)}: nothing there (never written, topic deleted, or trimmed)",
+    )
 
 
 def test_the_async_probe_names_an_unknown_topic_as_the_logs_do(world: World) -> None:

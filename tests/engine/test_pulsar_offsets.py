@@ -624,8 +624,8 @@ def test_offsets_counted_inside_a_batch_are_checked_against_the_message_ids() ->
     from types import SimpleNamespace
 
     from airflow_provider_pulsarstate.engine.errors import OffsetError
-    from airflow_provider_pulsarstate.engine.offsets.pulsar import _Cursor
     from airflow_provider_pulsarstate.engine.offsets.pulsar_index import EntryRef
+    from airflow_provider_pulsarstate.engine.offsets.pulsar_readers import Cursor
 
     class Id:
         def __init__(self, e: int, b: int) -> None:
@@ -667,9 +667,9 @@ def test_offsets_counted_inside_a_batch_are_checked_against_the_message_ids() ->
 
     fake_backend = SimpleNamespace(admin=None, config=SimpleNamespace(operation_timeout=1.0))
     log = PulsarOffsetLog(fake_backend, "persistent://public/default/fake")  # type: ignore[arg-type]
-    whole = _Cursor(0, "t", Reader([Msg(0, 0), Msg(0, 1), Msg(0, 2), Msg(1, 0)]), 0, entry=EntryRef(7, 0, 0, 3))  # type: ignore[arg-type]
-    messages, _ = log._fill(whole, max_messages=10, max_bytes=1 << 20, timeout=0)
+    whole = Cursor(0, "t", Reader([Msg(0, 0), Msg(0, 1), Msg(0, 2), Msg(1, 0)]), 0, entry=EntryRef(7, 0, 0, 3))  # type: ignore[arg-type]
+    messages, _ = log._fetcher.fill(whole, max_messages=10, max_bytes=1 << 20, timeout=0)
     assert [(m.offset, m.value) for m in messages] == [(0, b"0-0"), (1, b"0-1"), (2, b"0-2"), (3, b"1-0")]
-    skipped = _Cursor(0, "t", Reader([Msg(0, 0), Msg(0, 2), Msg(1, 0)]), 0, entry=EntryRef(7, 0, 0, 3))  # type: ignore[arg-type]
+    skipped = Cursor(0, "t", Reader([Msg(0, 0), Msg(0, 2), Msg(1, 0)]), 0, entry=EntryRef(7, 0, 0, 3))  # type: ignore[arg-type]
     with pytest.raises(OffsetError, match="drifted"):
-        log._fill(skipped, max_messages=10, max_bytes=1 << 20, timeout=0)
+        log._fetcher.fill(skipped, max_messages=10, max_bytes=1 << 20, timeout=0)

@@ -12,7 +12,12 @@ import pytest
 
 from airflow_provider_pulsarstate.engine.backends.base import AcquireMode, Backend
 from airflow_provider_pulsarstate.engine.envelope import RecordKind, encode_writes
-from airflow_provider_pulsarstate.engine.errors import CommitNotFoundError, ConfigurationError, TableNotFoundError
+from airflow_provider_pulsarstate.engine.errors import (
+    CommitNotFoundError,
+    ConfigurationError,
+    SerializationError,
+    TableNotFoundError,
+)
 from airflow_provider_pulsarstate.engine.recipes.lease import Leases
 from airflow_provider_pulsarstate.engine.recipes.table import StateTable
 from airflow_provider_pulsarstate.engine.recipes.table_feed import TableFeed, read_commit
@@ -172,3 +177,19 @@ def test_a_write_refused_by_its_lease_fence_is_no_change(backend: Backend, topic
     with pytest.raises(CommitNotFoundError, match="refused by a lease fence"):
         read_commit(backend, topic, offset)
     assert table.get("k", latest=True) == {"v": "new holder"}
+
+
+@pytest.mark.parametrize(
+    "op,named",
+    [
+        (set_op("k", {"v": 1}), "dict"),  # a record, not its canonical bytes
+        ({"o": "set", "k": 7, "v": b"{}", "w": None}, "int"),
+        ({"o": "del", "k": "k", "w": 3}, "int"),
+    ],
+)
+def test_a_row_op_of_the_wrong_types_is_refused_naming_its_key(op: dict[str, Any], named: str) -> None:
+    with pytest.raises(
+        SerializationError, match=rf"table row op '(set|del)' of key .*: key and view id must be str.*{named}"
+    ):
+        encode_op(op)
+    assert encode_op(set_op("k", canonical({"v": 1}))).endswith(b'k{"v":1}')

@@ -16,6 +16,7 @@ from airflow_provider_pulsarstate.engine.backends.base import Backend
 from airflow_provider_pulsarstate.engine.checkpoint import CheckpointStore
 from airflow_provider_pulsarstate.engine.envelope import RecordKind, encode_frames
 from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError, CheckpointError
+from airflow_provider_pulsarstate.engine.wal import LogReader
 from airflow_provider_pulsarstate.testing.harness import ForwardingBackend
 from tests.conftest import count_entries
 
@@ -96,11 +97,11 @@ def test_a_forged_image_is_never_served(
     w, info = filled(maps)
     with PulsarMap(backend, f"{topic}-evil", checkpoint_after_bytes=None) as evil:
         evil.put("evil", "forged")
-        image = evil.manager._serialize_state(evil.manager._state)
+        image = evil.manager.read(evil.manager.state_serializer)
     store = CheckpointStore(backend, topic)
     early_position = None
     if forgery == "position":
-        reader = w.manager._reader.__class__(backend, topic)  # a LogReader: find record 3's position
+        reader = LogReader(backend, topic)  # find record 3's position
         try:
             while (rec := reader.read_next(timeout=10, drain=True)) is not None:
                 if rec.kind is RecordKind.DATA and rec.offset == 3:

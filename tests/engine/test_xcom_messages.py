@@ -9,6 +9,7 @@ import pytest
 
 from airflow_provider_pulsarstate.engine.backends.base import Backend
 from airflow_provider_pulsarstate.engine.errors import (
+    SerializationError,
     ValueTooLargeError,
     XComEntryNotFoundError,
     XComReferenceError,
@@ -16,6 +17,7 @@ from airflow_provider_pulsarstate.engine.errors import (
 from airflow_provider_pulsarstate.engine.offsets import delete_topic_if_unchanged
 from airflow_provider_pulsarstate.engine.recipes.xcom_messages import (
     XComIdentity,
+    XComMessage,
     XComMessageLog,
     decode_message,
     encode_message,
@@ -23,7 +25,7 @@ from airflow_provider_pulsarstate.engine.recipes.xcom_messages import (
     message_topic,
     message_topic_prefix,
 )
-from airflow_provider_pulsarstate.engine.recipes.xcom_store import run_topic
+from airflow_provider_pulsarstate.engine.recipes.xcom_store import XComRecord, run_topic
 
 NS = "prod"
 
@@ -137,3 +139,25 @@ def test_pulsar_never_deletes_a_topic_a_process_still_publishes_to(logs: object,
         assert not deleted  # the broker refuses a non-forced deletion while a producer is connected
         log.close()
         assert delete_topic_if_unchanged(backend, log.topic, last=scan.last, timeout=30)
+
+
+@pytest.mark.parametrize(
+    "field,bad",
+    [("dag", ""), ("w", 7), ("mi", "0"), ("mi", True), ("n", 1.5), ("t", "now"), ("t", False), ("try", "2")],
+)
+def test_a_header_field_of_the_wrong_type_is_refused_quoting_the_header(field: str, bad: object) -> None:
+    message = encode_message(XComMessage(ident(), "writer-1", XComRecord('"v"', 1700000000.5, 3, "str", try_number=2)))
+    head, body = message.split(b"\n", 1)
+    header = json.loads(head)
+    assert decode_message(message).record.try_number == 2
+    header[field] = bad
+    with pytest.raises(SerializationError, match=r"XCom message header is malformed: b'\{"):
+        decode_message(json.dumps(header).encode() + b"\n" + body)
+    del header[field]
+    if field == "try":  # the one optional field: a message without it has an unknown try
+        assert decode_message(json.dumps(header).encode() + b"\n" + body).record.try_number is None
+    else:
+        with pytest.raises(SerializationError, match="XCom message header is malformed"):
+            decode_message(json.dumps(header).encode() + b"\n" + body)
+    with pytest.raises(SerializationError, match="not an XCom message"):
+        decode_message(b'{"f": 2}\n' + body)

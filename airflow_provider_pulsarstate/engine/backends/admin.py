@@ -112,9 +112,23 @@ class PulsarAdmin:
         check_admin_status(method, path, resp.status_code, resp.text, ok=ok, shown_url=self._shown_url)
         return resp
 
+    def _get_object(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        """``GET path`` answered by a JSON object; raises BackendUnavailableError naming the request
+        when the answer is another JSON value."""
+        return self._json_object(self.request("GET", path, **kwargs), "GET", path)
+
+    def _json_object(self, resp: requests.Response, method: str, path: str) -> dict[str, Any]:
+        body = resp.json()
+        if not isinstance(body, dict):
+            raise BackendUnavailableError(
+                f"Pulsar admin API {method} {self._shown_url}/admin/v2/{path} answered a JSON "
+                f"{type(body).__name__} where an object was expected: {resp.text[:300]}"
+            )
+        return body
+
     def topic_stats(self, topic: str) -> dict[str, Any]:
         """``GET .../stats``: publishers, topicEpoch, waitingPublishers, counters."""
-        return self.request("GET", f"{self.topic_path(topic)}/stats").json()
+        return self._get_object(f"{self.topic_path(topic)}/stats")
 
     def topic_exists(self, topic: str) -> bool:
         """Whether the topic exists (asking does not create it, unlike a client lookup)."""
@@ -122,7 +136,7 @@ class PulsarAdmin:
 
     def internal_stats(self, topic: str) -> dict[str, Any]:
         """``GET .../internalStats``: ledgers, lastConfirmedEntry, cursors."""
-        return self.request("GET", f"{self.topic_path(topic)}/internalStats").json()
+        return self._get_object(f"{self.topic_path(topic)}/internalStats")
 
     def namespace_topics(self, tenant: str, namespace: str) -> list[str]:
         """``GET namespaces/{tenant}/{ns}/topics``: allowed to any role that may produce or consume there."""
@@ -194,7 +208,7 @@ class PulsarAdmin:
 
     def message_id_by_time(self, topic: str, timestamp_ms: int) -> dict[str, Any]:
         """``GET .../messageid/{ms}``: the entry of the first message published at or after the time."""
-        return self.request("GET", f"{self.topic_path(topic)}/messageid/{int(timestamp_ms)}").json()
+        return self._get_object(f"{self.topic_path(topic)}/messageid/{int(timestamp_ms)}")
 
     def subscription_properties(self, topic: str, subscription: str) -> dict[str, str] | None:
         """A subscription's properties; None when the subscription does not exist."""

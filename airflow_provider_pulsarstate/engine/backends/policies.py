@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from airflow_provider_pulsarstate.engine.backends.admin import PulsarAdmin
@@ -19,8 +20,8 @@ log = logging.getLogger(__name__)
 
 RETENTION = "retention"
 INACTIVE = "inactiveTopicPolicies"
-INFINITE_RETENTION = {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1}
-NEVER_DELETE = {
+INFINITE_RETENTION: dict[str, Any] = {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1}
+NEVER_DELETE: dict[str, Any] = {
     "deleteWhileInactive": False,
     "maxInactiveDurationSeconds": 3600,
     "inactiveTopicDeleteMode": "delete_when_no_subscriptions",
@@ -35,7 +36,10 @@ def _inactive_ok(policy: dict[str, Any]) -> bool:
     return policy.get("deleteWhileInactive") is False
 
 
-_CHECKS = {RETENTION: (_retention_ok, INFINITE_RETENTION), INACTIVE: (_inactive_ok, NEVER_DELETE)}
+_CHECKS: dict[str, tuple[Callable[[dict[str, Any]], bool], dict[str, Any]]] = {
+    RETENTION: (_retention_ok, INFINITE_RETENTION),
+    INACTIVE: (_inactive_ok, NEVER_DELETE),
+}
 
 
 def fix_commands(topic: str, policy: str) -> str:

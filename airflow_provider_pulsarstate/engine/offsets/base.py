@@ -26,12 +26,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_pulsarstate.engine.offsets.checks import (
+    check_log_options,
     check_message,
     check_offset,
     check_partition_arg,
     check_read_limits,
     check_subscription,
     check_timestamp,
+    check_topic,
     log_closed,
 )
 
@@ -151,6 +153,13 @@ class OffsetLog(ABC):
 
     topic: str
     _closed: bool = False
+
+    def __init__(self, topic: str, options: Mapping[str, Any]) -> None:
+        """Check ``topic`` and the ``options`` every back end accepts (:data:`.checks.LOG_OPTIONS`;
+        any other is refused by name)."""
+        check_topic(topic)
+        check_log_options(topic, options)
+        self.topic = topic
 
     def _check_open(self) -> None:
         if self._closed:

@@ -11,9 +11,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from airflow_provider_pulsarstate.engine.backends.base import partition_topic_name
 from airflow_provider_pulsarstate.engine.errors import (
     ClosedError,
     ConfigurationError,
+    MessageNotFoundError,
     OffsetOutOfRangeError,
     UnknownPartitionError,
     UnknownTopicError,
@@ -125,6 +127,24 @@ def partition_error(topic: str, count: int, partition: int) -> UnknownPartitionE
     return UnknownPartitionError(f"topic {topic} has partitions 0..{count - 1}: no partition {partition}")
 
 
+def stored_topic(topic: str, count: int, partition: int) -> str:
+    """The topic ``partition`` of ``topic`` (``count`` partitions, 0: non-partitioned) is stored
+    under: ``topic`` itself when not partitioned, else ``topic-partition-K`` as Pulsar names it.
+
+    :raises UnknownPartitionError: the topic has no such partition.
+    """
+    error = partition_error(topic, count, partition)
+    if error is not None:
+        raise error
+    return topic if count == 0 else partition_topic_name(topic, partition)
+
+
+def check_commit_range(topic: str, partition: int, next_offset: int, beginning: int, end: int) -> None:
+    """A committed offset lies in ``[beginning, end]`` (the end itself: everything consumed)."""
+    if not beginning <= next_offset <= end:
+        raise out_of_range(topic, partition, next_offset, beginning, end, commit=True)
+
+
 def partition_needed(topic: str, count: int) -> UnknownPartitionError:
     """A partitioned topic addressed without a partition."""
     return UnknownPartitionError(f"topic {topic} has {count} partitions: pass partition= (0..{count - 1})")
@@ -156,6 +176,15 @@ def topic_exists_differently(topic: str, existing: int, partitions: int) -> Conf
 def not_an_address(address: object, store: str, expected: str) -> ConfigurationError:
     """``address`` is not a message address of ``store`` (``expected``: the form it has there)."""
     return ConfigurationError(f"{address!r} is not a message address of {store} (expected {expected!r})")
+
+
+NOTHING_THERE = "nothing there (never written, topic deleted, or trimmed)"
+"""Why :meth:`~.base.OffsetLog.read_at` found no message at an address the topic does not hold."""
+
+
+def message_not_found(topic: str, address: str, where: str, why: str) -> MessageNotFoundError:
+    """No message at ``address``; ``where``: the back end's ``topic_url`` of the topic read."""
+    return MessageNotFoundError(f"no message at {address} of {where}: {why}", topic=topic, address=address)
 
 
 def log_closed(topic: str) -> ClosedError:

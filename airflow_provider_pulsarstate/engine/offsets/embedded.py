@@ -18,17 +18,11 @@ error becomes one of our errors, as everywhere in the embedded back end.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import logging
 import sqlite3
-import threading
 import time
-import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from typing import Any, TypeVar
 
-from airflow_provider_pulsarstate.engine.backends.base import partition_topic_name
 from airflow_provider_pulsarstate.engine.backends.embedded import (
     _TOPIC_ROWS,
     EmbeddedBackend,
@@ -38,13 +32,7 @@ from airflow_provider_pulsarstate.engine.backends.embedded import (
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.engine.errors import (
     BackendUnavailableError,
-    ClosedError,
     ConfigurationError,
-    CorruptEntryError,
-    MessageNotFoundError,
-    OperationTimeoutError,
-    PulsarStateError,
-    UnknownOutcomeError,
     UnknownPartitionError,
     UnknownTopicError,
 )
@@ -53,131 +41,33 @@ from airflow_provider_pulsarstate.engine.offsets.base import (
     OffsetLog,
     PulledMessage,
     StoredMessage,
-    TopicPublisher,
-    format_address,
     parse_address,
 )
 from airflow_provider_pulsarstate.engine.offsets.checks import (
-    check_log_options,
+    NOTHING_THERE,
+    check_commit_range,
     check_offset,
     check_partition_count,
     check_topic,
+    message_not_found,
     not_an_address,
     out_of_range,
-    partition_error,
-    publisher_closed,
     topic_exists_differently,
-    unknown_topic,
+)
+from airflow_provider_pulsarstate.engine.offsets.embedded_publisher import EmbeddedTopicPublisher
+from airflow_provider_pulsarstate.engine.offsets.embedded_store import (
+    EMBEDDED_ADDRESS,
+    Store,
+    has_rows,
+    offset_range,
+    partition_count,
+    properties_of,
+    stored_partition,
 )
 from airflow_provider_pulsarstate.engine.retry import Backoff
 from airflow_provider_pulsarstate.engine.worker_thread import WorkerThread
 
 T = TypeVar("T")
-log = logging.getLogger(__name__)
-
-# A publisher writes its queue once it holds this many messages or bytes.
-_QUEUE_MESSAGES = 1000
-_QUEUE_BYTES = 1 << 20
-_BUSY = frozenset({"SQLITE_BUSY", "SQLITE_LOCKED"})
-EMBEDDED_ADDRESS = "e"
-"""Addresses of the embedded log: ``e:<partition>:<position>`` (the position is the offset)."""
-
-
-class _Store:
-    """One connection to the state file and the queries offsets need (thread-safe: one lock)."""
-
-    def __init__(self, backend: EmbeddedBackend) -> None:
-        self.backend = backend
-        self._conn: sqlite3.Connection | None = None
-        self._lock = threading.Lock()
-        self._closed = False
-
-    @contextlib.contextmanager
-    def transaction(self, what: str, *, write: bool = False) -> Iterator[sqlite3.Connection]:
-        """A transaction (a consistent snapshot when reading); sqlite errors become ours."""
-        with self._lock:
-            if self._closed:
-                raise ClosedError(f"offset log of {self.backend.path} is closed")
-            if self._conn is None:
-                self._conn = self.backend.connect()
-            conn = self._conn
-            try:
-                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-                yield conn
-            except (sqlite3.Error, OSError) as exc:
-                _rollback_quietly(conn)
-                raise BackendUnavailableError(
-                    f"{what} failed on embedded state file {self.backend.path}: {exc}"
-                ) from exc
-            except BaseException:
-                _rollback_quietly(conn)
-                raise
-            try:
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                if conn.in_transaction or not write:
-                    _rollback_quietly(conn)
-                    raise BackendUnavailableError(
-                        f"{what} failed on embedded state file {self.backend.path}, nothing was written: {exc}"
-                    ) from exc
-                raise UnknownOutcomeError(f"{what}: the commit failed ({exc}); it may or may not be recorded") from exc
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            if self._conn is not None:
-                conn, self._conn = self._conn, None
-                _close_quietly(conn)
-
-
-# -- queries (inside a transaction) -------------------------------------------------------------
-def _partition_count(conn: sqlite3.Connection, backend: EmbeddedBackend, topic: str) -> int:
-    row = conn.execute("SELECT partitions FROM offset_topics WHERE name = ?", (topic,)).fetchone()
-    if row is not None:
-        return int(row[0])
-    if _has_rows(conn, topic):
-        return 0
-    raise unknown_topic(backend.topic_url(topic))
-
-
-def _has_rows(conn: sqlite3.Connection, stored: str) -> bool:
-    return (
-        conn.execute("SELECT 1 FROM entries WHERE topic = ? LIMIT 1", (stored,)).fetchone() is not None
-        or conn.execute("SELECT 1 FROM topic_trims WHERE topic = ?", (stored,)).fetchone() is not None
-    )
-
-
-def _stored_topic(conn: sqlite3.Connection, backend: EmbeddedBackend, topic: str, partition: int) -> str:
-    """The topic partition ``partition`` is stored under; UnknownTopic/PartitionError when absent."""
-    count = _partition_count(conn, backend, topic)
-    error = partition_error(topic, count, partition)
-    if error is not None:
-        raise error
-    return topic if count == 0 else partition_topic_name(topic, partition)
-
-
-def _offset_range(conn: sqlite3.Connection, stored: str) -> tuple[int, int]:
-    """``(beginning, end)`` of a stored topic. A trim keeps the last entry (it numbers the next
-    append), so ``topic_trims`` is what says where the retained range begins."""
-    last = conn.execute("SELECT MAX(pos) FROM entries WHERE topic = ?", (stored,)).fetchone()[0]
-    first = conn.execute("SELECT MIN(pos) FROM entries WHERE topic = ?", (stored,)).fetchone()[0]
-    trim = conn.execute("SELECT beginning FROM topic_trims WHERE topic = ?", (stored,)).fetchone()
-    trimmed = int(trim[0]) if trim else 0
-    end = int(last) + 1 if last is not None else trimmed
-    beginning = max(int(first) if first is not None else end, trimmed)
-    return min(beginning, end), end
-
-
-def _properties(raw: str | None, topic: str, pos: int) -> dict[str, str]:
-    if raw is None:
-        return {}
-    try:
-        value = json.loads(raw)
-    except ValueError as exc:
-        raise CorruptEntryError(topic=topic, position=pos, cause=f"message properties are not JSON: {exc}") from exc
-    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        raise CorruptEntryError(topic=topic, position=pos, cause="message properties are not a str -> str mapping")
-    return value
 
 
 class EmbeddedOffsetLog(OffsetLog):
@@ -189,20 +79,18 @@ class EmbeddedOffsetLog(OffsetLog):
     """
 
     def __init__(self, backend: EmbeddedBackend, topic: str, **options: Any) -> None:
-        check_topic(topic)
-        check_log_options(topic, options)
+        super().__init__(topic, options)
         self.backend = backend
-        self.topic = topic
-        self._store = _Store(backend)
+        self._store = Store(backend)
         backend._track(self)
 
     def _partition_count(self) -> int:
         with self._store.transaction(f"reading the partitions of {self.topic}") as conn:
-            return _partition_count(conn, self.backend, self.topic)
+            return partition_count(conn, self.backend, self.topic)
 
     def _range(self, partition: int) -> tuple[int, int]:
         with self._store.transaction(f"reading the offsets of {self.topic} partition {partition}") as conn:
-            return _offset_range(conn, _stored_topic(conn, self.backend, self.topic, partition))
+            return offset_range(conn, stored_partition(conn, self.backend, self.topic, partition))
 
     def _beginning_offset(self, partition: int) -> int:
         return self._range(partition)[0]
@@ -227,8 +115,8 @@ class EmbeddedOffsetLog(OffsetLog):
     ) -> tuple[list[PulledMessage], int]:
         messages: list[PulledMessage] = []
         with self._store.transaction(f"reading {self.topic} partition {partition} from offset {offset}") as conn:
-            stored = _stored_topic(conn, self.backend, self.topic, partition)
-            beginning, end = _offset_range(conn, stored)
+            stored = stored_partition(conn, self.backend, self.topic, partition)
+            beginning, end = offset_range(conn, stored)
             if not beginning <= offset <= end:
                 raise out_of_range(self.topic, partition, offset, beginning, end)
             rows = conn.execute(
@@ -248,7 +136,7 @@ class EmbeddedOffsetLog(OffsetLog):
                         partition=partition,
                         value=bytes(payload),
                         key=key,
-                        properties=_properties(properties, stored, pos),
+                        properties=properties_of(properties, stored, pos),
                         publish_time=publish_time,
                         position=pos,
                     )
@@ -258,13 +146,12 @@ class EmbeddedOffsetLog(OffsetLog):
 
     def _offset_for_time(self, partition: int, timestamp: float) -> int | None:
         with self._store.transaction(f"searching {self.topic} partition {partition} by time") as conn:
-            stored = _stored_topic(conn, self.backend, self.topic, partition)
-            beginning, end = _offset_range(conn, stored)
+            stored = stored_partition(conn, self.backend, self.topic, partition)
+            beginning, end = offset_range(conn, stored)
 
             def published(pos: int) -> float:
-                return conn.execute(
-                    "SELECT publish_time FROM entries WHERE topic = ? AND pos = ?", (stored, pos)
-                ).fetchone()[0]
+                row = conn.execute("SELECT publish_time FROM entries WHERE topic = ? AND pos = ?", (stored, pos))
+                return float(row.fetchone()[0])
 
             if beginning == end or published(end - 1) < timestamp:
                 return None
@@ -285,35 +172,26 @@ class EmbeddedOffsetLog(OffsetLog):
         partition, position = parsed[0], int(parsed[1])
         with self._store.transaction(f"reading message {address} of {self.topic}") as conn:
             try:
-                stored = _stored_topic(conn, self.backend, self.topic, partition)
+                stored = stored_partition(conn, self.backend, self.topic, partition)
             except (UnknownTopicError, UnknownPartitionError) as exc:
-                raise MessageNotFoundError(
-                    f"no message at {address} of {self.backend.topic_url(self.topic)}: {exc}",
-                    topic=self.topic,
-                    address=address,
-                ) from exc
+                raise message_not_found(self.topic, address, self.backend.topic_url(self.topic), str(exc)) from exc
             row = conn.execute(
                 "SELECT e.payload, e.publish_time, m.properties FROM entries e "
                 "LEFT JOIN entry_meta m ON m.topic = e.topic AND m.pos = e.pos WHERE e.topic = ? AND e.pos = ?",
                 (stored, position),
             ).fetchone()
         if row is None:
-            raise MessageNotFoundError(
-                f"no message at {address} of {self.backend.topic_url(self.topic)} (never written there, or trimmed)",
-                topic=self.topic,
-                address=address,
-            )
-        return StoredMessage(address, bytes(row[0]), _properties(row[2], stored, position), float(row[1]))
+            raise message_not_found(self.topic, address, self.backend.topic_url(stored), NOTHING_THERE)
+        return StoredMessage(address, bytes(row[0]), properties_of(row[2], stored, position), float(row[1]))
 
     def _commit_at(self, subscription: str, partition: int, next_offset: int) -> None:
         with self._store.transaction(
             f"committing offset {next_offset} of {self.topic} partition {partition} for subscription {subscription!r}",
             write=True,
         ) as conn:
-            stored = _stored_topic(conn, self.backend, self.topic, partition)
-            beginning, end = _offset_range(conn, stored)
-            if not beginning <= next_offset <= end:
-                raise out_of_range(self.topic, partition, next_offset, beginning, end, commit=True)
+            stored = stored_partition(conn, self.backend, self.topic, partition)
+            beginning, end = offset_range(conn, stored)
+            check_commit_range(self.topic, partition, next_offset, beginning, end)
             conn.execute(
                 "INSERT INTO subscriptions(topic, subscription, committed) VALUES (?, ?, ?) "
                 "ON CONFLICT(topic, subscription) DO UPDATE SET committed = excluded.committed",
@@ -322,7 +200,7 @@ class EmbeddedOffsetLog(OffsetLog):
 
     def _committed(self, subscription: str, partition: int) -> int | None:
         with self._store.transaction(f"reading the committed offset of {subscription!r} on {self.topic}") as conn:
-            stored = _stored_topic(conn, self.backend, self.topic, partition)
+            stored = stored_partition(conn, self.backend, self.topic, partition)
             row = conn.execute(
                 "SELECT committed FROM subscriptions WHERE topic = ? AND subscription = ?", (stored, subscription)
             ).fetchone()
@@ -332,194 +210,6 @@ class EmbeddedOffsetLog(OffsetLog):
         self._closed = True
         self._store.close()
         self.backend._untrack(self)
-
-
-class EmbeddedTopicPublisher(TopicPublisher):
-    """Publishes messages to a topic of the embedded log; they become durable at :meth:`flush`.
-
-    Queued messages are written in one transaction (when the queue holds 1000 messages or 1 MiB,
-    at :meth:`flush` and at :meth:`close`). On a partitioned topic a message goes to partition
-    ``crc32(key) % partitions`` (so one key always lands in one partition), round robin without a
-    key. Publish times are stamped in the write and never decrease along a partition.
-
-    :raises UnknownTopicError: the topic does not exist (create it with ``create_topic``), as on
-        Pulsar: a mistyped name never silently starts a new topic. With ``create=True`` a missing
-        topic is created (non-partitioned) in the transaction of the first write instead.
-    """
-
-    def __init__(self, backend: EmbeddedBackend, topic: str, *, create: bool = False) -> None:
-        check_topic(topic)
-        self.backend = backend
-        self.topic = topic
-        self._queue: list[tuple[bytes, str | None, str | None]] = []
-        self._queued_bytes = 0
-        self._next_partition = 0
-        self._lock = threading.Lock()
-        self._create = create
-        self._conn: sqlite3.Connection | None = backend.connect()
-        try:
-            if not create:
-                _partition_count(self._conn, backend, topic)
-        except sqlite3.Error as exc:
-            _close_quietly(self._conn)
-            raise BackendUnavailableError(f"cannot open a publisher of {backend.topic_url(topic)}: {exc}") from exc
-        except BaseException:
-            _close_quietly(self._conn)
-            raise
-        self._closed = False
-        self._tracked = _OnBackendClose(self)
-        backend._track(self._tracked)
-
-    def _send(self, value: bytes, *, key: str | None, properties: Mapping[str, str] | None) -> None:
-        with self._enqueued(value, key, properties):
-            if len(self._queue) >= _QUEUE_MESSAGES or self._queued_bytes >= _QUEUE_BYTES:
-                self._write(timeout=self.backend.busy_timeout)
-
-    @contextlib.contextmanager
-    def _enqueued(self, value: bytes, key: str | None, properties: Mapping[str, str] | None) -> Iterator[None]:
-        """Queue one (checked) message, then run the body under the publisher's lock."""
-        encoded = json.dumps(dict(properties), sort_keys=True) if properties else None
-        with self._lock:
-            if self._closed:
-                raise publisher_closed(self.topic)
-            self._queue.append((bytes(value), key, encoded))
-            self._queued_bytes += len(value)
-            yield
-
-    def flush(self, *, timeout: float) -> None:
-        with self._lock:
-            if self._closed:
-                raise publisher_closed(self.topic)
-            self._write(timeout=timeout)
-
-    def _write(self, *, timeout: float) -> list[tuple[int, int]]:
-        """Write the queue in one transaction; returns ``(partition, position)`` of each queued
-        message, in queue order. On a definite failure the queue is kept (flush again)."""
-        if not self._queue:
-            return []
-        url = self.backend.topic_url(self.topic)
-        if self._conn is None:
-            self._conn = self.backend.connect()
-        conn = self._conn
-        try:
-            conn.execute(f"PRAGMA busy_timeout = {max(1, int(timeout * 1000))}")
-            conn.execute("BEGIN IMMEDIATE")
-            row = conn.execute("SELECT partitions FROM offset_topics WHERE name = ?", (self.topic,)).fetchone()
-            if row is None and self._create:  # one write transaction for a pushing task, not two
-                conn.execute("INSERT INTO offset_topics(name, partitions) VALUES (?, 0)", (self.topic,))
-            count = int(row[0]) if row else 0
-            routed: dict[str, list[int]] = {}  # stored topic -> indexes into the queue
-            partitions: list[int] = []
-            next_partition = self._next_partition
-            for index, message in enumerate(self._queue):
-                if count == 0:
-                    partition = 0
-                elif message[1] is not None:
-                    partition = zlib.crc32(message[1].encode()) % count
-                else:
-                    partition = next_partition % count
-                    next_partition += 1
-                stored = self.topic if count == 0 else partition_topic_name(self.topic, partition)
-                routed.setdefault(stored, []).append(index)
-                partitions.append(partition)
-            placed = [0] * len(self._queue)
-            now = time.time()
-            for stored, indexes in routed.items():
-                last = conn.execute(
-                    "SELECT pos, publish_time FROM entries WHERE topic = ? ORDER BY pos DESC LIMIT 1", (stored,)
-                ).fetchone()
-                first = last[0] + 1 if last else 0
-                stamp = max(now, last[1]) if last else now
-                messages = [self._queue[i] for i in indexes]
-                for i, index in enumerate(indexes):
-                    placed[index] = first + i
-                conn.executemany(
-                    "INSERT INTO entries(topic, pos, payload, publish_time) VALUES (?, ?, ?, ?)",
-                    [(stored, first + i, m[0], stamp) for i, m in enumerate(messages)],
-                )
-                conn.executemany(
-                    "INSERT OR REPLACE INTO entry_meta(topic, pos, key, properties) VALUES (?, ?, ?, ?)",
-                    [(stored, first + i, m[1], m[2]) for i, m in enumerate(messages) if m[1] is not None or m[2]],
-                )
-        except sqlite3.Error as exc:
-            _rollback_quietly(conn)
-            if getattr(exc, "sqlite_errorname", None) in _BUSY:  # ProgrammingError has none
-                raise OperationTimeoutError(
-                    f"publishing {len(self._queue)} message(s) to {url}: the state file stayed locked for "
-                    f"{timeout:.1f}s; nothing was written, they stay queued"
-                ) from exc
-            raise BackendUnavailableError(
-                f"publishing {len(self._queue)} message(s) to {url} failed, nothing was written "
-                f"(they stay queued): {exc}"
-            ) from exc
-        try:
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            if conn.in_transaction:
-                _rollback_quietly(conn)
-                raise BackendUnavailableError(
-                    f"publishing {len(self._queue)} message(s) to {url} failed, nothing was written "
-                    f"(they stay queued): {exc}"
-                ) from exc
-            count_lost = len(self._queue)
-            self._queue.clear()
-            self._queued_bytes = 0
-            raise UnknownOutcomeError(
-                f"committing {count_lost} message(s) to {url} failed ({exc}); they may or may not have been published"
-            ) from exc
-        self._next_partition = next_partition
-        self._queue.clear()
-        self._queued_bytes = 0
-        return list(zip(partitions, placed))
-
-    def _publish(self, value: bytes, *, key: str | None, properties: Mapping[str, str] | None, timeout: float) -> str:
-        with self._enqueued(value, key, properties):
-            try:
-                placed = self._write(timeout=timeout)
-            except BaseException:
-                self._drop_last_if_queued()
-                raise
-        partition, position = placed[-1]  # appended last, so written last
-        return format_address(EMBEDDED_ADDRESS, partition, str(position))
-
-    def _drop_last_if_queued(self) -> None:
-        """A failed publish leaves nothing queued for a later flush: the caller was told it failed."""
-        if self._queue:
-            value = self._queue.pop()[0]
-            self._queued_bytes -= len(value)
-
-    def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            try:
-                self._write(timeout=self.backend.busy_timeout)
-            finally:
-                self._closed = True
-                if self._conn is not None:
-                    _close_quietly(self._conn)
-                    self._conn = None
-                self.backend._untrack(self._tracked)
-
-
-class _OnBackendClose:
-    """Closes a publisher when its back end closes; a failing last flush is logged, not raised
-    (the back end must close everything else too)."""
-
-    def __init__(self, publisher: EmbeddedTopicPublisher) -> None:
-        self.publisher = publisher
-
-    def close(self) -> None:
-        queued = len(self.publisher._queue)
-        try:
-            self.publisher.close()
-        except PulsarStateError as exc:
-            log.error(
-                "closing the back end: %d queued message(s) to %s were not published: %s",
-                queued,
-                self.publisher.topic,
-                exc,
-            )
 
 
 def delete_embedded_topic_if_last(backend: EmbeddedBackend, topic: str, last: bytes | None) -> bool:
@@ -553,11 +243,11 @@ def create_embedded_topic(backend: EmbeddedBackend, topic: str, *, partitions: i
     """
     check_topic(topic)
     check_partition_count(partitions, topic)
-    store = _Store(backend)
+    store = Store(backend)
     try:
         with store.transaction(f"creating topic {topic}", write=True) as conn:
             row = conn.execute("SELECT partitions FROM offset_topics WHERE name = ?", (topic,)).fetchone()
-            existing = int(row[0]) if row else (0 if _has_rows(conn, topic) else None)
+            existing = int(row[0]) if row else (0 if has_rows(conn, topic) else None)
             if existing is not None and existing != partitions:
                 raise topic_exists_differently(topic, existing, partitions)
             if row is None:
@@ -575,12 +265,12 @@ def trim_embedded_topic(backend: EmbeddedBackend, topic: str, before_offset: int
     :raises UnknownTopicError, UnknownPartitionError: no such topic or partition.
     """
     check_offset(before_offset, "before_offset", topic)
-    store = _Store(backend)
+    store = Store(backend)
     try:
         what = f"trimming {topic} partition {partition} below offset {before_offset}"
         with store.transaction(what, write=True) as conn:
-            stored = _stored_topic(conn, backend, topic, partition)
-            beginning, end = _offset_range(conn, stored)
+            stored = stored_partition(conn, backend, topic, partition)
+            beginning, end = offset_range(conn, stored)
             new_beginning = max(beginning, min(before_offset, end))
             # The last entry stays (trimmed or not): the next append numbers itself after it.
             drop_below = min(new_beginning, end - 1)
@@ -608,37 +298,37 @@ class EmbeddedAsyncOffsetProbe(AsyncOffsetProbe):
     def __init__(self, config: ConnectionConfig) -> None:
         if config.kind != "embedded":
             raise ConfigurationError(f"EmbeddedAsyncOffsetProbe needs an embedded connection, got {config.url!r}")
-        self._worker: WorkerThread[_Store] = WorkerThread(
-            lambda: _Store(EmbeddedBackend(config.embedded_path, busy_timeout=config.operation_timeout)),
+        self._worker: WorkerThread[Store] = WorkerThread(
+            lambda: Store(EmbeddedBackend(config.embedded_path, busy_timeout=config.operation_timeout)),
             _close_store,
             name="pulsarstate-offset-probe",
             what="this offset probe",
             share_key=("embedded-offset-probe", config),  # one locked connection per file, thread-safe
         )
 
-    async def _run(self, fn: Callable[[_Store], T]) -> T:
+    async def _run(self, fn: Callable[[Store], T]) -> T:
         return await self._worker.run(fn)
 
     async def end_offsets(self, topic: str) -> dict[int, int]:
-        def read(store: _Store) -> dict[int, int]:
+        def read(store: Store) -> dict[int, int]:
             with store.transaction(f"reading the end offsets of {topic}") as conn:
-                count = _partition_count(conn, store.backend, topic)
+                count = partition_count(conn, store.backend, topic)
                 return {
-                    p: _offset_range(conn, _stored_topic(conn, store.backend, topic, p))[1]
+                    p: offset_range(conn, stored_partition(conn, store.backend, topic, p))[1]
                     for p in range(max(count, 1))
                 }
 
         return await self._run(read)
 
     async def committed(self, topic: str, subscription: str) -> dict[int, int | None]:
-        def read(store: _Store) -> dict[int, int | None]:
+        def read(store: Store) -> dict[int, int | None]:
             with store.transaction(f"reading the committed offsets of {subscription!r} on {topic}") as conn:
-                count = _partition_count(conn, store.backend, topic)
+                count = partition_count(conn, store.backend, topic)
                 committed: dict[int, int | None] = {}
                 for p in range(max(count, 1)):
                     row = conn.execute(
                         "SELECT committed FROM subscriptions WHERE topic = ? AND subscription = ?",
-                        (_stored_topic(conn, store.backend, topic, p), subscription),
+                        (stored_partition(conn, store.backend, topic, p), subscription),
                     ).fetchone()
                     committed[p] = None if row is None else int(row[0])
                 return committed
@@ -649,7 +339,7 @@ class EmbeddedAsyncOffsetProbe(AsyncOffsetProbe):
         await self._worker.aclose()
 
 
-def _close_store(store: _Store) -> None:
+def _close_store(store: Store) -> None:
     store.close()
     store.backend.close()
 

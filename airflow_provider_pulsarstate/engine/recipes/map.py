@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar, overload
 
 import msgspec
 
@@ -23,6 +23,7 @@ K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 _PUT, _DELETE, _CLEAR = KEY_SET, KEY_DELETE, 3
+_CHANGE_TYPES: dict[int, Literal["set", "delete", "clear"]] = {_PUT: "set", _DELETE: "delete", _CLEAR: "clear"}
 DEFAULT_MAX_VALUE_BYTES = 4 * 1024 * 1024
 DEFAULT_CHECKPOINT_AFTER_BYTES = 8 * 1024 * 1024
 
@@ -140,6 +141,12 @@ class PulsarMap(Recipe, Generic[K, V]):
             )
         return data
 
+    @overload
+    def _decode(self, key: K, data: bytes) -> V: ...
+
+    @overload
+    def _decode(self, key: K, data: bytes | None) -> V | None: ...
+
     def _decode(self, key: K, data: bytes | None) -> V | None:
         if data is None:
             return None
@@ -170,13 +177,13 @@ class PulsarMap(Recipe, Generic[K, V]):
         raise ValueError(f"unknown map op type {kind}")
 
     def _serialize_image(self, state: dict[K, bytes]) -> bytes:
-        if self.key_serde is STR:
+        if _is_default_str(self.key_serde):
             return _IMAGE_STR_KEYS + _IMAGE_ENCODER.encode(state)
         return _IMAGE_PAIRS + _IMAGE_ENCODER.encode([(self.key_serde.serialize(k), v) for k, v in state.items()])
 
     def _deserialize_image(self, data: bytes) -> dict[K, bytes]:
         tag, body = data[:1], memoryview(data)[1:]
-        if tag == _IMAGE_STR_KEYS and self.key_serde is STR:
+        if tag == _IMAGE_STR_KEYS and _is_default_str(self.key_serde):
             return _STR_IMAGE.decode(body)  # type: ignore[return-value]
         if tag == _IMAGE_PAIRS:
             return {self.key_serde.deserialize(k): v for k, v in _PAIRS_IMAGE.decode(body)}
@@ -232,7 +239,7 @@ class PulsarMap(Recipe, Generic[K, V]):
     def to_dict(self, *, latest: bool = False, timeout: float | None = None) -> dict[K, V]:
         """A shallow copy of the whole table."""
         return self.manager.read(
-            lambda m: {k: self._decode(k, v) for k, v in m.items()},  # type: ignore[misc]
+            lambda m: {k: self._decode(k, v) for k, v in m.items()},
             latest=latest,
             timeout=timeout,
         )
@@ -310,7 +317,7 @@ class PulsarMap(Recipe, Generic[K, V]):
         changed: list[int] = [0]
 
         def ops(m: dict[K, bytes]) -> list[tuple[int, Any, Any]]:
-            out = []
+            out: list[tuple[int, K, bytes | None]] = []
             for k, stored in m.items():
                 if not filter(k):
                     continue
@@ -364,14 +371,15 @@ class PulsarMap(Recipe, Generic[K, V]):
     def pop(self, key: K, *, retry: bool = True, timeout: float | None = None, lease: Fence | None = None) -> V | None:
         """Remove ``key`` and return the value it had."""
         self._key_bytes(key)
-        before: list[Any] = [None]
+        before: V | None = None
 
         def ops(m: dict[K, bytes]) -> list[tuple[int, Any, Any]]:
-            before[0] = self._decode(key, m.get(key))
+            nonlocal before
+            before = self._decode(key, m.get(key))
             return [(_DELETE, key, None)] if key in m else []
 
         self.manager.write(ops, retry=retry, timeout=timeout, lease=lease)
-        return before[0]
+        return before
 
     def clear(self, *, retry: bool = True, timeout: float | None = None, lease: Fence | None = None) -> int:
         """Remove every key in one atomic write; returns how many there were."""
@@ -438,9 +446,13 @@ class PulsarMap(Recipe, Generic[K, V]):
 
     def _map_change(self, change: Change[tuple[int, Any, Any]]) -> MapChange[K, V]:
         kind, key, data = change.op
-        name = {_PUT: "set", _DELETE: "delete", _CLEAR: "clear"}[kind]
         value = self._decode(key, data) if kind == _PUT else None
-        return MapChange(name, key, value, change.offset, change.publish_time)
+        return MapChange(_CHANGE_TYPES[kind], key, value, change.offset, change.publish_time)
+
+
+def _is_default_str(serde: object) -> bool:
+    """Whether ``serde`` is the default key serde (UTF-8 strings), whose images store keys as a map."""
+    return serde is STR
 
 
 def _always(current: Any) -> bool:

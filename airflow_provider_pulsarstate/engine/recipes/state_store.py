@@ -563,7 +563,7 @@ class StateStore:
         backend = self.maps.backend
 
         def read() -> dict[str, Any]:
-            with PulsarMap(backend, topic, writer_idle_timeout=None) as fresh:  # the writer is ours
+            with PulsarMap[str, Any](backend, topic, writer_idle_timeout=None) as fresh:  # the writer is ours
                 return fresh.to_dict(latest=True, timeout=timeout)
 
         return drop_map_if_unchanged(backend, topic, read=read, expected=expected, timeout=timeout)

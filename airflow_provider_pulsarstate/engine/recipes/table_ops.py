@@ -145,16 +145,23 @@ def encode_op(op: dict[str, Any]) -> bytes:
     """The bytes of one op (binary for row ops whose value is canonical bytes, JSON otherwise)."""
     kind = op["o"]
     if kind == "set" or kind == "del":
-        view = (op.get("w") or "").encode()
-        key = op["k"].encode()
+        key, view_id = op["k"], op.get("w") or ""
+        value = op["v"] if kind == "set" else b""
+        if not (isinstance(key, str) and isinstance(view_id, str) and isinstance(value, bytes)):
+            raise SerializationError(
+                f"table row op {kind!r} of key {key!r}: key and view id must be str and the value canonical bytes "
+                f"(got {type(key).__name__}, {type(view_id).__name__}, {type(value).__name__})"
+            )
+        view = view_id.encode()
+        key_bytes = key.encode()
         head = (
             bytes([ROW_SET if kind == "set" else ROW_DELETE])
             + _VIEW_LEN.pack(len(view))
             + view
-            + _KEY_LEN.pack(len(key))
-            + key
+            + _KEY_LEN.pack(len(key_bytes))
+            + key_bytes
         )
-        return head + op["v"] if kind == "set" else head
+        return head + value
     try:
         return json.dumps(op, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
     except (TypeError, ValueError) as exc:

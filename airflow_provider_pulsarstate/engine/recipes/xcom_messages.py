@@ -158,24 +158,45 @@ def decode_message(data: bytes) -> XComMessage:
         header = None
     if not isinstance(header, dict) or header.get("f") != MESSAGE_FORMAT:
         raise SerializationError("not an XCom message (no header line of format 1)")
-    strings = [header.get(k) for k in ("ns", "dag", "run", "task", "key", "w", "type")]
-    index, written_at, size, try_number = header.get("mi"), header.get("t"), header.get("n"), header.get("try")
-    if (
-        not all(isinstance(s, str) and s for s in strings)
-        or not _is_int(index)
-        or not _is_int(size)
-        or not isinstance(written_at, (int, float))
-        or isinstance(written_at, bool)
-        or not (try_number is None or _is_int(try_number))
-    ):
-        raise SerializationError(f"XCom message header is malformed: {head[:300]!r}")
-    ns, dag, run, task, key, writer, type_name = strings
-    record = XComRecord(body.decode(), float(written_at), size, type_name, try_number)
-    return XComMessage(XComIdentity(ns, dag, run, task, index, key), writer, record)
+    field = _HeaderFields(header, head)
+    ns, dag, run, task, key, writer, type_name = (
+        field.text(name) for name in ("ns", "dag", "run", "task", "key", "w", "type")
+    )
+    record = XComRecord(body.decode(), field.number("t"), field.integer("n"), type_name, field.optional_integer("try"))
+    return XComMessage(XComIdentity(ns, dag, run, task, field.integer("mi"), key), writer, record)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+class _HeaderFields:
+    """Typed reads of a message header's fields; any field of the wrong type raises the one
+    SerializationError that quotes the header."""
+
+    def __init__(self, header: dict[str, Any], head: bytes) -> None:
+        self._header = header
+        self._head = head
+
+    def _malformed(self) -> SerializationError:
+        return SerializationError(f"XCom message header is malformed: {self._head[:300]!r}")
+
+    def text(self, name: str) -> str:
+        value = self._header.get(name)
+        if isinstance(value, str) and value:
+            return value
+        raise self._malformed()
+
+    def integer(self, name: str) -> int:
+        value = self._header.get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise self._malformed()
+
+    def optional_integer(self, name: str) -> int | None:
+        return None if self._header.get(name) is None else self.integer(name)
+
+    def number(self, name: str) -> float:
+        value = self._header.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise self._malformed()
 
 
 class XComMessageLog:

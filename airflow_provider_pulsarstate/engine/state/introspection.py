@@ -1,4 +1,4 @@
-"""Read-only views of a manager's parts: the options it was built with, and internals tests look at."""
+"""Read-only views of a manager's parts: the options it was built with, and what its background parts are doing."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from airflow_provider_pulsarstate.engine.state.committer import Committer
 from airflow_provider_pulsarstate.engine.state.custody import WriterCustody
 from airflow_provider_pulsarstate.engine.state.replica import Replica
 from airflow_provider_pulsarstate.engine.state.workers import Checkpointer, Follower
-from airflow_provider_pulsarstate.engine.wal import CorruptPolicy, LogReader
+from airflow_provider_pulsarstate.engine.wal import CorruptPolicy
 
 
 class ManagerIntrospection:
     """Mixed into :class:`~airflow_provider_pulsarstate.engine.manager.SharedStateManager`: the
-    constructor's options (read-only: they are the parts' settings), and the internals that tests
-    and benchmarks inspect (state, reader, listeners, background threads)."""
+    constructor's options (read-only: they are the parts' settings), and what its background parts
+    are doing (listeners, follow thread), for tests and tools."""
 
     _replica: Replica[Any, Any]
     _custody: WriterCustody
@@ -72,31 +72,26 @@ class ManagerIntrospection:
     def checkpoint_after_bytes(self) -> int | None:
         return self._checkpointing.after_bytes
 
-    # ------------------------------------------------------------------ internals, for tests and benchmarks
     @property
-    def _state(self) -> Any:
-        return self._replica.state
+    def state_serializer(self) -> Callable[[Any], bytes] | None:
+        """The ``state_serializer`` checkpoint images are made with (None: no checkpoints);
+        ``manager.read(manager.state_serializer)`` is the image a checkpoint taken now would hold."""
+        return self._checkpointing.serializer
+
+    # ------------------------------------------------------------------ what the background parts are doing
+    @property
+    def listener_count(self) -> int:
+        """How many listeners are registered now (one per :meth:`add_listener` not yet removed)."""
+        return len(self._replica.listeners.registered)
 
     @property
-    def _log_id(self) -> str | None:
-        return self._replica.log_id
+    def follower_alive(self) -> bool:
+        """Whether the background follow thread (``follow_interval``) is running now; False before
+        :meth:`start`, after :meth:`close`, or when it died and no call has replaced it yet."""
+        thread = self._following.thread
+        return thread is not None and thread.is_alive()
 
-    @property
-    def _reader(self) -> LogReader | None:
-        return self._replica.reader
-
-    @property
-    def _listeners(self) -> list[Any]:
-        return self._replica.listeners.registered
-
-    @property
-    def _follower(self) -> threading.Thread | None:
-        return self._following.thread
-
+    # ------------------------------------------------------------------ internals, for benchmarks
     @property
     def _checkpointer(self) -> threading.Thread | None:
         return self._checkpointing.thread
-
-    @property
-    def _serialize_state(self) -> Callable[[Any], bytes] | None:
-        return self._checkpointing.serializer

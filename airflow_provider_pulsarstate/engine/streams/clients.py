@@ -90,7 +90,7 @@ def _make_client(config: ConnectionConfig) -> Any:
     of CPU, making a client tens of ms): run off the loop."""
     import pulsar.asyncio as pa
 
-    from airflow_provider_pulsarstate.engine.backends.pulsar import client_options
+    from airflow_provider_pulsarstate.engine.backends.pulsar_client import client_options
 
     return pa.Client(config.url, **client_options(config))
 
