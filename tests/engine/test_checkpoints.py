@@ -95,6 +95,34 @@ def test_the_writer_checkpoints_by_itself_and_keeps_the_two_newest_images(
     assert fresh.manager.stats["checkpoint_loaded_offset"] == newest.offset
 
 
+def test_a_close_right_after_the_commit_still_stores_the_checkpoint_that_came_due(
+    maps: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that writes and closes at once (a task, a view load) leaves its image: the close
+    wins the race against the committer's after-commit step here every time, and the image that
+    came due is still stored before close() returns."""
+    from airflow_provider_pulsarstate.engine.state.workers import Checkpointer
+
+    original = Checkpointer.maybe_start
+
+    def after_the_close(self: Checkpointer) -> None:
+        wait_until(lambda: self.replica.closed, timeout=30, what="the close to begin")
+        original(self)
+
+    loader = maps()  # no automatic checkpoints: the log holds 20 records and no image
+    for i in range(20):
+        loader.put(f"k{i}", i)
+    loader.close()
+    monkeypatch.setattr(Checkpointer, "maybe_start", after_the_close)
+    w = maps(checkpoint_after_bytes=1_000)
+    w.put("big", "x" * 5_000)  # alone past the threshold: an image is due after this commit
+    w.close()
+    fresh = maps()
+    assert fresh.to_dict(latest=True) == {**{f"k{i}": i for i in range(20)}, "big": "x" * 5_000}
+    assert fresh.manager.stats["checkpoint_loaded_offset"] == 20  # the image of the last commit
+    assert fresh.manager.stats["records_replayed"] == 0
+
+
 @pytest.mark.parametrize("damage", ["garbage manifest", "missing image", "wrong checksum", "bad image"])
 def test_a_damaged_checkpoint_is_reported_and_the_log_replayed(
     damage: str, maps: Any, backend: Backend, topic: str, caplog: pytest.LogCaptureFixture

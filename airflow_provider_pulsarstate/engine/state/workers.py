@@ -148,7 +148,9 @@ class Checkpointer:
             return
         try:
             with replica.lock:
-                if replica.status is not ReplicaState.LIVE or not self.custody.held:
+                # A close racing the commit still stores the image that came due: close() waits for
+                # this thread, so a process that writes and exits leaves its checkpoint behind.
+                if replica.status is ReplicaState.BROKEN or not self.custody.held:
                     return
                 image = self._take_image()
         except CheckpointError as exc:
