@@ -53,7 +53,8 @@ PIPELINE_LEASE = f"price-events-ingest/{PIPELINE_TABLE}"
 PENDING_KEYS = 20
 job = load_job("price_events_job")
 # the first test's setup runs the pipeline (a spark-submit): minutes on a loaded 2-CPU machine
-pytestmark = pytest.mark.timeout(1200)
+# the tests share the module's deployment and pipeline run (a module fixture): on one xdist worker, set up once
+pytestmark = [pytest.mark.timeout(1200), pytest.mark.xdist_group("state-ui-page")]
 CHROMIUM = os.environ.get("PULSARSTATE_CHROMIUM", "/usr/bin/chromium")
 
 
