@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.airflow.dagruns import dag_bundle_env
 from tests.airflow.metadata_db import copy_airflow_db, db_problems, migrated_template
 
 AIRFLOW_BIN = str(Path(sys.executable).with_name("airflow"))
@@ -121,3 +122,12 @@ def state_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
     else:
         monkeypatch.delenv("AIRFLOW_CONN_PULSARSTATE_DEFAULT", raising=False)
     return request.param
+
+
+@pytest.fixture(scope="module")
+def dag_bundles(airflow_db: Path) -> Iterator[None]:
+    """DAG bundles for the example DAGs and the test DAGs (dag.test() needs serialized DAGs), and Spark."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in dag_bundle_env().items():
+            patch.setenv(name, value)
+        yield

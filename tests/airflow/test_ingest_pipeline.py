@@ -19,7 +19,7 @@ from airflow_provider_pulsarstate.engine.errors import SourceOffsetsConflictErro
 from airflow_provider_pulsarstate.engine.recipes.table import TableChange
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from tests.airflow.dagruns import EXAMPLE_DAGS, load_dag, load_job, run_dag, run_pipeline_worker, worker_result
-from tests.airflow.test_views_operators import _table, dag_bundles  # noqa: F401
+from tests.airflow.test_views_operators import _table
 
 EVENTS, SKUS = 400, 1500
 DAG_ID = "price_events_pipeline"

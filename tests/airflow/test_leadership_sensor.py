@@ -14,7 +14,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,20 +30,6 @@ from tests.airflow.dagruns import TEST_DAGS, load_dag, run_dag
 from tests.airflow.trigger_driver import LOOP_LAG_LIMIT, cancel_midway, drive
 
 SENSOR_DAGS = TEST_DAGS / "leadership_sensor_dags.py"
-
-
-@pytest.fixture(scope="module")
-def dag_bundles(airflow_db: Path) -> Iterator[None]:
-    bundles = [
-        {
-            "name": "pulsarstate-test-dags",
-            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-            "kwargs": {"path": str(TEST_DAGS), "refresh_interval": 0},
-        }
-    ]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps(bundles))
-        yield
 
 
 def _name(prefix: str) -> str:

@@ -20,7 +20,7 @@ from airflow_provider_pulsarstate.engine.errors import LeaseLostError
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.operators.leases import LeaseGuardMixin, describe_loss, lease_task_group
 from tests.airflow.dagruns import TEST_DAGS, load_dag, run_dag
-from tests.airflow.test_views_operators import _seed, _table, dag_bundles  # noqa: F401
+from tests.airflow.test_views_operators import _seed, _table
 
 
 def _name(prefix: str) -> str:

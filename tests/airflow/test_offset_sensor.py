@@ -14,7 +14,6 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,21 +33,6 @@ from tests.airflow.trigger_driver import LOOP_LAG_LIMIT, cancel_midway
 from tests.airflow.trigger_driver import drive as _drive
 
 SENSOR_DAGS = TEST_DAGS / "offset_sensor_dags.py"
-
-
-# ---------------------------------------------------------------------------------- fixtures
-@pytest.fixture(scope="module")
-def dag_bundles(airflow_db: Path) -> Iterator[None]:
-    bundles = [
-        {
-            "name": "pulsarstate-test-dags",
-            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-            "kwargs": {"path": str(TEST_DAGS), "refresh_interval": 0},
-        }
-    ]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps(bundles))
-        yield
 
 
 def _topic(prefix: str) -> str:

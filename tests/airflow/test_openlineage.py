@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.airflow.dagruns import EXAMPLE_DAGS, TEST_DAGS
+from tests.airflow.dagruns import dag_bundle_env
 
 pytest.importorskip("airflow.providers.openlineage", reason="needs apache-airflow-providers-openlineage (test extra)")
 
@@ -30,16 +30,11 @@ def openlineage_file(airflow_db: Any, tmp_path_factory: pytest.TempPathFactory) 
     """The file the runs' OpenLineage events go to; set only in the ``airflow`` processes the
     tests start, so the listener is loaded enabled there and nowhere else in the session."""
     path = tmp_path_factory.mktemp("openlineage") / "events.jsonl"
-    bundles = [
-        {
-            "name": name,
-            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-            "kwargs": {"path": str(folder), "refresh_interval": 0},
-        }
-        for name, folder in (("pulsarstate-examples", EXAMPLE_DAGS), ("pulsarstate-test-dags", TEST_DAGS))
-    ]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps(bundles))
+        patch.setenv(
+            "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST",
+            dag_bundle_env()["AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"],
+        )
         yield path
 
 

@@ -23,7 +23,6 @@ from airflow_provider_pulsarstate.hooks.pulsarstate import (
 )
 from airflow_provider_pulsarstate.testing.airflow_processes import free_port
 from tests.airflow.dagruns import TEST_DAGS, load_dag, run_dag
-from tests.airflow.test_views_operators import dag_bundles  # noqa: F401
 
 BACKEND = "airflow_provider_pulsarstate.state_store.backend.PulsarStateStoreBackend"
 DAGS = TEST_DAGS / "state_store_dags.py"

@@ -6,31 +6,13 @@ read back from the metadata DB, as the scheduler reads them.
 
 from __future__ import annotations
 
-import json
 import uuid
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from airflow_provider_pulsarstate.assets.tables import apply_event_extra, table_alias
 from tests.airflow.dagruns import TEST_DAGS, load_dag, run_dag
 
 ASSET_URI = "pulsar://public/default/asset-test-prices"
-
-
-@pytest.fixture(scope="module")
-def test_dag_bundle(airflow_db: Any) -> Iterator[None]:
-    bundles = [
-        {
-            "name": "pulsarstate-test-dags",
-            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-            "kwargs": {"path": str(TEST_DAGS), "refresh_interval": 0},
-        }
-    ]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps(bundles))
-        yield
 
 
 def _events() -> list[dict[str, Any]]:
@@ -70,9 +52,7 @@ def _unpause_and_clear_queue(dag_id: str) -> None:
         session.execute(delete(AssetDagRunQueue).where(AssetDagRunQueue.target_dag_id == dag_id))
 
 
-def test_an_apply_emits_the_tables_asset_event_only_when_it_published(
-    test_dag_bundle: None, state_backend: str
-) -> None:
+def test_an_apply_emits_the_tables_asset_event_only_when_it_published(dag_bundles: None, state_backend: str) -> None:
     dag = load_dag(TEST_DAGS / "asset_test_dags.py", "table_assets_apply")
     nonce = uuid.uuid4().hex
     before = len(_events())

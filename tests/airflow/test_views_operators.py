@@ -13,7 +13,6 @@ import os
 import re
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -29,21 +28,11 @@ from airflow_provider_pulsarstate.engine.recipes.table import (
 )
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.spark import AUTH_TOKEN_ENV, load_config
-from tests.airflow.dagruns import EXAMPLE_DAGS, TEST_DAGS, dag_bundle_env, load_dag, load_job, run_dag
+from tests.airflow.dagruns import EXAMPLE_DAGS, TEST_DAGS, load_dag, load_job, run_dag
 from tests.conftest import count_entries
 
 ROWS = 5000
 job = load_job("price_table_job")
-
-
-# ---------------------------------------------------------------------------------- fixtures
-@pytest.fixture(scope="module")
-def dag_bundles(airflow_db: Path) -> Iterator[None]:
-    """DAG bundles for the example DAGs and the test DAGs (dag.test() needs serialized DAGs), and Spark."""
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in dag_bundle_env().items():
-            patch.setenv(name, value)
-        yield
 
 
 def _topic(prefix: str) -> str:

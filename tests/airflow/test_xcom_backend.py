@@ -36,7 +36,6 @@ from airflow_provider_pulsarstate.xcom.backend import DB_VALUE_MARKER, REFERENCE
 from tests.airflow.conftest import AIRFLOW_BIN
 from tests.airflow.dagruns import ROOT, TEST_DAGS, load_dag, run_dag
 from tests.airflow.metadata_db import copy_airflow_db
-from tests.airflow.test_views_operators import dag_bundles  # noqa: F401
 from tests.airflow.xcom_values import EXPECTED, same
 
 BACKEND_PATH = "airflow_provider_pulsarstate.xcom.backend.PulsarXComBackend"
