@@ -64,7 +64,7 @@ class Fence(Protocol):
 
 def check_lease_name(name: object, *, field: str = "name") -> str:
     """``name`` if it is a valid lease name, else ConfigurationError naming ``field``."""
-    return _check_text(name, what="lease name", field=field, limit=MAX_LEASE_NAME_BYTES)
+    return check_text(name, what="lease name", field=field, limit=MAX_LEASE_NAME_BYTES)
 
 
 def check_token(token: object, *, name: str) -> int:
@@ -86,7 +86,7 @@ def check_lease_log(topic: object, *, name: str, field: str = "topic") -> str:
         raise ConfigurationError(
             f"lease {name!r} names no lease log (field {field!r}): fences are checked against the lease log that granted them"
         )
-    return _check_text(topic, what=f"lease log of lease {name!r}", field=field, limit=MAX_LEASE_LOG_BYTES)
+    return check_text(topic, what=f"lease log of lease {name!r}", field=field, limit=MAX_LEASE_LOG_BYTES)
 
 
 def check_fence(fence: object) -> tuple[str, str, int]:
@@ -116,7 +116,11 @@ def reset_matches(key: FenceKey, *, lease_log: str, name: str) -> bool:
     return lease_log == ANY_LEASE_LOG or ref == lease_log or ref_topic(ref) == lease_log
 
 
-def _check_text(value: object, *, what: str, field: str, limit: int) -> str:
+def check_text(value: object, *, what: str, field: str, limit: int) -> str:
+    """``value`` if it is non-blank text of at most ``limit`` UTF-8 bytes.
+
+    :raises ConfigurationError: naming ``what`` and ``field``, and the problem.
+    """
     if not isinstance(value, str) or not value.strip():
         raise ConfigurationError(f"{what} must be a non-empty string, got {value!r} (field {field!r})")
     try:

@@ -13,8 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from airflow_provider_pulsarstate.engine.errors import ConfigurationError
-from airflow_provider_pulsarstate.engine.fencing import MAX_LEASE_NAME_BYTES, MAX_TOKEN
+from airflow_provider_pulsarstate.engine.fencing import MAX_LEASE_NAME_BYTES, MAX_TOKEN, check_text
 
 __all__ = [
     "ACQUIRE",
@@ -113,19 +112,7 @@ def check_holder(holder: object) -> str:
 
     :raises ConfigurationError: names the field and the problem.
     """
-    if not isinstance(holder, str) or not holder.strip():
-        raise ConfigurationError(f"lease holder must be a non-empty string, got {holder!r} (field 'holder')")
-    try:
-        size = len(holder.encode())
-    except UnicodeEncodeError as exc:
-        raise ConfigurationError(
-            f"lease holder (field 'holder') is not UTF-8 encodable ({exc.reason}): {holder[:40]!r}"
-        ) from None
-    if size > MAX_HOLDER_BYTES:
-        raise ConfigurationError(
-            f"lease holder (field 'holder') {holder[:40]!r}... is longer than {MAX_HOLDER_BYTES} bytes"
-        )
-    return holder
+    return check_text(holder, what="lease holder", field="holder", limit=MAX_HOLDER_BYTES)
 
 
 def serialize_image(state: dict[str, LeaseRecord]) -> bytes:
