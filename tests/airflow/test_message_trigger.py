@@ -16,7 +16,7 @@ import requests
 from airflow_provider_pulsarstate.engine.errors import ConfigurationError
 from airflow_provider_pulsarstate.engine.topic_stream import PayloadTooLargeError, TopicMessage
 from airflow_provider_pulsarstate.triggers.messages import PulsarMessageTrigger
-from tests.airflow.trigger_driver import LOOP_LAG_LIMIT, LoopLag, drive
+from tests.airflow.trigger_driver import LOOP_LAG_LIMIT, LoopLag, close_shared_streams, drive
 
 FUNCS = "tests.airflow.message_functions"
 
@@ -416,12 +416,7 @@ def test_a_running_stream_keeps_no_trigger_of_its_own(broker_conn: tuple[str, An
             gc.collect()
             return sum(1 for o in gc.get_objects() if type(o) is PulsarMessageTrigger)
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            for stream, producer in zip(streams, producers):
-                await stream.aclose()
-                await producer.aclose()
+            await close_shared_streams(tasks, streams, producers)
 
     alive = asyncio.run(scenario())
     assert alive < n / 2, f"{alive} triggers alive for {n} running streams"

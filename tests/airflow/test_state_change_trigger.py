@@ -21,7 +21,7 @@ from airflow_provider_pulsarstate.engine.errors import ConfigurationError
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.state_store.backend import PulsarStateStoreBackend
 from airflow_provider_pulsarstate.triggers.state_change import StateChangeTrigger, watermark_key
-from tests.airflow.trigger_driver import LOOP_LAG_LIMIT, LoopLag
+from tests.airflow.trigger_driver import LOOP_LAG_LIMIT, LoopLag, close_shared_streams
 
 
 class BackendAccessor:
@@ -532,12 +532,7 @@ def test_a_running_stream_keeps_no_hook_or_back_off_of_its_own(state_backend: st
             gc.collect()
             return alive(PulsarStateHook), alive(Backoff)
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            for stream, producer in zip(streams, producers):
-                await stream.aclose()
-                await producer.aclose()
+            await close_shared_streams(tasks, streams, producers)
 
     hooks, backoffs = asyncio.run(scenario())
     assert hooks < n / 2 and backoffs < n / 2, f"{hooks} hooks and {backoffs} back-offs alive for {n} running streams"

@@ -87,3 +87,13 @@ async def cancel_midway(trigger: Any, *, after: float = 0.5) -> None:
     else:
         raise AssertionError("the trigger fired instead of being cancelled")
     await runner.aclose()
+
+
+async def close_shared_streams(tasks: list[asyncio.Future[Any]], streams: list[Any], producers: list[Any]) -> None:
+    """Cancel the tasks waiting on shared streams, then close each stream and its producer."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for stream, producer in zip(streams, producers, strict=True):
+        await stream.aclose()
+        await producer.aclose()
