@@ -2,7 +2,10 @@
 slowest test modules first. Usage: ``python dev/test_durations.py [.artifacts/junit.xml]``.
 
 ``./dev/test`` writes the report. Each test's time is its setup, call and teardown (JUnit's
-``time``); the file keeps the tests that took at least a second, rounded to a tenth.
+``time``); the file keeps the tests that took at least a second, rounded to a tenth. With
+``--cpu N`` it also prints the N test modules that used the most CPU (each test's ``cpu_seconds``
+property: its process and the children it waited for), the measure that counts on a machine whose
+CPUs the suite keeps busy.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import argparse
 import json
 import sys
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,25 +22,54 @@ DURATIONS = ROOT / "tests" / "durations.json"
 MIN_SECONDS = 1.0
 
 
-def durations(report: Path) -> dict[str, float]:
-    """Test node id -> seconds, for every test case of the JUnit report."""
-    out: dict[str, float] = {}
+def _cases(report: Path) -> Iterator[tuple[str, ET.Element]]:
+    """(test node id, its JUnit testcase element) for every test case of the report."""
     for case in ET.parse(report).getroot().iter("testcase"):
         module = case.get("classname", "").split(".")
         name = case.get("name", "")
         # pytest's JUnit classname is the dotted path, with a test class as its last part when there is one
         path_parts = [p for p in module if p]
         cls = [path_parts.pop()] if path_parts and path_parts[-1][:1].isupper() else []
-        nodeid = "/".join(path_parts) + ".py::" + "::".join([*cls, name])
-        out[nodeid] = round(float(case.get("time", "0") or 0), 1)
+        yield "/".join(path_parts) + ".py::" + "::".join([*cls, name]), case
+
+
+def durations(report: Path) -> dict[str, float]:
+    """Test node id -> seconds, for every test case of the JUnit report."""
+    return {nodeid: round(float(case.get("time", "0") or 0), 1) for nodeid, case in _cases(report)}
+
+
+def cpu_seconds(report: Path) -> dict[str, float]:
+    """Test node id -> CPU seconds, for the test cases that carry the ``cpu_seconds`` property."""
+    out: dict[str, float] = {}
+    for nodeid, case in _cases(report):
+        for prop in case.iter("property"):
+            if prop.get("name") == "cpu_seconds":
+                out[nodeid] = float(prop.get("value", "0"))
     return out
+
+
+def print_cpu_table(cpu: dict[str, float], wall: dict[str, float], top: int) -> None:
+    modules: dict[str, list[float]] = {}
+    for nodeid, seconds in cpu.items():
+        row = modules.setdefault(nodeid.split("::", 1)[0], [0.0, 0.0, 0])
+        row[0] += seconds
+        row[1] += wall.get(nodeid, 0.0)
+        row[2] += 1
+    print(f"| module | tests | CPU s | worker s |  (all: {sum(cpu.values()):,.0f} CPU s)")
+    print("|---|---:|---:|---:|")
+    for module, (c, w, n) in sorted(modules.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"| {module} | {n:.0f} | {c:,.0f} | {w:,.0f} |")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("report", nargs="?", type=Path, default=ROOT / ".artifacts" / "junit.xml")
+    parser.add_argument("--cpu", type=int, default=0, metavar="N", help="print the N modules using most CPU")
     args = parser.parse_args(argv)
-    measured = {k: v for k, v in sorted(durations(args.report).items()) if v >= MIN_SECONDS}
+    wall = durations(args.report)
+    if args.cpu:
+        print_cpu_table(cpu_seconds(args.report), wall, args.cpu)
+    measured = {k: v for k, v in sorted(wall.items()) if v >= MIN_SECONDS}
     DURATIONS.write_text(json.dumps(measured, indent=1) + "\n")
     total = sum(measured.values())
     print(f"{len(measured)} tests of >= {MIN_SECONDS:.0f} s ({total / 60:.1f} min in all) -> {DURATIONS}")

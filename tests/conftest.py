@@ -38,6 +38,7 @@ SERVICE_URL_ENV, ADMIN_URL_ENV, PID_ENV = (
 LOG_ENV = "PULSARSTATE_TEST_BROKER_LOG"  # the shared broker's log, for the failure reports
 BROKER_LOG_TAIL_LINES = 50
 _SHARED_BROKER_KEY = pytest.StashKey[Any]()
+_CPU_AT_SETUP = pytest.StashKey[float]()
 SPARK_CONF_DIR = Path(__file__).resolve().parent / "spark-conf"  # short-lived local JVMs: see its spark-defaults.conf
 
 
@@ -131,10 +132,27 @@ def _broker_logs_used(item: pytest.Item) -> dict[str, Path]:
     return logs
 
 
+def _cpu_seconds() -> float:
+    """CPU time of this process and of the children it has waited for (spark-submit, Airflow
+    processes, pipeline workers): what a test costs on a machine where every CPU is busy."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_CPU_AT_SETUP] = _cpu_seconds()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-    """A failed Pulsar test's report ends with the tail of the broker log(s) it used."""
+    """A failed Pulsar test's report ends with the tail of the broker log(s) it used. Each test's
+    CPU seconds (setup to teardown) go into the JUnit report as its ``cpu_seconds`` property."""
     report = yield
+    if call.when == "teardown" and _CPU_AT_SETUP in item.stash:
+        report.user_properties.append(("cpu_seconds", round(_cpu_seconds() - item.stash[_CPU_AT_SETUP], 1)))
     if report.failed:
         for name, path in _broker_logs_used(item).items():
             report.sections.append((f"last {BROKER_LOG_TAIL_LINES} lines of {path} ({name})", _log_tail(path)))
