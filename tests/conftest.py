@@ -39,7 +39,7 @@ LOG_ENV = "PULSARSTATE_TEST_BROKER_LOG"  # the shared broker's log, for the fail
 BROKER_LOG_TAIL_LINES = 50
 _SHARED_BROKER_KEY = pytest.StashKey[Any]()
 _CPU_AT_SETUP = pytest.StashKey[float]()
-SPARK_CONF_DIR = Path(__file__).resolve().parent / "spark-conf"  # short-lived local JVMs: see its spark-defaults.conf
+_SPARK_ARCHIVE_JOB = pytest.StashKey[Any]()
 
 
 def _is_xdist_controller(config: pytest.Config) -> bool:
@@ -49,9 +49,14 @@ def _is_xdist_controller(config: pytest.Config) -> bool:
 def pytest_configure(config: pytest.Config) -> None:
     """Under xdist, the controller starts the session broker once and gives its URLs to the workers
     (they inherit the environment); without its pid, so no worker freezes what the others use.
-    Every spark-submit of the run (in this process or in the Airflow processes it starts) reads the
-    test Spark defaults, unless the caller chose a SPARK_CONF_DIR."""
-    os.environ.setdefault("SPARK_CONF_DIR", str(SPARK_CONF_DIR))
+    Every spark-submit of the run (in this process or in the Airflow processes it starts) gets the
+    short-lived JVM settings of ``tests/spark_jvm.py``, unless the caller chose a SPARK_CONF_DIR."""
+    if not hasattr(config, "workerinput") and "SPARK_CONF_DIR" not in os.environ and not config.option.collectonly:
+        from tests.spark_jvm import spark_environment, start_class_archive
+
+        spark = spark_environment(ARTIFACTS)
+        os.environ.update(spark)
+        config.stash[_SPARK_ARCHIVE_JOB] = start_class_archive(ARTIFACTS, spark)
     if not _is_xdist_controller(config) or os.environ.get(SERVICE_URL_ENV) or config.option.collectonly:
         return
     import tempfile
@@ -67,6 +72,13 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.update(
         {SERVICE_URL_ENV: broker.service_url, ADMIN_URL_ENV: broker.admin_url, LOG_ENV: str(broker.log_file)}
     )
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if _SPARK_ARCHIVE_JOB in config.stash:
+        from tests.spark_jvm import finish_class_archive
+
+        terminalreporter.write_line(finish_class_archive(config.stash[_SPARK_ARCHIVE_JOB], ARTIFACTS))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
