@@ -166,3 +166,22 @@ def test_importing_the_package_stays_light() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert result.stdout.strip() == "[]", result.stdout
+
+
+def test_the_provider_metadata_loads_no_engine_beyond_its_settings() -> None:
+    """Every Airflow process reads the provider's metadata (``get_provider_info``) while importing
+    Airflow: that must not load the state engine, pulsar-client or msgspec (it cost every
+    ``airflow`` command, task and component about half a second of CPU when it did)."""
+    code = (
+        "import sys\n"
+        "from airflow_provider_pulsarstate import get_provider_info\n"
+        "get_provider_info()\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in {'pulsar', 'msgspec', 'airflow_provider_pulsarstate'}))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    loaded = set(eval(result.stdout.strip().splitlines()[-1]))  # a printed list of module names
+    engine = {m for m in loaded if m.startswith("airflow_provider_pulsarstate.engine.")}
+    assert engine <= {"airflow_provider_pulsarstate.engine.config", "airflow_provider_pulsarstate.engine.errors"}, (
+        engine
+    )
+    assert not {m for m in loaded if m.split(".")[0] in {"pulsar", "msgspec"}}, loaded

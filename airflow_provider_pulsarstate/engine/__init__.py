@@ -11,54 +11,78 @@
 The rule "the engine and the Spark helpers import nothing from Airflow; the Airflow layer reaches
 the engine through the hook" is checked by import-linter (``[tool.importlinter]`` in pyproject.toml,
 run by the test suite).
+
+Names load on first use: importing one engine module (``engine.config``, as the provider's metadata
+does in every Airflow process) does not load the others.
 """
 
-from __future__ import annotations
+import typing as _typing
 
-from airflow_provider_pulsarstate.engine.backends import AcquireMode, Backend, open_backend
-from airflow_provider_pulsarstate.engine.config import ConnectionConfig
-from airflow_provider_pulsarstate.engine.errors import (
-    BackendUnavailableError,
-    CheckpointError,
-    ClosedError,
-    ConfigurationError,
-    CorruptEntryError,
-    MissingExtraError,
-    OperationTimeoutError,
-    PulsarStateError,
-    SerializationError,
-    UnknownOutcomeError,
-    ValueTooLargeError,
-    WriteId,
-    WriterBusyError,
-    WriterFencedError,
-)
-from airflow_provider_pulsarstate.engine.manager import Change, SharedStateManager
-from airflow_provider_pulsarstate.engine.recipes.map import MapChange, PulsarMap
-from airflow_provider_pulsarstate.engine.writes import WriteOutcome
+if _typing.TYPE_CHECKING:
+    from airflow_provider_pulsarstate.engine.backends import AcquireMode, Backend, open_backend
+    from airflow_provider_pulsarstate.engine.config import ConnectionConfig
+    from airflow_provider_pulsarstate.engine.errors import (
+        BackendUnavailableError,
+        CheckpointError,
+        ClosedError,
+        ConfigurationError,
+        CorruptEntryError,
+        MissingExtraError,
+        OperationTimeoutError,
+        PulsarStateError,
+        SerializationError,
+        UnknownOutcomeError,
+        ValueTooLargeError,
+        WriteId,
+        WriterBusyError,
+        WriterFencedError,
+    )
+    from airflow_provider_pulsarstate.engine.manager import Change, SharedStateManager
+    from airflow_provider_pulsarstate.engine.recipes.map import MapChange, PulsarMap
+    from airflow_provider_pulsarstate.engine.writes import WriteOutcome
 
-__all__ = [
-    "AcquireMode",
-    "Backend",
-    "BackendUnavailableError",
-    "Change",
-    "CheckpointError",
-    "ClosedError",
-    "ConfigurationError",
-    "ConnectionConfig",
-    "CorruptEntryError",
-    "MapChange",
-    "MissingExtraError",
-    "OperationTimeoutError",
-    "PulsarMap",
-    "PulsarStateError",
-    "SerializationError",
-    "SharedStateManager",
-    "UnknownOutcomeError",
-    "ValueTooLargeError",
-    "WriteId",
-    "WriteOutcome",
-    "WriterBusyError",
-    "WriterFencedError",
-    "open_backend",
-]
+# Name -> the module (under this package) it is loaded from on first use.
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(("AcquireMode", "Backend", "open_backend"), "backends"),
+    "ConnectionConfig": "config",
+    **dict.fromkeys(
+        (
+            "BackendUnavailableError",
+            "CheckpointError",
+            "ClosedError",
+            "ConfigurationError",
+            "CorruptEntryError",
+            "MissingExtraError",
+            "OperationTimeoutError",
+            "PulsarStateError",
+            "SerializationError",
+            "UnknownOutcomeError",
+            "ValueTooLargeError",
+            "WriteId",
+            "WriterBusyError",
+            "WriterFencedError",
+        ),
+        "errors",
+    ),
+    **dict.fromkeys(("Change", "SharedStateManager"), "manager"),
+    **dict.fromkeys(("MapChange", "PulsarMap"), "recipes.map"),
+    "WriteOutcome": "writes",
+}
+
+
+def __getattr__(name: str) -> _typing.Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
+
+__all__ = sorted(_LAZY)

@@ -126,6 +126,9 @@ class AirflowProcesses:
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
             "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
+            # Tasks call the API server as they start; with every CPU busy (a CI machine running
+            # other tests) one call can take longer than the 5 s default, and the task fails unrun.
+            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
             **(env or {}),
         }
         self._procs: dict[str, subprocess.Popen[bytes]] = {}

@@ -65,11 +65,12 @@ def test_triggers_starting_together_read_their_connection_once(
     assert sorted(lookups) == sorted([conn_id, other]), lookups[:5]
 
 
-def test_a_failed_lookup_is_not_kept_and_an_old_answer_expires(
+def test_an_undefined_connection_is_answered_for_a_while_and_an_old_answer_expires(
     env_connection: Callable[..., str], tmp_path: Path, lookups: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     conn_id = f"ps_later_{uuid.uuid4().hex[:6]}"
     monkeypatch.setattr(shared_config, "SHARED_CONFIG_SECONDS", 0.3)
+    monkeypatch.setattr(shared_config, "FAILED_CONFIG_SECONDS", 0.2)
 
     async def scenario() -> None:
         hook = PulsarStateHook(conn_id)
@@ -77,13 +78,41 @@ def test_a_failed_lookup_is_not_kept_and_an_old_answer_expires(
         assert all(isinstance(f, ConfigurationError) and conn_id in str(f) for f in failures), failures
         assert lookups == [conn_id]  # the five waited on one lookup
         env_connection(conn_id, extra={"service_url": str(tmp_path / "a.db")})
-        first = await shared_config.shared_config(hook)  # the failure was not kept
+        for _ in range(20):  # triggers started one after the other: the same error, no lookup
+            with pytest.raises(ConfigurationError, match=conn_id):
+                await shared_config.shared_config(hook)
+        assert lookups == [conn_id]
+        await asyncio.sleep(0.25)
+        first = await shared_config.shared_config(hook)  # the failure expired: read again
         assert first.url.endswith("a.db") and len(lookups) == 2
         env_connection(conn_id, extra={"service_url": str(tmp_path / "b.db")})
         assert (await shared_config.shared_config(hook)).url.endswith("a.db")  # still fresh
         await asyncio.sleep(0.35)
         assert (await shared_config.shared_config(hook)).url.endswith("b.db")  # read again
         assert len(lookups) == 3
+
+    asyncio.run(scenario())
+
+
+def test_a_lookup_that_fails_otherwise_is_not_kept(
+    env_connection: Callable[..., str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conn_id = _embedded(env_connection, tmp_path, f"ps_flaky_{uuid.uuid4().hex[:6]}")
+    original, calls = PulsarStateHook.aget_config, []
+
+    async def flaky(self: PulsarStateHook) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("the supervisor did not answer")
+        return await original(self)
+
+    monkeypatch.setattr(PulsarStateHook, "aget_config", flaky)
+
+    async def scenario() -> None:
+        hook = PulsarStateHook(conn_id)
+        with pytest.raises(OSError, match="supervisor"):
+            await shared_config.shared_config(hook)
+        assert (await shared_config.shared_config(hook)).kind == "embedded" and len(calls) == 2
 
     asyncio.run(scenario())
 
