@@ -174,6 +174,7 @@ class Ticker:
 
     def __init__(self, tick: float = 0.01) -> None:
         self.tick, self.worst, self.worst_raw, self.worst_cpu = tick, 0.0, 0.0, 0.0
+        self.worst_at = 0.0  # wall-clock time at the end of the worst tick (to find it in a py-spy profile)
         self._task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
@@ -183,7 +184,9 @@ class Ticker:
             await asyncio.sleep(self.tick)
             late = loop.time() - before - self.tick
             self.worst_raw = max(self.worst_raw, late)
-            self.worst = max(self.worst, late - (_runnable_wait() - queued))
+            stall = late - (_runnable_wait() - queued)
+            if stall > self.worst:
+                self.worst, self.worst_at = stall, time.time()
             # the loop's own CPU over the tick: its work, not other threads holding the GIL or CPU
             self.worst_cpu = max(self.worst_cpu, min(late, time.thread_time() - cpu))
 
@@ -596,6 +599,12 @@ async def _child(
     out["running"] = len(RUNNING)
     out["start_cpu_s"] = _cpu() - cpu0
     out["after_start"] = _minus(_snapshot(ports), idle)
+    print(
+        f"    worst stall at start: {ticker.worst:.3f}s, ended at "
+        f"{time.strftime('%H:%M:%S', time.gmtime(ticker.worst_at))}.{int(ticker.worst_at % 1 * 1000):03d} UTC",
+        file=sys.stderr,
+        flush=True,
+    )
     out["stall_start_s"] = ticker.reset()
     out["stall_start_s_raw"] = ticker.reset_raw()
     out["stall_start_s_cpu"] = ticker.reset_cpu()
