@@ -76,6 +76,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -166,6 +167,27 @@ def _runnable_wait() -> float:
         return 0.0
 
 
+def _other_threads() -> tuple[float, float]:
+    """CPU seconds run and seconds waited for a CPU, summed over this process's threads other than
+    the calling one (Linux ``schedstat``; zeros elsewhere). Over a stall of the loop with little
+    loop CPU: a thread running Python (CPU) or holding the GIL while off a CPU (wait)."""
+    me, cpu, wait = str(threading.get_native_id()), 0.0, 0.0
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return 0.0, 0.0
+    for tid in tids:
+        if tid == me:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                run, waited = f.read().split()[:2]
+        except (OSError, ValueError):
+            continue
+        cpu, wait = cpu + int(run) / 1e9, wait + int(waited) / 1e9
+    return cpu, wait
+
+
 class Ticker:
     """The loop's worst lateness of a 10 ms sleep, as ``tests/airflow/trigger_driver.py``'s LoopLag:
     ``worst`` leaves out the time the loop's thread waited for a CPU while runnable (the machine's
@@ -174,16 +196,22 @@ class Ticker:
 
     def __init__(self, tick: float = 0.01) -> None:
         self.tick, self.worst, self.worst_raw, self.worst_cpu = tick, 0.0, 0.0, 0.0
+        self.worst_at = 0.0  # wall-clock time at the end of the worst tick (to find it in a py-spy profile)
+        self.worst_others = (0.0, 0.0)  # the other threads' CPU and wait for a CPU over the worst tick
         self._task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            before, queued, cpu = loop.time(), _runnable_wait(), time.thread_time()
+            before, queued, cpu, others = loop.time(), _runnable_wait(), time.thread_time(), _other_threads()
             await asyncio.sleep(self.tick)
             late = loop.time() - before - self.tick
             self.worst_raw = max(self.worst_raw, late)
-            self.worst = max(self.worst, late - (_runnable_wait() - queued))
+            stall = late - (_runnable_wait() - queued)
+            if stall > self.worst:
+                self.worst, self.worst_at = stall, time.time()
+                after = _other_threads()
+                self.worst_others = (after[0] - others[0], after[1] - others[1])
             # the loop's own CPU over the tick: its work, not other threads holding the GIL or CPU
             self.worst_cpu = max(self.worst_cpu, min(late, time.thread_time() - cpu))
 
@@ -596,6 +624,14 @@ async def _child(
     out["running"] = len(RUNNING)
     out["start_cpu_s"] = _cpu() - cpu0
     out["after_start"] = _minus(_snapshot(ports), idle)
+    print(
+        f"    worst stall at start: {ticker.worst:.3f}s, ended at "
+        f"{time.strftime('%H:%M:%S', time.gmtime(ticker.worst_at))}.{int(ticker.worst_at % 1 * 1000):03d} UTC; "
+        f"meanwhile the other threads ran {ticker.worst_others[0]:.3f}s and waited {ticker.worst_others[1]:.3f}s for a CPU",
+        file=sys.stderr,
+        flush=True,
+    )
+    out["stall_start_others_cpu_wait_s"] = ticker.worst_others
     out["stall_start_s"] = ticker.reset()
     out["stall_start_s_raw"] = ticker.reset_raw()
     out["stall_start_s_cpu"] = ticker.reset_cpu()

@@ -73,9 +73,12 @@ from airflow_provider_pulsarstate.hooks.pulsarstate import (
     TopicStream,
 )
 from airflow_provider_pulsarstate.triggers.shared_config import shared_config
+from airflow_provider_pulsarstate.triggers.shared_log import SharedLog
 from airflow_provider_pulsarstate.triggers.start_gate import start_turn
 
 log = logging.getLogger(__name__)
+# a thousand watchers of a topic retry an unreachable broker together: one line each time, not a thousand
+_shared_log = SharedLog(log)
 
 OVERSIZED_PAYLOADS = ("reference", "reject")
 DECODE_OFF_LOOP_BYTES = 64 * 1024
@@ -289,7 +292,13 @@ class PulsarMessageTrigger(BaseEventTrigger):
                 return await stream.open()
             except BackendUnavailableError as exc:
                 delay = backoff.next_delay()
-                log.warning("opening %r failed (%s); retrying in %.1fs", stream, exc, delay)
+                _shared_log.warning(
+                    ("open failed", tuple(self.topics), type(exc).__name__),
+                    "opening %r failed (%s); retrying in %.1fs",
+                    stream,
+                    exc,
+                    delay,
+                )
                 await asyncio.sleep(delay)
 
     # ------------------------------------------------------------------ events

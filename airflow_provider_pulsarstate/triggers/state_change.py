@@ -80,6 +80,7 @@ from airflow_provider_pulsarstate.hooks.airflow_internals import asset_state_acc
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.triggers.polling import TRANSIENT, check_timing
 from airflow_provider_pulsarstate.triggers.shared_config import shared_config
+from airflow_provider_pulsarstate.triggers.shared_log import SharedLog
 from airflow_provider_pulsarstate.triggers.start_gate import start_turn
 
 ON_CHOICES = ("keys", "view_apply")
@@ -108,6 +109,8 @@ WATERMARK_KEY = "pulsarstate.state_change"
 _STORES: dict[Hashable, Any] = {}
 
 _log = logging.getLogger(__name__)
+# a thousand streams of one table start, and fail, together: one line each time, not a thousand
+_shared_log = SharedLog(_log)
 
 
 class StateChangeError(PulsarStateError):
@@ -384,14 +387,21 @@ class StateChangeProducer(SharedStreamProducer):
                     await start_turn()  # the triggers the feed's first read woke take turns
                     if start is None:  # first run: the tail is the watermark, stored before any event
                         await self._watermark.write(sent, topic)
-                    _log.info("watching table %s after commit offset %d (stored watermark: %s)", topic, sent, start)
+                    watching = ("watching table %s after commit offset %d (stored watermark: %s)", topic, sent, start)
+                    if not _shared_log.info(("watching", topic), *watching):
+                        _log.debug(*watching)
                     handed = sent
                 commits, upto, more = await self._feed.poll(limit=batch_size)
             except (*TRANSIENT, TableNotFoundError) as exc:
                 backoff = backoff or Backoff(initial=min(1.0, poll_interval), maximum=max(poll_interval, 30.0))
                 delay = backoff.next_delay()
-                _log.warning(
-                    "reading table %s failed (%s: %s); retrying in %.1fs", topic, type(exc).__name__, exc, delay
+                _shared_log.warning(
+                    ("read failed", topic, type(exc).__name__),
+                    "reading table %s failed (%s: %s); retrying in %.1fs",
+                    topic,
+                    type(exc).__name__,
+                    exc,
+                    delay,
                 )
                 if isinstance(exc, TableNotFoundError) and start is None:
                     # nothing committed yet: the table's first commits are changes too

@@ -138,10 +138,13 @@ class Run:
     dag_processor_log: str
 
 
-def run_many_watchers(tmp: Path, *, migrated_db: Path, watchers: int, freeze: bool, timeout: float = 150) -> Run:
+def run_many_watchers(
+    tmp: Path, *, migrated_db: Path, watchers: int, freeze: bool, timeout: float = 150, slow_turns: Path | None = None
+) -> Run:
     """A dag-processor and a real ``airflow triggerer`` (with the documented sitecustomize on its
     PYTHONPATH only when ``freeze``) running ``watchers`` StateChangeTrigger watchers (embedded back
-    end, one stream each) and the probe; returns the probe's report once written."""
+    end, one stream each) and the probe; returns the probe's report once written. ``slow_turns``:
+    the triggerer's loop turns over 50 ms go to that file (``tests/airflow/slow_turns.py``)."""
     root = str(Path(__file__).resolve().parents[2])
     report, dags, site, home = tmp / "report.json", tmp / "dags", tmp / "site", tmp / "airflow"
     dags.mkdir()
@@ -150,8 +153,14 @@ def run_many_watchers(tmp: Path, *, migrated_db: Path, watchers: int, freeze: bo
     (dags / "many_watchers.py").write_text(
         DAG.replace("__WATCHERS__", str(watchers)).replace("__REPORT__", repr(str(report)))
     )
-    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    triggerer_path = f"{site}:{root}" if freeze else root
+    site_lines = SITECUSTOMIZE if freeze else ""
+    if slow_turns is not None:
+        site_lines += (
+            "\nimport sys\n\nif len(sys.argv) > 1 and sys.argv[1] == 'triggerer':\n"
+            f"    from tests.airflow.slow_turns import install\n\n    install({str(slow_turns)!r})\n"
+        )
+    (site / "sitecustomize.py").write_text(site_lines)
+    triggerer_path = f"{site}:{root}" if site_lines else root
     with AirflowProcesses(
         home=home,
         dags_folder=dags,

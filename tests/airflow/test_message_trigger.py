@@ -420,3 +420,52 @@ def test_a_running_stream_keeps_no_trigger_of_its_own(broker_conn: tuple[str, An
 
     alive = asyncio.run(scenario())
     assert alive < n / 2, f"{alive} triggers alive for {n} running streams"
+
+
+def test_watchers_retrying_an_unreachable_broker_together_write_one_warning_not_one_each(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A triggerer's log lines are blocking writes on its event loop (into the socket its
+    supervisor reads): a thousand watchers of a topic retrying an unreachable broker together
+    write one warning, not one each. The back end is a stand-in that refuses twice per watcher;
+    the retry loop is the trigger's own. Counted log records, not time."""
+    import logging
+
+    from airflow_provider_pulsarstate.engine.errors import BackendUnavailableError
+    from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
+    from airflow_provider_pulsarstate.triggers import messages
+
+    n, topic, opened = 30, f"msg-{uuid.uuid4().hex[:8]}", object()
+
+    class RefusingTwice:
+        def __init__(self) -> None:
+            self.tries = 0
+
+        async def open(self) -> object:
+            self.tries += 1
+            if self.tries <= 2:
+                raise BackendUnavailableError("broker pulsar://127.0.0.1:1 unreachable (stand-in)")
+            return opened
+
+    streams: dict[str, RefusingTwice] = {}
+
+    def stream_for(self: Any, topics: Any, subscription: str, **_: Any) -> RefusingTwice:
+        return streams.setdefault(subscription, RefusingTwice())
+
+    async def no_lookup(hook: Any) -> None:
+        return None
+
+    monkeypatch.setattr(PulsarStateHook, "get_async_topic_stream", stream_for)
+    monkeypatch.setattr(messages, "shared_config", no_lookup)
+    triggers = [PulsarMessageTrigger(topics=topic, subscription=f"s{i}") for i in range(n)]
+
+    async def scenario() -> list[object]:
+        return await asyncio.gather(*(t.open_topic_stream() for t in triggers))
+
+    with caplog.at_level(logging.INFO, logger=messages.__name__):
+        assert asyncio.run(scenario()) == [opened] * n
+    assert all(s.tries == 3 for s in streams.values()) and len(streams) == n
+    warnings = [
+        r for r in caplog.records if r.levelno == logging.WARNING and "unreachable (stand-in)" in r.getMessage()
+    ]
+    assert len(warnings) == 1, caplog.text[-3000:]

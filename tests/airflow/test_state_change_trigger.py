@@ -11,6 +11,7 @@ import uuid
 from collections import Counter
 from types import SimpleNamespace
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 from airflow.sdk.state import AssetScope
@@ -536,3 +537,56 @@ def test_a_running_stream_keeps_no_hook_or_back_off_of_its_own(state_backend: st
 
     hooks, backoffs = asyncio.run(scenario())
     assert hooks < n / 2 and backoffs < n / 2, f"{hooks} hooks and {backoffs} back-offs alive for {n} running streams"
+
+
+def test_streams_starting_or_failing_together_write_one_log_line_not_one_each(
+    state_backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In a triggerer every log line is a blocking write, on the event loop, into the socket its
+    supervisor reads; a thousand lines at once fill it and hold the loop until the supervisor
+    reads (measured: the loop blocked 0.5 s inside one of these warnings). Streams of one table
+    that start together, or retry a table that is not there yet, write one line, not one each.
+    Counted log records, not time."""
+    import logging
+
+    from airflow_provider_pulsarstate.triggers.state_change import StateChangeProducer
+
+    n = 60
+    missing, table = f"state-change-{uuid.uuid4().hex[:8]}", f"state-change-{uuid.uuid4().hex[:8]}"
+    with PulsarStateHook() as hook, hook.get_table(table, writer_idle_timeout=0.1) as t:
+        t.put("setup", {"v": 0})
+
+    def records(level: int, text: str) -> int:
+        return sum(1 for r in caplog.records if r.levelno == level and text in r.getMessage())
+
+    async def run_streams(name: str, until: Any) -> None:
+        stores = [MemoryAccessor({}) for _ in range(n)]
+        producers = [
+            StateChangeProducer(
+                StateChangeTrigger(table=name, on=["keys"], key_prefix=f"p{i}-", poll_interval=0.2).serialize()[1],
+                stores[i],
+            )
+            for i in range(n)
+        ]
+        streams = [p.open_stream() for p in producers]
+        tasks = [asyncio.ensure_future(s.__anext__()) for s in streams]
+        try:
+            await wait_for(lambda: until(producers, stores), f"{n} streams of {name}")
+        finally:
+            await close_shared_streams(tasks, streams, producers)
+
+    logger = "airflow_provider_pulsarstate.triggers.state_change"
+    with caplog.at_level(logging.INFO, logger=logger):
+        # a stream writes watermark -1 right after its first failed read of a missing table
+        asyncio.run(
+            run_streams(missing, lambda _, stores: all(s.writes == [{"offset": -1, "table": ANY}] for s in stores))
+        )
+        asyncio.run(
+            run_streams(table, lambda ps, _: all(p._feed is not None and p._feed.after is not None for p in ps))
+        )
+    with PulsarStateHook() as hook:
+        missing_topic, topic = hook.topic_name(missing), hook.topic_name(table)
+    assert records(logging.WARNING, f"reading table {missing_topic} failed (TableNotFoundError") == 1, caplog.text[
+        -3000:
+    ]
+    assert records(logging.INFO, f"watching table {topic} after commit offset") == 1, caplog.text[-3000:]
