@@ -7,8 +7,8 @@ not come up is an error, never a skip: deselect Pulsar tests explicitly with ``-
 
 Under pytest-xdist (``-n N``, as ``dev/test`` runs) the controller starts that broker once, before
 the workers, and hands its URLs to them through the same variables; tests that freeze or restart a
-broker get one of their own (``freezable_broker``, or a module's dedicated broker), pinned by an
-``xdist_group`` to one worker so that each is started once. When a test fails, the last lines of
+broker share one of their own (``freezable_broker``, ``restartable_broker``), pinned by
+``xdist_group("own-broker")`` to one worker so that it is started once. When a test fails, the last lines of
 the log of every broker it used are added to its report.
 """
 
@@ -223,11 +223,29 @@ def pulsar_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 def freezable_broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A broker a test may freeze with SIGSTOP (it has a ``pid``): the session broker when this
     process alone uses it, else one of its own (under xdist: freezing the shared one would stall the
-    other workers' tests). Tests sharing it are pinned to one worker by ``xdist_group("freezable-broker")``."""
+    other workers' tests). Tests sharing it are pinned to one worker by ``xdist_group("own-broker")``."""
     if _owns_session_broker(request.config):
         yield request.getfixturevalue("pulsar_broker")
         return
     yield from _standalone(tmp_path_factory, "pulsar-freezable")
+
+
+@pytest.fixture(scope="session")
+def _restartable(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    if _owns_session_broker(request.config):  # the freezable broker is then the session broker: never restart it
+        yield from _standalone(tmp_path_factory, "pulsar-restartable")
+        return
+    yield request.getfixturevalue("freezable_broker")  # under xdist: one broker of this worker's for both
+
+
+@pytest.fixture
+def restartable_broker(_restartable: Any) -> Any:
+    """A broker a test may stop and restart (a ``PulsarStandalone``), running when the test starts;
+    never the session broker. Under xdist it is the freezable broker, started once for the tests of
+    both kinds, which ``xdist_group("own-broker")`` pins to one worker."""
+    if not _restartable.is_running():
+        _restartable.start()
+    return _restartable
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,51 +67,47 @@ def test_embedded_state_file_that_cannot_be_created(tmp_path: Path) -> None:
 
 @pytest.mark.pulsar
 @pytest.mark.slow
-def test_broker_restart_loses_nothing(tmp_path: Path) -> None:
-    from airflow_provider_pulsarstate.testing.broker import PulsarStandalone
+@pytest.mark.xdist_group("own-broker")
+def test_broker_restart_loses_nothing(restartable_broker: Any) -> None:
+    broker = restartable_broker
+    config = ConnectionConfig(url=broker.service_url, admin_url=broker.admin_url, operation_timeout=30)
+    topic = f"persistent://public/default/restart-{uuid.uuid4().hex[:8]}"
+    writer_backend, reader_backend = open_backend(config), open_backend(config)
+    writer = PulsarMap(writer_backend, topic, writer_idle_timeout=None, acquire_timeout=120, max_retries=20)
+    reader = PulsarMap(reader_backend, topic)
+    acked: list[int] = []
+    stop = threading.Event()
+    errors: list[BaseException] = []
 
-    broker = PulsarStandalone(data_dir=tmp_path / "broker", log_file=tmp_path / "broker.log").start()
-    try:
-        config = ConnectionConfig(url=broker.service_url, admin_url=broker.admin_url, operation_timeout=30)
-        topic = "persistent://public/default/restart"
-        writer_backend, reader_backend = open_backend(config), open_backend(config)
-        writer = PulsarMap(writer_backend, topic, writer_idle_timeout=None, acquire_timeout=120, max_retries=20)
-        reader = PulsarMap(reader_backend, topic)
-        acked: list[int] = []
-        stop = threading.Event()
-        errors: list[BaseException] = []
+    def write_loop() -> None:
+        i = 0
+        while not stop.is_set():
+            try:
+                writer.update("n", lambda k, v: (v or 0) + 1)
+                acked.append(i)
+                i += 1
+            except BaseException as exc:  # recorded: the writer must recover on its own
+                errors.append(exc)
+                time.sleep(0.5)
 
-        def write_loop() -> None:
-            i = 0
-            while not stop.is_set():
-                try:
-                    writer.update("n", lambda k, v: (v or 0) + 1)
-                    acked.append(i)
-                    i += 1
-                except BaseException as exc:  # recorded: the writer must recover on its own
-                    errors.append(exc)
-                    time.sleep(0.5)
-
-        thread = threading.Thread(target=write_loop)
-        thread.start()
-        wait_until(lambda: len(acked) >= 3, timeout=120, what="writes before the restart")
-        before = len(acked)
-        broker.restart()
-        restarted = len(acked)  # restart() returns with the old broker gone and the new one up
-        wait_until(lambda: len(acked) >= restarted + 3, timeout=180, what="writes resumed after the restart")
-        stop.set()
-        thread.join(timeout=120)
-        assert before > 0 and len(acked) > restarted >= before, "writes did not resume after the restart"
-        final = reader.get("n", latest=True)
-        assert final == writer.get("n", latest=True)
-        # exactly once: every acknowledged increment is there, and at most the in-flight ones extra
-        assert len(acked) <= final <= len(acked) + len(errors) + 1
-        fresh = PulsarMap(open_backend(config), topic)
-        assert fresh.get("n", latest=True) == final
-        for m in (writer, reader, fresh):
-            m.close()
-    finally:
-        broker.stop()
+    thread = threading.Thread(target=write_loop)
+    thread.start()
+    wait_until(lambda: len(acked) >= 3, timeout=120, what="writes before the restart")
+    before = len(acked)
+    broker.restart()
+    restarted = len(acked)  # restart() returns with the old broker gone and the new one up
+    wait_until(lambda: len(acked) >= restarted + 3, timeout=180, what="writes resumed after the restart")
+    stop.set()
+    thread.join(timeout=120)
+    assert before > 0 and len(acked) > restarted >= before, "writes did not resume after the restart"
+    final = reader.get("n", latest=True)
+    assert final == writer.get("n", latest=True)
+    # exactly once: every acknowledged increment is there, and at most the in-flight ones extra
+    assert len(acked) <= final <= len(acked) + len(errors) + 1
+    fresh = PulsarMap(open_backend(config), topic)
+    assert fresh.get("n", latest=True) == final
+    for m in (writer, reader, fresh):
+        m.close()
 
 
 @pytest.mark.pulsar

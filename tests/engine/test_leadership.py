@@ -232,7 +232,7 @@ def test_a_creation_that_timed_out_leaves_no_orphan_that_wedges_election(
 
 
 @pytest.mark.pulsar
-@pytest.mark.xdist_group("freezable-broker")
+@pytest.mark.xdist_group("own-broker")
 def test_a_real_client_timeout_during_creation_does_not_wedge_election(freezable_broker: Any, topic: str) -> None:
     """The same trap with real client-side time-outs: the broker is frozen (SIGSTOP) for 1.5 s
     while a candidate with a 1 s operation time-out creates its exclusive producer; afterwards

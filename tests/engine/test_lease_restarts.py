@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,7 +17,7 @@ import pytest
 from airflow_provider_pulsarstate import PulsarMap, open_backend
 from airflow_provider_pulsarstate.engine.errors import LeaseFencedError, LeaseLostError
 from airflow_provider_pulsarstate.engine.recipes.lease import Leases
-from tests.conftest import _standalone, pulsar_config
+from tests.conftest import pulsar_config
 from tests.engine.test_leases import Worker
 
 pytestmark = pytest.mark.pulsar
@@ -26,14 +25,9 @@ pytestmark = pytest.mark.pulsar
 TTL = 2.0
 
 
-@pytest.fixture(scope="module")
-def restart_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A broker this module may restart (never the session broker)."""
-    yield from _standalone(tmp_path_factory, "lease-restarts")
-
-
-def test_tokens_strictly_increase_across_broker_restarts(restart_broker: Any) -> None:
-    broker = restart_broker
+@pytest.mark.xdist_group("own-broker")
+def test_tokens_strictly_increase_across_broker_restarts(restartable_broker: Any) -> None:
+    broker = restartable_broker
     config = pulsar_config(broker, operation_timeout=30.0)
     topic = f"persistent://public/default/leases-{uuid.uuid4().hex[:12]}"
     map_topic = topic + "-guarded"

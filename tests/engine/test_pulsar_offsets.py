@@ -548,41 +548,35 @@ def test_concurrent_commits_from_two_consumers_retry_until_done(
     assert a.committed() in (48, 49)
 
 
-def test_offsets_and_commits_survive_a_broker_restart(tmp_path: Any) -> None:
+@pytest.mark.xdist_group("own-broker")
+def test_offsets_and_commits_survive_a_broker_restart(restartable_broker: Any) -> None:
     """A broker of its own, restarted: the index continues, the committed offset is exact, and the
     cursor never acknowledged a message at or after it."""
-    from airflow_provider_pulsarstate.testing.broker import PulsarStandalone
-    from tests.conftest import ARTIFACTS
-
-    broker = PulsarStandalone(data_dir=tmp_path / "data", log_file=ARTIFACTS / "pulsar-restart-broker.log")
-    broker.start()
+    broker = restartable_broker
+    topic = f"persistent://public/default/restarted-{uuid.uuid4().hex[:8]}"
+    values = [b"r%d" % i for i in range(30)]
+    backend = open_backend(pulsar_config(broker))
     try:
-        topic = "persistent://public/default/restarted"
-        values = [b"r%d" % i for i in range(30)]
-        backend = open_backend(pulsar_config(broker))
-        try:
-            create_topic(backend, topic)
-            publish(backend, topic, values, batching=True, bursts=[10, 10, 10])  # type: ignore[arg-type]
-            with PullConsumer(backend, topic, "durable") as consumer:
-                consumer.commit(14)
-        finally:
-            backend.close()
-        broker.restart()
-        backend = open_backend(pulsar_config(broker))
-        try:
-            with PullConsumer(backend, topic, "durable") as consumer:
-                assert consumer.committed() == 14
-                assert consumer.beginning_offsets() == {0: 0} and consumer.end_offsets() == {0: 30}
-                publish(backend, topic, [b"after"], batching=False)  # type: ignore[arg-type]
-                got = pull_all(consumer, 0, sizes=[9])
-                assert [(m.offset, m.value) for m in got] == list(enumerate(values + [b"after"]))
-                assert [m.value for m in consumer.pull(12, max_messages=3).messages] == values[12:15]
-            received = receive_all(backend, topic, "durable")  # type: ignore[arg-type]
-            assert received[-17:] == values[14:] + [b"after"] and set(received) <= set(values[10:] + [b"after"])
-        finally:
-            backend.close()
+        create_topic(backend, topic)
+        publish(backend, topic, values, batching=True, bursts=[10, 10, 10])  # type: ignore[arg-type]
+        with PullConsumer(backend, topic, "durable") as consumer:
+            consumer.commit(14)
     finally:
-        broker.stop()
+        backend.close()
+    broker.restart()
+    backend = open_backend(pulsar_config(broker))
+    try:
+        with PullConsumer(backend, topic, "durable") as consumer:
+            assert consumer.committed() == 14
+            assert consumer.beginning_offsets() == {0: 0} and consumer.end_offsets() == {0: 30}
+            publish(backend, topic, [b"after"], batching=False)  # type: ignore[arg-type]
+            got = pull_all(consumer, 0, sizes=[9])
+            assert [(m.offset, m.value) for m in got] == list(enumerate(values + [b"after"]))
+            assert [m.value for m in consumer.pull(12, max_messages=3).messages] == values[12:15]
+        received = receive_all(backend, topic, "durable")  # type: ignore[arg-type]
+        assert received[-17:] == values[14:] + [b"after"] and set(received) <= set(values[10:] + [b"after"])
+    finally:
+        backend.close()
 
 
 def test_pulled_messages_pickle_and_compare_as_plain_ones(backend: PulsarBackend, topic: str, consumers: Any) -> None:
