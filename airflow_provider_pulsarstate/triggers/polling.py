@@ -81,7 +81,8 @@ class PollingTrigger(BaseTrigger):
     """Base of the project's triggers (see the module docstring for the loop's guarantees).
 
     Subclasses set ``poll_interval``, ``deadline``, ``pulsarstate_conn_id`` and ``end_from_trigger``
-    in ``__init__`` and implement :meth:`_open` and :meth:`_observe`.
+    in ``__init__`` (:meth:`_set_polling`), serialize them with their own options
+    (:meth:`_serialized`) and implement :meth:`_open` and :meth:`_observe`.
     """
 
     result_key: ClassVar[str] = "result"
@@ -93,6 +94,35 @@ class PollingTrigger(BaseTrigger):
     deadline: float | None
     pulsarstate_conn_id: str
     end_from_trigger: bool
+
+    def _set_polling(
+        self,
+        *,
+        poll_interval: float,
+        deadline: float | None,
+        pulsarstate_conn_id: str,
+        end_from_trigger: bool,
+        error: type[Exception],
+    ) -> None:
+        """Check (:func:`check_timing`, raising ``error``) and set the options every poll loop takes."""
+        check_timing(poll_interval, deadline, error)
+        self.poll_interval = float(poll_interval)
+        self.deadline = float(deadline) if deadline is not None else None
+        self.pulsarstate_conn_id = pulsarstate_conn_id
+        self.end_from_trigger = bool(end_from_trigger)
+
+    def _serialized(self, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """``serialize()``'s answer: the class path, and ``options`` followed by the poll loop's own."""
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                **options,
+                "poll_interval": self.poll_interval,
+                "deadline": self.deadline,
+                "pulsarstate_conn_id": self.pulsarstate_conn_id,
+                "end_from_trigger": self.end_from_trigger,
+            },
+        )
 
     def _freshness(self) -> float:
         """Seconds an observation may be answered from one another trigger of the loop asked for
