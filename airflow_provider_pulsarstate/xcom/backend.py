@@ -153,8 +153,12 @@ _asked: contextvars.ContextVar[_Row | None] = contextvars.ContextVar("pulsarstat
 
 
 @contextlib.contextmanager
-def _asking(row: _Row) -> Iterator[None]:
-    token = _asked.set(row)
+def _asking(
+    dag_id: str, run_id: str, task_id: str, map_index: int | None, key: str, *, include_prior_dates: bool
+) -> Iterator[None]:
+    """While Airflow reads or deletes rows: the row asked for (any run with ``include_prior_dates``,
+    any map index when None), which every reference followed must name."""
+    token = _asked.set(_Row(dag_id, None if include_prior_dates else run_id, task_id, map_index, key))
     try:
         yield
     finally:
@@ -334,6 +338,28 @@ def _reaching_the_map(message: str, *, note: str = "") -> Iterator[None]:
         raise XComStoreUnavailableError(f"{message}: {type(exc).__name__}: {exc}{note}") from exc
 
 
+def _storing(settings: ProviderSettings, where: str) -> contextlib.AbstractContextManager[None]:
+    """Failures to write a pushed value become XComStoreUnavailableError saying nothing reached the DB."""
+    return _reaching_the_map(
+        f"{where}: cannot store it in {settings.xcom_topic!r} (connection {settings.conn_id!r})",
+        note=". Nothing was written to the metadata DB.",
+    )
+
+
+def _reference(version: int, topic: str, map_key: str, record: Any, **located: str) -> dict[str, Any]:
+    """The reference the metadata DB keeps for a stored value: where it is (``located``: a
+    message's address and writer), then the record's size, type and write time."""
+    return {
+        REFERENCE_MARKER: version,
+        "topic": topic,
+        "key": map_key,
+        **located,
+        "size": record.size,
+        "type": record.type_name,
+        "written_at": datetime.datetime.fromtimestamp(record.written_at, datetime.timezone.utc).isoformat(),
+    }
+
+
 @dataclass(frozen=True)
 class _Target:
     """Where a checked reference points: the run's topic (None: the legacy map), the key and, for
@@ -344,6 +370,16 @@ class _Target:
     identity: tuple[str, str, str, int, str]
     address: str | None = None
     writer_id: str | None = None
+
+
+@contextlib.contextmanager
+def _target_map_store(settings: ProviderSettings, target: _Target) -> Iterator[Any]:
+    """The store holding a map reference's entry: its run's, or the legacy map's (``topic`` None)."""
+    if target.topic is None:
+        yield get_store(settings)
+    else:
+        with run_store(settings, target.identity[0], target.identity[1]) as store:
+            yield store
 
 
 class PulsarXComBackend(BaseXCom):
@@ -361,7 +397,7 @@ class PulsarXComBackend(BaseXCom):
         map_index: int | None = None,
         include_prior_dates: bool = False,
     ) -> Any | None:
-        with _asking(_Row(dag_id, None if include_prior_dates else run_id, task_id, map_index, key)):
+        with _asking(dag_id, run_id, task_id, map_index, key, include_prior_dates=include_prior_dates):
             return super().get_one(
                 key=key,
                 dag_id=dag_id,
@@ -382,7 +418,7 @@ class PulsarXComBackend(BaseXCom):
         map_index: int | None = None,
         include_prior_dates: bool = False,
     ) -> Any | None:
-        with _asking(_Row(dag_id, None if include_prior_dates else run_id, task_id, map_index, key)):
+        with _asking(dag_id, run_id, task_id, map_index, key, include_prior_dates=include_prior_dates):
             return await super().aget_one(
                 key=key,
                 dag_id=dag_id,
@@ -394,7 +430,7 @@ class PulsarXComBackend(BaseXCom):
 
     @classmethod
     def get_all(cls, *, key: str, dag_id: str, task_id: str, run_id: str, include_prior_dates: bool = False) -> Any:
-        with _asking(_Row(dag_id, None if include_prior_dates else run_id, task_id, None, key)):
+        with _asking(dag_id, run_id, task_id, None, key, include_prior_dates=include_prior_dates):
             return super().get_all(
                 key=key, dag_id=dag_id, task_id=task_id, run_id=run_id, include_prior_dates=include_prior_dates
             )
@@ -403,14 +439,14 @@ class PulsarXComBackend(BaseXCom):
     async def aget_all(
         cls, *, key: str, dag_id: str, task_id: str, run_id: str, include_prior_dates: bool = False
     ) -> Any:
-        with _asking(_Row(dag_id, None if include_prior_dates else run_id, task_id, None, key)):
+        with _asking(dag_id, run_id, task_id, None, key, include_prior_dates=include_prior_dates):
             return await super().aget_all(
                 key=key, dag_id=dag_id, task_id=task_id, run_id=run_id, include_prior_dates=include_prior_dates
             )
 
     @classmethod
     def delete(cls, key: str, task_id: str, dag_id: str, run_id: str, map_index: int | None = None) -> None:
-        with _asking(_Row(dag_id, run_id, task_id, map_index, key)):
+        with _asking(dag_id, run_id, task_id, map_index, key, include_prior_dates=False):
             super().delete(key=key, task_id=task_id, dag_id=dag_id, run_id=run_id, map_index=map_index)
 
     # -------------------------------------------------------------- push
@@ -487,23 +523,10 @@ class PulsarXComBackend(BaseXCom):
         try_number: int | None,
     ) -> dict[str, Any]:
         """Put the value in its run's map (the map layout); the reference the DB keeps for it."""
-        with (
-            _reaching_the_map(
-                f"{where}: cannot store it in {settings.xcom_topic!r} (connection {settings.conn_id!r})",
-                note=". Nothing was written to the metadata DB.",
-            ),
-            run_store(settings, row[0], row[1]) as store,
-        ):
+        with _storing(settings, where), run_store(settings, row[0], row[1]) as store:
             PulsarXComBackend._sweep_older_tries(store, *row[:4], try_number)
             map_key, record = store.put(*row, text, type_name=type_name, try_number=try_number)
-        return {
-            REFERENCE_MARKER: MAP_REFERENCE_VERSION,
-            "topic": store.topic,
-            "key": map_key,
-            "size": record.size,
-            "type": record.type_name,
-            "written_at": datetime.datetime.fromtimestamp(record.written_at, datetime.timezone.utc).isoformat(),
-        }
+        return _reference(MAP_REFERENCE_VERSION, store.topic, map_key, record)
 
     @staticmethod
     def _append(
@@ -517,25 +540,16 @@ class PulsarXComBackend(BaseXCom):
     ) -> dict[str, Any]:
         """Append the value as one message of its run's topic; the reference the DB keeps for it."""
         identity = XComIdentity(settings.key_namespace, *row)
-        with (
-            _reaching_the_map(
-                f"{where}: cannot store it in {settings.xcom_topic!r} (connection {settings.conn_id!r})",
-                note=". Nothing was written to the metadata DB.",
-            ),
-            run_messages(settings, row[0], row[1]) as messages,
-        ):
+        with _storing(settings, where), run_messages(settings, row[0], row[1]) as messages:
             address, message = messages.append(identity, text, type_name=type_name, try_number=try_number)
-        record = message.record
-        return {
-            REFERENCE_MARKER: REFERENCE_VERSION,
-            "topic": messages.topic,
-            "key": identity.map_key,
-            "address": address,
-            "writer": message.writer_id,
-            "size": record.size,
-            "type": record.type_name,
-            "written_at": datetime.datetime.fromtimestamp(record.written_at, datetime.timezone.utc).isoformat(),
-        }
+        return _reference(
+            REFERENCE_VERSION,
+            messages.topic,
+            identity.map_key,
+            message.record,
+            address=address,
+            writer=message.writer_id,
+        )
 
     @staticmethod
     def _sweep_older_tries(
@@ -580,15 +594,12 @@ class PulsarXComBackend(BaseXCom):
             ):
                 message = messages.read(target.address, identity=identity, writer_id=target.writer_id or "")
             return deserialize(message.record.json_value())
-        with _reaching_the_map(f"cannot read XCom {target.map_key!r} from {target.topic or settings.xcom_topic!r}"):
-            if target.topic is None:
-                store = get_store(settings)
-                record = store.map.get(target.map_key, latest=True)
-                topic = store.topic
-            else:
-                with run_store(settings, target.identity[0], target.identity[1]) as store:
-                    record = store.map.get(target.map_key, latest=True)
-                    topic = store.topic
+        with (
+            _reaching_the_map(f"cannot read XCom {target.map_key!r} from {target.topic or settings.xcom_topic!r}"),
+            _target_map_store(settings, target) as store,
+        ):
+            record = store.map.get(target.map_key, latest=True)
+            topic = store.topic
         if record is None:
             raise XComEntryNotFoundError(
                 f"XCom entry {target.map_key!r} is not in {topic}: it was purged or cleaned up "
@@ -621,16 +632,7 @@ class PulsarXComBackend(BaseXCom):
                 f"version {REFERENCE_VERSION} with string topic, key, address and writer, or {MAP_REFERENCE_VERSION} "
                 f"or {LEGACY_REFERENCE_VERSION} with string topic and key"
             )
-        if version == REFERENCE_VERSION:
-            identity = XComStore.parse_key_of(settings.key_namespace, map_key)
-            expected = message_topic(
-                PulsarStateHook(settings.conn_id).cached_topic_name(settings.xcom_topic),
-                settings.key_namespace,
-                identity[0],
-                identity[1],
-            )
-            target_topic = expected
-        elif version == LEGACY_REFERENCE_VERSION:  # written under this namespace or the earlier default
+        if version == LEGACY_REFERENCE_VERSION:  # written under this namespace or the earlier default
             try:
                 identity = XComStore.parse_key_of(settings.key_namespace, map_key)
             except XComReferenceError:
@@ -638,7 +640,8 @@ class PulsarXComBackend(BaseXCom):
             expected, target_topic = get_store(settings).topic, None
         else:
             identity = XComStore.parse_key_of(settings.key_namespace, map_key)
-            expected = run_topic(
+            topic_of_run = message_topic if version == REFERENCE_VERSION else run_topic
+            expected = topic_of_run(
                 PulsarStateHook(settings.conn_id).cached_topic_name(settings.xcom_topic),
                 settings.key_namespace,
                 identity[0],
@@ -682,9 +685,8 @@ class PulsarXComBackend(BaseXCom):
             return
         if target.address is not None:
             return  # a message is immutable: dropping the row is the deletion; clean-up deletes the run's topic
-        with _reaching_the_map(f"cannot purge XCom {target.map_key!r} from {target.topic or settings.xcom_topic!r}"):
-            if target.topic is None:
-                get_store(settings).delete_key(target.map_key)
-            else:
-                with run_store(settings, target.identity[0], target.identity[1]) as store:
-                    store.delete_key(target.map_key)
+        with (
+            _reaching_the_map(f"cannot purge XCom {target.map_key!r} from {target.topic or settings.xcom_topic!r}"),
+            _target_map_store(settings, target) as store,
+        ):
+            store.delete_key(target.map_key)
