@@ -78,7 +78,7 @@ from airflow_provider_pulsarstate.engine.errors import ConfigurationError, Pulsa
 from airflow_provider_pulsarstate.engine.retry import Backoff
 from airflow_provider_pulsarstate.hooks.airflow_internals import asset_state_accessors
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
-from airflow_provider_pulsarstate.triggers.polling import TRANSIENT, check_timing
+from airflow_provider_pulsarstate.triggers.polling import TRANSIENT, check_timing, retry_backoff
 from airflow_provider_pulsarstate.triggers.shared_config import shared_config
 from airflow_provider_pulsarstate.triggers.shared_log import SharedLog
 from airflow_provider_pulsarstate.triggers.start_gate import start_turn
@@ -390,7 +390,7 @@ class StateChangeProducer(SharedStreamProducer):
                     handed = sent
                 commits, upto, more = await self._feed.poll(limit=batch_size)
             except (*TRANSIENT, TableNotFoundError) as exc:
-                backoff = backoff or Backoff(initial=min(1.0, poll_interval), maximum=max(poll_interval, 30.0))
+                backoff = backoff or retry_backoff(poll_interval)
                 delay = backoff.next_delay()
                 start = await self._after_read_failure(exc, topic, start, delay)
                 if sent is not None:  # the feed opens again after what was handed out
