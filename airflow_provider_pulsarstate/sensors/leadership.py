@@ -47,7 +47,6 @@ about two ttls, to a poke-mode one after one (as long as the poke interval is sh
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
@@ -56,11 +55,17 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowSensorTimeout
-from airflow.triggers.base import StartTriggerArgs
 
 from airflow_provider_pulsarstate.engine.errors import LeaseTimeoutError, PulsarStateError
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.plugins.links import PulsarStateLeaseLink
+from airflow_provider_pulsarstate.sensors.trigger_start import (
+    default_start_trigger_args,
+    for_triggerer,
+    is_xcom_arg,
+    start_from_trigger_args,
+    task_instance_id,
+)
 from airflow_provider_pulsarstate.triggers.leadership import LeadershipTrigger
 from airflow_provider_pulsarstate.triggers.leadership_conditions import (
     LeadershipConditionError,
@@ -74,14 +79,90 @@ from airflow_provider_pulsarstate.triggers.leadership_conditions import (
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-_TRIGGER_PATH = f"{LeadershipTrigger.__module__}.{LeadershipTrigger.__qualname__}"
 _DEFAULT_TTL = 60.0
 
 
-def _is_xcom_arg(value: Any) -> bool:
-    from airflow.sdk.definitions.xcom_arg import XComArg
+def _check_topic_or_lease(
+    mode: str, *, topic: str | None, holder: str | None, ttl: float, lease_topic: str | None
+) -> None:
+    """Observing modes watch a topic; ``acquire`` alone takes a lease's options and no topic."""
+    if mode != "acquire" and not topic:
+        raise LeadershipConditionError(f"mode {mode!r} needs a topic")
+    if mode == "acquire" and topic is not None:
+        raise LeadershipConditionError(
+            "mode 'acquire' waits for a lease, not a topic: give lease_name (and lease_topic)"
+        )
+    if mode != "acquire" and (holder is not None or lease_topic is not None or ttl != _DEFAULT_TTL):
+        raise LeadershipConditionError(f"holder, ttl and lease_topic apply to mode 'acquire' only, not {mode!r}")
 
-    return isinstance(value, XComArg)
+
+def _check_options(
+    mode: str,
+    *,
+    topic: str | None,
+    leader_name: str | None,
+    since_epoch: Any,
+    lease_name: str | None,
+    holder: str | None,
+    ttl: float,
+    lease_topic: str | None,
+    deferrable: bool,
+    start_from_trigger: bool,
+) -> None:
+    """Refuse, at DAG parse time, an unknown mode or an option that does not fit it.
+
+    :raises LeadershipConditionError: naming the option and the mode.
+    """
+    if mode in ("poke", "reschedule"):
+        raise LeadershipConditionError(
+            f"mode is the leadership mode (leader, no_leader, changed, acquire); Airflow's {mode!r} is sensor_mode={mode!r}"
+        )
+    check_mode(mode, leader_name=leader_name, since_epoch=since_epoch, lease_name=lease_name)
+    _check_topic_or_lease(mode, topic=topic, holder=holder, ttl=ttl, lease_topic=lease_topic)
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0:
+        raise LeadershipConditionError(f"ttl must be a positive number of seconds, got {ttl!r}")
+    if (
+        mode == "changed"
+        and isinstance(since_epoch, (int, str))
+        and not is_xcom_arg(since_epoch)
+        and "{{" not in str(since_epoch)
+    ):
+        parse_since_epoch(since_epoch)  # a literal that can never work fails at parse time
+    if start_from_trigger and not deferrable:
+        raise LeadershipConditionError("start_from_trigger needs deferrable=True")
+
+
+def _check_event(event: Any, mode: str) -> None:
+    """Refuse an event the trigger cannot send for ``mode``; raise its timeout or error.
+
+    :raises AirflowSensorTimeout: a timeout event, with what was last seen.
+    :raises PulsarStateError: an error event (its type and message), or an unexpected event.
+    """
+    if not isinstance(event, Mapping) or event.get("status") not in ("success", "free", "timeout", "error"):
+        raise PulsarStateError(f"unexpected event from the leadership trigger: {event!r}")
+    if event["status"] == "timeout":
+        seen = event.get("lease" if mode == "acquire" else "leadership")
+        raise AirflowSensorTimeout(f"Sensor has timed out: {event.get('message')}; last seen: {seen}")
+    if event["status"] == "error":
+        raise PulsarStateError(f"{event.get('error_type', 'error')}: {event.get('message')}")
+    if mode == "acquire" and event["status"] != "free":
+        raise PulsarStateError(f"unexpected event for mode 'acquire': {event!r}")
+    if mode != "acquire" and event["status"] != "success":
+        raise PulsarStateError(f"unexpected event for mode {mode!r}: {event!r}")
+
+
+def _met_observation(event: Mapping[str, Any], mode: str) -> dict[str, Any]:
+    """The observation of a success event, re-decided (an event is evidence, not a verdict).
+
+    :raises PulsarStateError: it is malformed, or does not meet the mode.
+    """
+    try:
+        result = check_result(event.get("leadership"))
+    except (LeadershipConditionError, KeyError, TypeError, ValueError) as exc:
+        raise PulsarStateError(f"malformed leadership in the trigger's event ({exc}): {event!r}") from None
+    if not result["met"]:
+        raise PulsarStateError(f"the trigger fired but its observation does not meet the mode: {event!r}")
+    return result
 
 
 class LeadershipSensor(BaseSensorOperator):
@@ -120,13 +201,7 @@ class LeadershipSensor(BaseSensorOperator):
     template_fields: Sequence[str] = ("topic", "leader_name", "since_epoch", "lease_name", "holder", "lease_topic")
     operator_extra_links = (PulsarStateLeaseLink(),)
     ui_color = "#e8e4f0"
-    start_trigger_args = StartTriggerArgs(
-        trigger_cls=_TRIGGER_PATH,
-        trigger_kwargs={},
-        next_method="execute_complete",
-        next_kwargs=None,
-        timeout=None,
-    )
+    start_trigger_args = default_start_trigger_args(LeadershipTrigger)
     start_from_trigger = False
 
     def __init__(
@@ -147,30 +222,18 @@ class LeadershipSensor(BaseSensorOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(mode=sensor_mode, **kwargs)
-        if mode in ("poke", "reschedule"):
-            raise LeadershipConditionError(
-                f"mode is the leadership mode (leader, no_leader, changed, acquire); Airflow's {mode!r} is sensor_mode={mode!r}"
-            )
-        check_mode(mode, leader_name=leader_name, since_epoch=since_epoch, lease_name=lease_name)
-        if mode != "acquire" and not topic:
-            raise LeadershipConditionError(f"mode {mode!r} needs a topic")
-        if mode == "acquire" and topic is not None:
-            raise LeadershipConditionError(
-                "mode 'acquire' waits for a lease, not a topic: give lease_name (and lease_topic)"
-            )
-        if mode != "acquire" and (holder is not None or lease_topic is not None or ttl != _DEFAULT_TTL):
-            raise LeadershipConditionError(f"holder, ttl and lease_topic apply to mode 'acquire' only, not {mode!r}")
-        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0:
-            raise LeadershipConditionError(f"ttl must be a positive number of seconds, got {ttl!r}")
-        if (
-            mode == "changed"
-            and isinstance(since_epoch, (int, str))
-            and not _is_xcom_arg(since_epoch)
-            and "{{" not in str(since_epoch)
-        ):
-            parse_since_epoch(since_epoch)  # a literal that can never work fails at parse time
-        if start_from_trigger and not deferrable:
-            raise LeadershipConditionError("start_from_trigger needs deferrable=True")
+        _check_options(
+            mode,
+            topic=topic,
+            leader_name=leader_name,
+            since_epoch=since_epoch,
+            lease_name=lease_name,
+            holder=holder,
+            ttl=ttl,
+            lease_topic=lease_topic,
+            deferrable=deferrable,
+            start_from_trigger=start_from_trigger,
+        )
         self.topic = topic
         self.leadership_mode = mode
         self.leader_name = leader_name
@@ -186,24 +249,12 @@ class LeadershipSensor(BaseSensorOperator):
         self._leases: Any = None
         self._logged: Any = None
         if start_from_trigger:
-            # replaced, not mutated: start_trigger_args is shared by every instance of the class
-            self.start_trigger_args = dataclasses.replace(
+            self.start_trigger_args = start_from_trigger_args(
                 self.start_trigger_args,
-                trigger_kwargs={
-                    "topic": topic,
-                    "mode": mode,
-                    "leader_name": leader_name,
-                    # an XComArg becomes its xcom_pull template, rendered in the triggerer
-                    "since_epoch": str(since_epoch) if _is_xcom_arg(since_epoch) else since_epoch,
-                    "lease_name": lease_name,
-                    "lease_topic": lease_topic,
-                    "poll_interval": self.poke_interval or 1.0,
-                    "deadline": None,  # the triggerer's timeout_after (from timeout below)
-                    "pulsarstate_conn_id": pulsarstate_conn_id,
-                    # observing modes end in the trigger; acquire resumes on a worker to acquire
-                    "end_from_trigger": mode != "acquire",
-                },
-                timeout=timedelta(seconds=self.timeout),
+                # deadline None: the triggerer's timeout_after (from timeout); observing modes
+                # end in the trigger, acquire resumes on a worker to acquire
+                self._trigger_kwargs(deadline=None, end_from_trigger=mode != "acquire"),
+                timeout=self.timeout,
             )
 
     # ------------------------------------------------------------------ execution
@@ -235,62 +286,43 @@ class LeadershipSensor(BaseSensorOperator):
 
     def execute_complete(self, context: Context, event: Any = None, deadline: float | None = None) -> Any:
         """Resume after the trigger fired: return the XCom, acquire the lease, or raise its timeout or error."""
-        if not isinstance(event, Mapping) or event.get("status") not in ("success", "free", "timeout", "error"):
-            raise PulsarStateError(f"unexpected event from the leadership trigger: {event!r}")
-        if event["status"] == "timeout":
-            seen = event.get("lease" if self.leadership_mode == "acquire" else "leadership")
-            raise AirflowSensorTimeout(f"Sensor has timed out: {event.get('message')}; last seen: {seen}")
-        if event["status"] == "error":
-            raise PulsarStateError(f"{event.get('error_type', 'error')}: {event.get('message')}")
+        _check_event(event, self.leadership_mode)
         if isinstance(event.get("deadline"), (int, float)) and not isinstance(event.get("deadline"), bool):
             deadline = float(event["deadline"])  # the trigger's: also when started from the trigger
         if deadline is None:
             started = getattr(context.get("ti"), "start_date", None)
             deadline = (started.timestamp() if started is not None else time.time()) + self.timeout
         try:
-            if self.leadership_mode == "acquire":
-                if event["status"] != "free":
-                    raise PulsarStateError(f"unexpected event for mode 'acquire': {event!r}")
-                seen = event.get("lease") if isinstance(event.get("lease"), Mapping) else None
-                # Released or never acquired: one attempt. Expired as the trigger saw it: this
-                # process must observe the silence itself (up to one ttl; no clock is shared).
-                wait = 0.0
-                if seen is not None and seen.get("held"):
-                    wait = min(float(seen.get("ttl") or 0.0) + 1.0, max(0.0, deadline - time.time()))
-                lease = self._try_acquire(context, timeout=wait)
-                if lease is not None:
-                    return lease
-                if time.time() >= deadline:
-                    raise AirflowSensorTimeout(f"Sensor has timed out: lease {self.lease_name!r} was not won")
-                self.log.info("lost the race for lease %r; waiting again", self.lease_name)
-            else:
-                if event["status"] != "success":
-                    raise PulsarStateError(f"unexpected event for mode {self.leadership_mode!r}: {event!r}")
-                try:
-                    result = check_result(event.get("leadership"))  # evidence, not a verdict
-                except (LeadershipConditionError, KeyError, TypeError, ValueError) as exc:
-                    raise PulsarStateError(f"malformed leadership in the trigger's event ({exc}): {event!r}") from None
-                if not result["met"]:
-                    raise PulsarStateError(f"the trigger fired but its observation does not meet the mode: {event!r}")
-                return self._succeed(result)
+            if self.leadership_mode != "acquire":
+                return self._succeed(_met_observation(event, self.leadership_mode))
+            lease = self._acquire_after_free(context, event, deadline)
+            if lease is not None:
+                return lease
+            self.log.info("lost the race for lease %r; waiting again", self.lease_name)
         finally:
             self._close()
         self._defer(deadline)
 
+    def _acquire_after_free(self, context: Context, event: Mapping[str, Any], deadline: float) -> dict[str, Any] | None:
+        """After the trigger saw the lease free: the lease won, or None when another took it first.
+
+        :raises AirflowSensorTimeout: not won and the deadline passed.
+        """
+        seen = event.get("lease") if isinstance(event.get("lease"), Mapping) else None
+        # Released or never acquired: one attempt. Expired as the trigger saw it: this
+        # process must observe the silence itself (up to one ttl; no clock is shared).
+        wait = 0.0
+        if seen is not None and seen.get("held"):
+            wait = min(float(seen.get("ttl") or 0.0) + 1.0, max(0.0, deadline - time.time()))
+        lease = self._try_acquire(context, timeout=wait)
+        if lease is None and time.time() >= deadline:
+            raise AirflowSensorTimeout(f"Sensor has timed out: lease {self.lease_name!r} was not won")
+        return lease
+
     # ------------------------------------------------------------------ internals
     def _defer(self, deadline: float) -> None:
         remaining = max(0.0, deadline - time.time())
-        trigger = LeadershipTrigger(
-            topic=self.topic if self.leadership_mode != "acquire" else None,
-            mode=self.leadership_mode,
-            leader_name=self.leader_name,
-            since_epoch=self.since_epoch,
-            lease_name=self.lease_name,
-            lease_topic=self.lease_topic,
-            poll_interval=self.poke_interval or 1.0,
-            deadline=deadline,
-            pulsarstate_conn_id=self.pulsarstate_conn_id,
-        )
+        trigger = LeadershipTrigger(**self._trigger_kwargs(deadline=deadline, end_from_trigger=False))
         self.log.info("deferring for up to %.0fs until %s", remaining, self._what())
         self.defer(
             trigger=trigger,
@@ -298,6 +330,21 @@ class LeadershipSensor(BaseSensorOperator):
             kwargs={"deadline": deadline},
             timeout=timedelta(seconds=remaining),
         )
+
+    def _trigger_kwargs(self, *, deadline: float | None, end_from_trigger: bool) -> dict[str, Any]:
+        """The :class:`LeadershipTrigger` kwargs that watch what this sensor waits for."""
+        return {
+            "topic": self.topic if self.leadership_mode != "acquire" else None,
+            "mode": self.leadership_mode,
+            "leader_name": self.leader_name,
+            "since_epoch": for_triggerer(self.since_epoch),
+            "lease_name": self.lease_name,
+            "lease_topic": self.lease_topic,
+            "poll_interval": self.poke_interval or 1.0,
+            "deadline": deadline,
+            "pulsarstate_conn_id": self.pulsarstate_conn_id,
+            "end_from_trigger": end_from_trigger,
+        }
 
     def _what(self) -> str:
         if self.leadership_mode == "acquire":
@@ -336,11 +383,7 @@ class LeadershipSensor(BaseSensorOperator):
         return result
 
     def _holder(self, context: Context) -> str:
-        if self.holder:
-            return str(self.holder)
-        ti = context["ti"]
-        map_index = getattr(ti, "map_index", -1)
-        return f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{-1 if map_index is None else map_index}"
+        return str(self.holder) if self.holder else task_instance_id(context)
 
     def _try_acquire(self, context: Context, *, timeout: float) -> dict[str, Any] | None:
         """One acquisition (waiting up to ``timeout``): the lease handle as JSON, or None when it is

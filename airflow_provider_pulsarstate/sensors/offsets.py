@@ -58,7 +58,6 @@ plus ``committed`` (with a subscription), ``watermark`` and ``watermark_advanced
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
@@ -67,12 +66,18 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowSensorTimeout
-from airflow.triggers.base import StartTriggerArgs
 
 from airflow_provider_pulsarstate.engine.errors import PulsarStateError
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.lineage.operators import TaskLineageMixin, record_ranges
 from airflow_provider_pulsarstate.plugins.links import PulsarStateSubscriptionLink
+from airflow_provider_pulsarstate.sensors.trigger_start import (
+    default_start_trigger_args,
+    for_triggerer,
+    is_xcom_arg,
+    start_from_trigger_args,
+    task_instance_id,
+)
 from airflow_provider_pulsarstate.triggers.offset_conditions import (
     Progress,
     ProgressError,
@@ -93,17 +98,9 @@ if TYPE_CHECKING:
 DEFAULT_WATERMARK_MAP = "pulsarstate-offset-watermarks"
 """The PulsarMap (short name) that holds ``new_messages`` watermarks unless ``watermark_map`` says otherwise."""
 
-_TRIGGER_PATH = f"{OffsetProgressTrigger.__module__}.{OffsetProgressTrigger.__qualname__}"
-
 
 def _is_template(value: Any) -> bool:
     return isinstance(value, str) and any(mark in value for mark in ("{{", "{%", "{#"))
-
-
-def _is_xcom_arg(value: Any) -> bool:
-    from airflow.sdk.definitions.xcom_arg import XComArg
-
-    return isinstance(value, XComArg)
 
 
 class OffsetProgressSensor(TaskLineageMixin, BaseSensorOperator):
@@ -144,13 +141,7 @@ class OffsetProgressSensor(TaskLineageMixin, BaseSensorOperator):
     template_fields: Sequence[str] = ("topic", "target", "subscription", "watermark_map", "watermark_key")
     operator_extra_links = (PulsarStateSubscriptionLink(),)
     ui_color = "#e4f0e8"
-    start_trigger_args = StartTriggerArgs(
-        trigger_cls=_TRIGGER_PATH,
-        trigger_kwargs={},
-        next_method="execute_complete",
-        next_kwargs=None,
-        timeout=None,
-    )
+    start_trigger_args = default_start_trigger_args(OffsetProgressTrigger)
     start_from_trigger = False
 
     def __init__(
@@ -173,7 +164,7 @@ class OffsetProgressSensor(TaskLineageMixin, BaseSensorOperator):
         check_condition(condition, subscription=subscription, per_partition=per_partition)
         if target is None:
             raise ProgressError("target is required (an int, a dict of partition -> int, or a template/XComArg)")
-        if not (_is_template(target) or _is_xcom_arg(target)):
+        if not (_is_template(target) or is_xcom_arg(target)):
             parse_target(target)  # fail at parse time on a literal that can never work
         if start_from_trigger and not deferrable:
             raise ProgressError("start_from_trigger needs deferrable=True")
@@ -197,23 +188,21 @@ class OffsetProgressSensor(TaskLineageMixin, BaseSensorOperator):
         self._baseline: dict[int, int] | None = None
         self._logged_total: int | None = None
         if start_from_trigger:
-            # replaced, not mutated: start_trigger_args is shared by every instance of the class
-            self.start_trigger_args = dataclasses.replace(
+            self.start_trigger_args = start_from_trigger_args(
                 self.start_trigger_args,
-                trigger_kwargs={
+                {
                     "topic": topic,
                     "condition": condition,
-                    # an XComArg becomes its xcom_pull template, rendered in the triggerer
-                    "target": str(target) if _is_xcom_arg(target) else target,
+                    "target": for_triggerer(target),
                     "subscription": subscription,
                     "per_partition": per_partition,
                     "watermark": None,
                     "poll_interval": self.poke_interval or 1.0,
-                    "deadline": None,  # the triggerer's timeout_after (from timeout below)
+                    "deadline": None,  # the triggerer's timeout_after (from timeout)
                     "pulsarstate_conn_id": pulsarstate_conn_id,
                     "end_from_trigger": True,
                 },
-                timeout=timedelta(seconds=self.timeout),
+                timeout=self.timeout,
             )
 
     # ------------------------------------------------------------------ execution
@@ -318,7 +307,7 @@ class OffsetProgressSensor(TaskLineageMixin, BaseSensorOperator):
                 self._watermark_key(context),
                 topic=progress.topic,
                 offsets=progress.end_offsets,
-                advanced_by=_identity(context),
+                advanced_by=task_instance_id(context),
             )
             result["watermark_advanced_to"] = offsets_json(advanced)
         if lineage := self.start_lineage(self._get_hook().get_config()):
@@ -340,15 +329,9 @@ class OffsetProgressSensor(TaskLineageMixin, BaseSensorOperator):
     def _read_baseline(self, context: Context, topic: str) -> dict[int, int]:
         key = self._watermark_key(context)
         value = self._watermark_map().get(key, latest=True)
-        baseline = read_watermark(value, key=key, topic=topic, identity=_identity(context))
+        baseline = read_watermark(value, key=key, topic=topic, identity=task_instance_id(context))
         self.log.info("watermark %r of %s: %s", key, topic, offsets_json(baseline) or "none yet (counting from 0)")
         return baseline
-
-
-def _identity(context: Context) -> str:
-    ti = context["ti"]
-    map_index = getattr(ti, "map_index", -1)
-    return f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{-1 if map_index is None else map_index}"
 
 
 def _progress_from_xcom(seen: Any) -> Progress:

@@ -70,37 +70,19 @@ def run_state_cleanup(
     maps = list(store.list_maps())
     foreign = [m for m in maps if m.owner is None]
     owned = [m for m in maps if m.owner is not None]
-    statuses: dict[tuple[str, str], RunStatus] = {}
-    by_dag: dict[str, list[str]] = {}
-    for m in owned:
-        if isinstance(m.owner, TaskStateScope):
-            by_dag.setdefault(m.owner.dag_id, []).append(m.owner.run_id)
-    for dag_id, run_ids in sorted(by_dag.items()):
-        for run_id, status in run_statuses(dag_id, run_ids).items():
-            statuses[(dag_id, run_id)] = status
+    statuses = _statuses_of_runs(owned, run_statuses)
     live = missing = dropped = changed = deleted = 0
     for m in owned:
-        verdict = "asset"
-        if isinstance(m.owner, TaskStateScope):
-            run = statuses.get((m.owner.dag_id, m.owner.run_id))
-            verdict = "missing" if run is None else ("finished" if str(run.state) in TERMINAL_STATES else "live")
+        verdict = _verdict(m.owner, statuses)
         if verdict == "live":
             live += 1
             continue
         missing += verdict == "missing"
         whole = verdict == "missing" or not m.entries or store.expired_at(m.entries, now)
-        if dry_run:
-            dropped += whole
-            deleted += len(m.entries) if whole else _expired_count(store, m.entries, now)
-        elif whole:
-            shared_objects.discard_topic(m.topic)  # no map of this process re-creates it
-            if store.drop_map(m.topic, expected=m.entries, timeout=timeout):
-                dropped += 1
-                deleted += len(m.entries)
-            else:
-                changed += 1
-        else:
-            deleted += store.remove_expired_in(m.topic, now=now)
+        done = _clean_map(store, m, whole=whole, now=now, timeout=timeout, dry_run=dry_run)
+        dropped += done.dropped
+        changed += done.changed
+        deleted += done.deleted
     report = StateCleanupReport(
         maps_scanned=len(maps),
         runs_live=live,
@@ -112,23 +94,72 @@ def run_state_cleanup(
         dry_run=dry_run,
     )
     if log is not None:
-        log.info(
-            "state-store clean-up of %s (namespace %r)%s: scanned %d maps; kept %d runs not finished, %d maps changed "
-            "during the clean-up, %d maps of another namespace; %s %d maps whole (%d runs missing from the metadata DB) "
-            "and %d entries in all",
-            store.base_topic,
-            store.namespace,
-            " [dry run]" if dry_run else "",
-            report.maps_scanned,
-            live,
-            changed,
-            len(foreign),
-            "would delete" if dry_run else "deleted",
-            dropped,
-            missing,
-            deleted,
-        )
+        _log_report(log, store, report)
     return report
+
+
+def _statuses_of_runs(owned: list[Any], run_statuses: RunStatuses) -> dict[tuple[str, str], RunStatus]:
+    """The metadata DB's status of every run owning one of ``owned``, one query per DAG;
+    runs the DB no longer holds are absent."""
+    by_dag: dict[str, list[str]] = {}
+    for m in owned:
+        if isinstance(m.owner, TaskStateScope):
+            by_dag.setdefault(m.owner.dag_id, []).append(m.owner.run_id)
+    statuses: dict[tuple[str, str], RunStatus] = {}
+    for dag_id, run_ids in sorted(by_dag.items()):
+        for run_id, status in run_statuses(dag_id, run_ids).items():
+            statuses[(dag_id, run_id)] = status
+    return statuses
+
+
+def _verdict(owner: Any, statuses: dict[tuple[str, str], RunStatus]) -> str:
+    """``live`` (its run not finished: keep), ``missing`` (run gone from the DB), ``finished`` or ``asset``."""
+    if not isinstance(owner, TaskStateScope):
+        return "asset"
+    run = statuses.get((owner.dag_id, owner.run_id))
+    return "missing" if run is None else ("finished" if str(run.state) in TERMINAL_STATES else "live")
+
+
+@dataclass(frozen=True)
+class _MapCleaned:
+    """What cleaning one map did (or, dry, would do)."""
+
+    dropped: int = 0
+    changed: int = 0
+    deleted: int = 0
+
+
+def _clean_map(store: StateStore, m: Any, *, whole: bool, now: float, timeout: float, dry_run: bool) -> _MapCleaned:
+    """Drop map ``m`` whole (compare-and-delete: ``changed`` when it moved) or delete its expired entries."""
+    if dry_run:
+        return _MapCleaned(
+            dropped=int(whole), deleted=len(m.entries) if whole else _expired_count(store, m.entries, now)
+        )
+    if not whole:
+        return _MapCleaned(deleted=store.remove_expired_in(m.topic, now=now))
+    shared_objects.discard_topic(m.topic)  # no map of this process re-creates it
+    if store.drop_map(m.topic, expected=m.entries, timeout=timeout):
+        return _MapCleaned(dropped=1, deleted=len(m.entries))
+    return _MapCleaned(changed=1)
+
+
+def _log_report(log: Any, store: StateStore, report: StateCleanupReport) -> None:
+    log.info(
+        "state-store clean-up of %s (namespace %r)%s: scanned %d maps; kept %d runs not finished, %d maps changed "
+        "during the clean-up, %d maps of another namespace; %s %d maps whole (%d runs missing from the metadata DB) "
+        "and %d entries in all",
+        store.base_topic,
+        store.namespace,
+        " [dry run]" if report.dry_run else "",
+        report.maps_scanned,
+        report.runs_live,
+        report.maps_changed,
+        report.maps_foreign,
+        "would delete" if report.dry_run else "deleted",
+        report.maps_dropped,
+        report.runs_missing,
+        report.entries_deleted,
+    )
 
 
 def _expired_count(store: StateStore, entries: dict[str, Any], now: float) -> int:

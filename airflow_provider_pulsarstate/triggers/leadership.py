@@ -23,7 +23,7 @@ from airflow_provider_pulsarstate.triggers.leadership_conditions import (
     parse_since_epoch,
     table,
 )
-from airflow_provider_pulsarstate.triggers.polling import Observation, PollingTrigger, check_timing
+from airflow_provider_pulsarstate.triggers.polling import Observation, PollingTrigger
 
 
 class LeadershipTrigger(PollingTrigger):
@@ -80,21 +80,22 @@ class LeadershipTrigger(PollingTrigger):
             raise LeadershipConditionError(f"mode {mode!r} needs a topic")
         if mode == "acquire" and end_from_trigger:
             raise LeadershipConditionError("mode 'acquire' acquires on a worker: it cannot end from the trigger")
-        check_timing(poll_interval, deadline, LeadershipConditionError)
+        self._set_polling(
+            poll_interval=poll_interval,
+            deadline=deadline,
+            pulsarstate_conn_id=pulsarstate_conn_id,
+            end_from_trigger=end_from_trigger,
+            error=LeadershipConditionError,
+        )
         self.topic = topic
         self.mode = mode
         self.leader_name = leader_name
         self.since_epoch = since_epoch
         self.lease_name = lease_name
         self.lease_topic = lease_topic
-        self.poll_interval = float(poll_interval)
-        self.deadline = float(deadline) if deadline is not None else None
-        self.pulsarstate_conn_id = pulsarstate_conn_id
-        self.end_from_trigger = bool(end_from_trigger)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (
-            f"{type(self).__module__}.{type(self).__qualname__}",
+        return self._serialized(
             {
                 "topic": self.topic,
                 "mode": self.mode,
@@ -102,11 +103,7 @@ class LeadershipTrigger(PollingTrigger):
                 "since_epoch": self.since_epoch,
                 "lease_name": self.lease_name,
                 "lease_topic": self.lease_topic,
-                "poll_interval": self.poll_interval,
-                "deadline": self.deadline,
-                "pulsarstate_conn_id": self.pulsarstate_conn_id,
-                "end_from_trigger": self.end_from_trigger,
-            },
+            }
         )
 
     probe_name = "leadership probe"

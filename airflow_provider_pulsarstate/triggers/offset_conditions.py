@@ -198,43 +198,16 @@ def evaluate(
         raise ProgressError(f"topic {topic} reported no partitions")
     partitions = sorted(end_offsets)
     if isinstance(target, dict):
-        unknown = sorted(set(target) - set(partitions))
-        if unknown:
-            raise ProgressError(
-                f"target names partition(s) {unknown} but topic {topic} has partitions {partitions[0]}..{partitions[-1]}"
-            )
+        _check_target_partitions(topic, target, partitions)
         per_partition = True
     if condition in NEEDS_SUBSCRIPTION and committed is None:
         raise ProgressError(f"condition {condition!r} needs the committed offsets")
-
-    values: dict[int, int] = {}
-    for p in partitions:
-        end = end_offsets[p]
-        if condition == "end_offset":
-            values[p] = end
-        elif condition == "committed":
-            values[p] = (committed or {}).get(p) or 0
-        elif condition == "lag":
-            values[p] = max(0, end - ((committed or {}).get(p) or 0))
-        else:
-            mark = (watermark or {}).get(p, 0)
-            if mark > end:
-                raise ProgressError(
-                    f"the watermark of {topic} partition {p} is {mark}, past its end offset {end}: the topic was "
-                    "recreated or truncated, or the watermark tracks another topic; reset the watermark"
-                )
-            values[p] = end - mark
-
-    def holds(value: int, bound: int) -> bool:
-        return value <= bound if condition == "lag" else value >= bound
-
+    values = {
+        p: _partition_value(condition, topic, p, end_offsets[p], committed=committed, watermark=watermark)
+        for p in partitions
+    }
     total = sum(values.values())
-    if isinstance(target, dict):
-        met = all(holds(values[p], t) for p, t in target.items())
-    elif per_partition:
-        met = all(holds(values[p], target) for p in partitions)
-    else:
-        met = holds(total, target)
+    met = _met(condition, target, values, total, per_partition=per_partition)
     return Progress(
         topic=topic,
         condition=condition,
@@ -247,3 +220,54 @@ def evaluate(
         values=values,
         total=total,
     )
+
+
+def _check_target_partitions(topic: str, target: dict[int, int], partitions: list[int]) -> None:
+    """A dict target names only partitions the topic has."""
+    unknown = sorted(set(target) - set(partitions))
+    if unknown:
+        raise ProgressError(
+            f"target names partition(s) {unknown} but topic {topic} has partitions {partitions[0]}..{partitions[-1]}"
+        )
+
+
+def _partition_value(
+    condition: str,
+    topic: str,
+    partition: int,
+    end: int,
+    *,
+    committed: Mapping[int, int | None] | None,
+    watermark: Mapping[int, int] | None,
+) -> int:
+    """The quantity ``condition`` compares for one partition: end, committed, lag or new messages.
+
+    :raises ProgressError: the watermark lies past the partition's end offset.
+    """
+    if condition == "end_offset":
+        return end
+    if condition == "committed":
+        return (committed or {}).get(partition) or 0
+    if condition == "lag":
+        return max(0, end - ((committed or {}).get(partition) or 0))
+    mark = (watermark or {}).get(partition, 0)
+    if mark > end:
+        raise ProgressError(
+            f"the watermark of {topic} partition {partition} is {mark}, past its end offset {end}: the topic was "
+            "recreated or truncated, or the watermark tracks another topic; reset the watermark"
+        )
+    return end - mark
+
+
+def _met(condition: str, target: Target, values: dict[int, int], total: int, *, per_partition: bool) -> bool:
+    """Whether the values meet the target: each named partition (dict target), every partition
+    (``per_partition``), or their total; ``lag`` must fall to the bound, the others reach it."""
+
+    def holds(value: int, bound: int) -> bool:
+        return value <= bound if condition == "lag" else value >= bound
+
+    if isinstance(target, dict):
+        return all(holds(values[p], t) for p, t in target.items())
+    if per_partition:
+        return all(holds(value, target) for value in values.values())
+    return holds(total, target)

@@ -21,7 +21,7 @@ from airflow_provider_pulsarstate.triggers.offset_conditions import (
     parse_target,
     target_json,
 )
-from airflow_provider_pulsarstate.triggers.polling import Observation, PollingTrigger, check_timing
+from airflow_provider_pulsarstate.triggers.polling import Observation, PollingTrigger
 
 
 class OffsetProgressTrigger(PollingTrigger):
@@ -75,7 +75,13 @@ class OffsetProgressTrigger(PollingTrigger):
         super().__init__()
         if condition not in CONDITIONS:
             raise ProgressError(f"condition must be one of {', '.join(CONDITIONS)}, got {condition!r}")
-        check_timing(poll_interval, deadline, ProgressError)
+        self._set_polling(
+            poll_interval=poll_interval,
+            deadline=deadline,
+            pulsarstate_conn_id=pulsarstate_conn_id,
+            end_from_trigger=end_from_trigger,
+            error=ProgressError,
+        )
         self.topic = topic
         self.condition = condition
         # canonical JSON forms, so that serialize() round-trips exactly
@@ -83,14 +89,9 @@ class OffsetProgressTrigger(PollingTrigger):
         self.subscription = subscription
         self.per_partition = bool(per_partition)
         self.watermark = offsets_json(parse_offsets(watermark, "watermark")) if watermark is not None else None
-        self.poll_interval = float(poll_interval)
-        self.deadline = float(deadline) if deadline is not None else None
-        self.pulsarstate_conn_id = pulsarstate_conn_id
-        self.end_from_trigger = bool(end_from_trigger)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (
-            f"{type(self).__module__}.{type(self).__qualname__}",
+        return self._serialized(
             {
                 "topic": self.topic,
                 "condition": self.condition,
@@ -98,11 +99,7 @@ class OffsetProgressTrigger(PollingTrigger):
                 "subscription": self.subscription,
                 "per_partition": self.per_partition,
                 "watermark": self.watermark,
-                "poll_interval": self.poll_interval,
-                "deadline": self.deadline,
-                "pulsarstate_conn_id": self.pulsarstate_conn_id,
-                "end_from_trigger": self.end_from_trigger,
-            },
+            }
         )
 
     result_key = "progress"

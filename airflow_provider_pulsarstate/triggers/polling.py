@@ -77,11 +77,23 @@ def check_timing(poll_interval: Any, deadline: Any, error: type[Exception]) -> N
         raise error(f"deadline must be seconds since the epoch or None, got {deadline!r}")
 
 
+def retry_backoff(poll_interval: float) -> Backoff:
+    """The back-off between retries of a failed poll: from ``min(1 s, poll_interval)`` up to
+    ``max(poll_interval, 30 s)``."""
+    return Backoff(initial=min(1.0, poll_interval), maximum=max(poll_interval, 30.0))
+
+
+async def _sleep_within(delay: float, remaining: float | None) -> None:
+    """Sleep ``delay`` seconds, never past the deadline ``remaining`` seconds away (None: none)."""
+    await asyncio.sleep(delay if remaining is None else min(delay, max(0.0, remaining)))
+
+
 class PollingTrigger(BaseTrigger):
     """Base of the project's triggers (see the module docstring for the loop's guarantees).
 
     Subclasses set ``poll_interval``, ``deadline``, ``pulsarstate_conn_id`` and ``end_from_trigger``
-    in ``__init__`` and implement :meth:`_open` and :meth:`_observe`.
+    in ``__init__`` (:meth:`_set_polling`), serialize them with their own options
+    (:meth:`_serialized`) and implement :meth:`_open` and :meth:`_observe`.
     """
 
     result_key: ClassVar[str] = "result"
@@ -93,6 +105,35 @@ class PollingTrigger(BaseTrigger):
     deadline: float | None
     pulsarstate_conn_id: str
     end_from_trigger: bool
+
+    def _set_polling(
+        self,
+        *,
+        poll_interval: float,
+        deadline: float | None,
+        pulsarstate_conn_id: str,
+        end_from_trigger: bool,
+        error: type[Exception],
+    ) -> None:
+        """Check (:func:`check_timing`, raising ``error``) and set the options every poll loop takes."""
+        check_timing(poll_interval, deadline, error)
+        self.poll_interval = float(poll_interval)
+        self.deadline = float(deadline) if deadline is not None else None
+        self.pulsarstate_conn_id = pulsarstate_conn_id
+        self.end_from_trigger = bool(end_from_trigger)
+
+    def _serialized(self, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """``serialize()``'s answer: the class path, and ``options`` followed by the poll loop's own."""
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                **options,
+                "poll_interval": self.poll_interval,
+                "deadline": self.deadline,
+                "pulsarstate_conn_id": self.pulsarstate_conn_id,
+                "end_from_trigger": self.end_from_trigger,
+            },
+        )
 
     def _freshness(self) -> float:
         """Seconds an observation may be answered from one another trigger of the loop asked for
@@ -123,6 +164,16 @@ class PollingTrigger(BaseTrigger):
             return TaskSuccessEvent(xcoms={"return_value": observation.value})
         return TriggerEvent({"status": "success", self.result_key: observation.value})
 
+    def _timeout_event(self, goal: str, where: str, last: Observation | None) -> TriggerEvent:
+        """The deadline passed before ``goal`` held: a ``timeout`` event with the last observation."""
+        return TriggerEvent(
+            {
+                "status": "timeout",
+                "message": f"{goal} on {where} not met before the sensor's timeout",
+                self.result_key: last.value if last is not None else None,
+            }
+        )
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
         probe: Any = None
         try:
@@ -137,19 +188,13 @@ class PollingTrigger(BaseTrigger):
                 return
 
             deadline = self._deadline()
-            backoff = Backoff(initial=min(1.0, self.poll_interval), maximum=max(self.poll_interval, 30.0))
+            backoff = retry_backoff(self.poll_interval)
             last: Observation | None = None
             logged: Any = None
             while True:
                 remaining = None if deadline is None else deadline - time.time()
                 if remaining is not None and remaining <= 0:
-                    yield TriggerEvent(
-                        {
-                            "status": "timeout",
-                            "message": f"{goal} on {where} not met before the sensor's timeout",
-                            self.result_key: last.value if last is not None else None,
-                        }
-                    )
+                    yield self._timeout_event(goal, where, last)
                     return
                 bound = call_timeout if remaining is None else max(0.001, min(call_timeout, remaining))
                 try:
@@ -159,12 +204,12 @@ class PollingTrigger(BaseTrigger):
                     self.log.warning(
                         "polling %s failed (%s: %s); retrying in %.1fs", where, type(exc).__name__, exc, delay
                     )
-                    await asyncio.sleep(delay if remaining is None else min(delay, max(0.0, remaining)))
+                    await _sleep_within(delay, remaining)
                     continue
                 except Exception as exc:
                     yield error_event(exc, where)
                     return
-                backoff = Backoff(initial=min(1.0, self.poll_interval), maximum=max(self.poll_interval, 30.0))
+                backoff = retry_backoff(self.poll_interval)
                 if last.met or last.shown != logged:
                     logged = last.shown
                     self.log.info("%s", last.text)
@@ -172,7 +217,7 @@ class PollingTrigger(BaseTrigger):
                     yield self._met_event(last, deadline)
                     return
                 delay = self.poll_interval * random.uniform(0.75, 1.0)
-                await asyncio.sleep(delay if remaining is None else min(delay, max(0.0, remaining)))
+                await _sleep_within(delay, remaining)
         finally:
             if probe is not None:
                 try:

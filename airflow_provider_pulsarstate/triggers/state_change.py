@@ -78,7 +78,7 @@ from airflow_provider_pulsarstate.engine.errors import ConfigurationError, Pulsa
 from airflow_provider_pulsarstate.engine.retry import Backoff
 from airflow_provider_pulsarstate.hooks.airflow_internals import asset_state_accessors
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
-from airflow_provider_pulsarstate.triggers.polling import TRANSIENT, check_timing
+from airflow_provider_pulsarstate.triggers.polling import TRANSIENT, check_timing, retry_backoff
 from airflow_provider_pulsarstate.triggers.shared_config import shared_config
 from airflow_provider_pulsarstate.triggers.shared_log import SharedLog
 from airflow_provider_pulsarstate.triggers.start_gate import start_turn
@@ -115,6 +115,37 @@ _shared_log = SharedLog(_log)
 
 class StateChangeError(PulsarStateError):
     """The stream stopped before a batch's events were all stored: it is delivered again."""
+
+
+def _check_what(table: Any, on: Any, key_prefix: Any) -> None:
+    """Refuse, at parse time, a table, ``on`` or ``key_prefix`` that cannot be watched (named)."""
+    if not isinstance(table, str) or not table.strip():
+        raise ConfigurationError(f"StateChangeTrigger: table must be a topic name, got {table!r}")
+    if isinstance(on, str) or not isinstance(on, Sequence) or not on or any(o not in ON_CHOICES for o in on):
+        raise ConfigurationError(
+            f"StateChangeTrigger: on must be a non-empty list of {', '.join(map(repr, ON_CHOICES))}, got {on!r}"
+        )
+    if key_prefix is not None and not isinstance(key_prefix, str):
+        raise ConfigurationError(f"StateChangeTrigger: key_prefix must be a str or None, got {key_prefix!r}")
+    if "keys" in on and key_prefix is None:
+        raise ConfigurationError('StateChangeTrigger: on "keys" needs a key_prefix ("" for any key)')
+
+
+def _check_how(poll_interval: Any, max_commits_per_batch: Any, coalesce: Any, pulsarstate_conn_id: Any) -> None:
+    """Refuse, at parse time, a poll interval, batch size, ``coalesce`` or connection id of the wrong kind (named)."""
+    check_timing(poll_interval, None, ConfigurationError)
+    if (
+        isinstance(max_commits_per_batch, bool)
+        or not isinstance(max_commits_per_batch, int)
+        or not (1 <= max_commits_per_batch <= 100_000)
+    ):
+        raise ConfigurationError(
+            f"StateChangeTrigger: max_commits_per_batch must be an int from 1 to 100000, got {max_commits_per_batch!r}"
+        )
+    if not isinstance(coalesce, bool):
+        raise ConfigurationError(f"StateChangeTrigger: coalesce must be true or false, got {coalesce!r}")
+    if not isinstance(pulsarstate_conn_id, str) or not pulsarstate_conn_id:
+        raise ConfigurationError(f"StateChangeTrigger: pulsarstate_conn_id must be a str, got {pulsarstate_conn_id!r}")
 
 
 class StateChangeTrigger(BaseEventTrigger):
@@ -165,31 +196,8 @@ class StateChangeTrigger(BaseEventTrigger):
         pulsarstate_conn_id: str = PulsarStateHook.default_conn_name,
     ) -> None:
         super().__init__()
-        if not isinstance(table, str) or not table.strip():
-            raise ConfigurationError(f"StateChangeTrigger: table must be a topic name, got {table!r}")
-        if isinstance(on, str) or not isinstance(on, Sequence) or not on or any(o not in ON_CHOICES for o in on):
-            raise ConfigurationError(
-                f"StateChangeTrigger: on must be a non-empty list of {', '.join(map(repr, ON_CHOICES))}, got {on!r}"
-            )
-        if key_prefix is not None and not isinstance(key_prefix, str):
-            raise ConfigurationError(f"StateChangeTrigger: key_prefix must be a str or None, got {key_prefix!r}")
-        if "keys" in on and key_prefix is None:
-            raise ConfigurationError('StateChangeTrigger: on "keys" needs a key_prefix ("" for any key)')
-        check_timing(poll_interval, None, ConfigurationError)
-        if (
-            isinstance(max_commits_per_batch, bool)
-            or not isinstance(max_commits_per_batch, int)
-            or not (1 <= max_commits_per_batch <= 100_000)
-        ):
-            raise ConfigurationError(
-                f"StateChangeTrigger: max_commits_per_batch must be an int from 1 to 100000, got {max_commits_per_batch!r}"
-            )
-        if not isinstance(coalesce, bool):
-            raise ConfigurationError(f"StateChangeTrigger: coalesce must be true or false, got {coalesce!r}")
-        if not isinstance(pulsarstate_conn_id, str) or not pulsarstate_conn_id:
-            raise ConfigurationError(
-                f"StateChangeTrigger: pulsarstate_conn_id must be a str, got {pulsarstate_conn_id!r}"
-            )
+        _check_what(table, on, key_prefix)
+        _check_how(poll_interval, max_commits_per_batch, coalesce, pulsarstate_conn_id)
         self.table = table.strip()
         self.on = sorted(set(on))
         self.key_prefix = key_prefix
@@ -375,42 +383,17 @@ class StateChangeProducer(SharedStreamProducer):
         while True:
             try:
                 if self._feed is None:
-                    self._feed = PulsarStateHook(kw["pulsarstate_conn_id"]).get_async_table_feed(
-                        topic,
-                        after=start,
-                        key_prefix=kw["key_prefix"],
-                        config=config,
-                        freshness=min(poll_interval / 2, MAX_FRESHNESS),
-                    )
+                    self._feed = self._open_feed(config, topic, after=start)
                 if sent is None:
                     sent = await self._feed.start()
-                    await start_turn()  # the triggers the feed's first read woke take turns
-                    if start is None:  # first run: the tail is the watermark, stored before any event
-                        await self._watermark.write(sent, topic)
-                    watching = ("watching table %s after commit offset %d (stored watermark: %s)", topic, sent, start)
-                    if not _shared_log.info(("watching", topic), *watching):
-                        _log.debug(*watching)
+                    await self._feed_started(topic, sent, start)
                     handed = sent
                 commits, upto, more = await self._feed.poll(limit=batch_size)
             except (*TRANSIENT, TableNotFoundError) as exc:
-                backoff = backoff or Backoff(initial=min(1.0, poll_interval), maximum=max(poll_interval, 30.0))
+                backoff = backoff or retry_backoff(poll_interval)
                 delay = backoff.next_delay()
-                _shared_log.warning(
-                    ("read failed", topic, type(exc).__name__),
-                    "reading table %s failed (%s: %s); retrying in %.1fs",
-                    topic,
-                    type(exc).__name__,
-                    exc,
-                    delay,
-                )
-                if isinstance(exc, TableNotFoundError) and start is None:
-                    # nothing committed yet: the table's first commits are changes too
-                    start = -1
-                    await self._watermark.write(start, topic)
-                # each read is bounded by the connection's operation time-out on the feed's thread;
-                # after a failure the feed opens again after what was handed out
-                await self._drop_feed()
-                if sent is not None:
+                start = await self._after_read_failure(exc, topic, start, delay)
+                if sent is not None:  # the feed opens again after what was handed out
                     start, sent = sent, None
                 await asyncio.sleep(delay)
                 continue
@@ -426,6 +409,47 @@ class StateChangeProducer(SharedStreamProducer):
                 await asyncio.sleep(0)
                 continue
             await asyncio.sleep(poll_interval * random.uniform(0.75, 1.0))
+
+    def _open_feed(self, config: Any, topic: str, *, after: int | None) -> Any:
+        """The table's async feed after commit offset ``after`` (None: from its tail), sharing
+        reads started at most ``min(poll_interval / 2, MAX_FRESHNESS)`` before a poll."""
+        kw = self.kwargs
+        return PulsarStateHook(kw["pulsarstate_conn_id"]).get_async_table_feed(
+            topic,
+            after=after,
+            key_prefix=kw["key_prefix"],
+            config=config,
+            freshness=min(float(kw["poll_interval"]) / 2, MAX_FRESHNESS),
+        )
+
+    async def _feed_started(self, topic: str, sent: int, start: int | None) -> None:
+        """The feed started after commit offset ``sent``. On a first run (``start`` None: no stored
+        watermark) that offset is stored as the watermark before any event."""
+        await start_turn()  # the triggers the feed's first read woke take turns
+        if start is None:  # first run: the tail is the watermark, stored before any event
+            await self._watermark.write(sent, topic)
+        watching = ("watching table %s after commit offset %d (stored watermark: %s)", topic, sent, start)
+        if not _shared_log.info(("watching", topic), *watching):
+            _log.debug(*watching)
+
+    async def _after_read_failure(self, exc: Exception, topic: str, start: int | None, delay: float) -> int | None:
+        """Log a failed read (once across the table's streams), drop the feed; the offset to start from
+        again (a table not found before any watermark: -1, stored, as its first commits are changes)."""
+        _shared_log.warning(
+            ("read failed", topic, type(exc).__name__),
+            "reading table %s failed (%s: %s); retrying in %.1fs",
+            topic,
+            type(exc).__name__,
+            exc,
+            delay,
+        )
+        if isinstance(exc, TableNotFoundError) and start is None:
+            # nothing committed yet: the table's first commits are changes too
+            start = -1
+            await self._watermark.write(start, topic)
+        # each read is bounded by the connection's operation time-out on the feed's thread
+        await self._drop_feed()
+        return start
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """Write the watermark of the batch's last item whose events were all stored, in order;

@@ -72,278 +72,63 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import datetime
 import json
-import logging
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from airflow.sdk.bases.xcom import BaseXCom
 
-from airflow_provider_pulsarstate.engine.errors import (
-    XComEntryNotFoundError,
-    XComError,
-    XComReferenceError,
-    XComStoreUnavailableError,
-    XComValueTooLargeError,
+from airflow_provider_pulsarstate.engine.errors import XComReferenceError
+from airflow_provider_pulsarstate.xcom.pull import delete_entry, read_serialized
+from airflow_provider_pulsarstate.xcom.push import append_message, keep_in_db, preview, put_in_map, type_name, where
+from airflow_provider_pulsarstate.xcom.references import (
+    DB_VALUE_MARKER,
+    LEGACY_REFERENCE_VERSION,
+    MAP_REFERENCE_VERSION,
+    REFERENCE_MARKER,
+    REFERENCE_VERSION,
+    AskedRow,
+    checked_target,
+    is_reference,
+    kept_in_db,
 )
-from airflow_provider_pulsarstate.hooks.airflow_internals import caller_frames
-from airflow_provider_pulsarstate.hooks.pulsarstate import (
-    PulsarStateHook,
-    XComIdentity,
-    XComMessageLog,
-    XComStore,
-    message_topic,
-    run_topic,
+from airflow_provider_pulsarstate.xcom.run_stores import (
+    checked_settings,
+    close_stores,
+    get_store,
+    log,
+    run_messages,
+    run_store,
 )
-from airflow_provider_pulsarstate.hooks.teams import refuse_shared_team_settings
-from airflow_provider_pulsarstate.provider_settings import (
-    LEGACY_KEY_NAMESPACE,
-    ProviderSettings,
-)
-from airflow_provider_pulsarstate.provider_settings import (
-    settings as provider_settings,
-)
+from airflow_provider_pulsarstate.xcom.task_context import current_try, refuse_foreign_push
 
-log = logging.getLogger(__name__)
+__all__ = [
+    "DB_VALUE_MARKER",
+    "LEGACY_REFERENCE_VERSION",
+    "MAP_REFERENCE_VERSION",
+    "REFERENCE_MARKER",
+    "REFERENCE_VERSION",
+    "PulsarXComBackend",
+    "close_stores",
+    "get_store",
+    "run_messages",
+    "run_store",
+]
 
-REFERENCE_MARKER = "__pulsarstate_xcom__"
-REFERENCE_VERSION = 3
-"""References to an immutable message of the run's topic (``xcom_layout = messages``)."""
-MAP_REFERENCE_VERSION = 2
-"""References to an entry of the run's map (``xcom_layout = map``)."""
-LEGACY_REFERENCE_VERSION = 1
-"""References of the earlier layout: one map for the whole deployment (still read, never written)."""
-_VERSIONS = (REFERENCE_VERSION, MAP_REFERENCE_VERSION, LEGACY_REFERENCE_VERSION)
-DB_VALUE_MARKER = "__pulsarstate_db_value__"
-"""Wraps a value kept in the metadata DB, so that no stored value can look like a reference."""
-_PREVIEW_MAX_SIZE = 64 * 1024  # bigger values get no preview (repr of a large value costs time)
-
-_lock = threading.Lock()
-_swept: set[tuple[Any, ...]] = set()  # task tries whose older tries' entries were removed here
-_teams_checked: list[bool] = []
-
-
-@dataclass(frozen=True)
-class _Row:
-    """The XCom row Airflow was asked for (None: any)."""
-
-    dag_id: str | None
-    run_id: str | None
-    task_id: str | None
-    map_index: int | None
-    key: str | None
-
-    def mismatch(self, dag_id: str, run_id: str, task_id: str, map_index: int, key: str) -> str | None:
-        for name, want, got in (
-            ("dag_id", self.dag_id, dag_id),
-            ("run_id", self.run_id, run_id),
-            ("task_id", self.task_id, task_id),
-            ("map_index", self.map_index, map_index),
-            ("key", self.key, key),
-        ):
-            if want is not None and want != got:
-                return f"{name} {got!r} (the row is {name} {want!r})"
-        return None
-
-
-_asked: contextvars.ContextVar[_Row | None] = contextvars.ContextVar("pulsarstate_xcom_row", default=None)
+_asked: contextvars.ContextVar[AskedRow | None] = contextvars.ContextVar("pulsarstate_xcom_row", default=None)
 
 
 @contextlib.contextmanager
-def _asking(row: _Row) -> Iterator[None]:
-    token = _asked.set(row)
+def _asking(
+    dag_id: str, run_id: str, task_id: str, map_index: int | None, key: str, *, include_prior_dates: bool
+) -> Iterator[None]:
+    """While Airflow reads or deletes rows: the row asked for (any run with ``include_prior_dates``,
+    any map index when None), which every reference followed must name."""
+    token = _asked.set(AskedRow(dag_id, None if include_prior_dates else run_id, task_id, map_index, key))
     try:
         yield
     finally:
         _asked.reset(token)
-
-
-@contextlib.contextmanager
-def _opened(settings: ProviderSettings, dag_id: str, run_id: str, what: str, open_it: Any) -> Iterator[Any]:
-    """``open_it(hook, **run)`` entered, any failure but our own XCom errors raised as
-    :class:`XComStoreUnavailableError` naming ``what``, the run, the connection and the topic."""
-    with contextlib.ExitStack() as stack:
-        try:
-            opened = stack.enter_context(
-                open_it(
-                    PulsarStateHook(settings.conn_id),
-                    settings.xcom_topic,
-                    namespace=settings.key_namespace,
-                    dag_id=dag_id,
-                    run_id=run_id,
-                    max_value_bytes=settings.xcom_max_value_bytes,
-                )
-            )
-        except XComError:
-            raise
-        except Exception as exc:
-            raise XComStoreUnavailableError(
-                f"cannot open the {what} of run {run_id!r} of {dag_id!r} (connection {settings.conn_id!r}, "
-                f"topic {settings.xcom_topic!r}): {type(exc).__name__}: {exc}"
-            ) from exc
-        yield opened
-
-
-@contextlib.contextmanager
-def run_store(settings: ProviderSettings, dag_id: str, run_id: str) -> Iterator[XComStore]:
-    """This process's open XComStore of one DAG run (opened on demand, shared while in use).
-
-    :raises XComStoreUnavailableError: the connection is invalid or the store cannot be opened.
-    """
-    with _opened(settings, dag_id, run_id, "XCom store", PulsarStateHook.xcom_run_store) as store:
-        yield store
-
-
-@contextlib.contextmanager
-def run_messages(settings: ProviderSettings, dag_id: str, run_id: str) -> Iterator[XComMessageLog]:
-    """This process's XComMessageLog of one DAG run (one publisher and reader, shared while in use).
-
-    :raises XComStoreUnavailableError: the connection is invalid.
-    """
-    with _opened(settings, dag_id, run_id, "XCom topic", PulsarStateHook.xcom_message_log) as messages:
-        yield messages
-
-
-def _settings() -> ProviderSettings:
-    """``[pulsarstate]``, after checking once per process that multi-team mode (if on) gives every
-    team its own namespace and topics (:mod:`~airflow_provider_pulsarstate.hooks.teams`).
-
-    :raises ConfigurationError: ``[core] multi_team`` is on and the teams share them (named).
-    """
-    with _lock:
-        checked = bool(_teams_checked)
-    if not checked:
-        refuse_shared_team_settings()
-        with _lock:
-            _teams_checked.append(True)
-    return provider_settings()
-
-
-def get_store(settings: ProviderSettings | None = None) -> Any:
-    """This process's open store of the earlier single-map layout (``xcom_topic`` itself), where
-    version-1 references point; opened once per process, closed at exit.
-
-    :raises XComStoreUnavailableError: the connection is invalid or the store cannot be opened.
-    """
-    settings = settings or provider_settings()
-    try:
-        return PulsarStateHook(settings.conn_id).get_xcom_store(
-            settings.xcom_topic,
-            namespace=settings.key_namespace,
-            shared=True,
-            max_value_bytes=settings.xcom_max_value_bytes,
-        )
-    except Exception as exc:
-        raise XComStoreUnavailableError(
-            f"cannot open the XCom store (connection {settings.conn_id!r}, topic {settings.xcom_topic!r}): "
-            f"{type(exc).__name__}: {exc}"
-        ) from exc
-
-
-def close_stores() -> None:
-    """Close the stores and maps this process shares (at exit; tests call it when they change the connection)."""
-    from airflow_provider_pulsarstate.hooks.pulsarstate import close_shared_state_maps
-
-    with _lock:
-        _swept.clear()
-        _teams_checked.clear()
-    close_shared_state_maps()
-
-
-def _type_name(value: Any) -> str:
-    cls = type(value)
-    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _preview(value: Any, size: int, chars: int) -> str | None:
-    if chars <= 0 or size > _PREVIEW_MAX_SIZE:
-        return None
-    try:
-        text = repr(value)
-    except Exception:
-        return None
-    return text if len(text) <= chars else text[: max(chars - 1, 0)] + "\u2026"
-
-
-def _running_ti() -> Any:
-    """The task instance of the active task context, or None outside one."""
-    try:
-        from airflow.sdk import get_current_context
-
-        return get_current_context()["ti"]
-    except Exception:
-        return None
-
-
-def _current_try(dag_id: str, run_id: str, task_id: str, map_index: int) -> int | None:
-    """The try number of the running task instance, when it is the one pushing (else None).
-
-    ``BaseXCom.set`` is not given the try. Inside ``execute`` the current context has the task
-    instance; the return value is pushed after the context is left, by ``_xcom_push(ti, ...)`` of
-    the task runner, so the caller frames are searched for that ``ti`` (a few frames, read only).
-    """
-
-    def matches(ti: Any) -> int | None:
-        try:
-            if (ti.dag_id, ti.run_id, ti.task_id, ti.map_index) == (dag_id, run_id, task_id, map_index):
-                return int(ti.try_number)
-        except Exception:
-            pass
-        return None
-
-    ti = _running_ti()
-    if ti is not None and (found := matches(ti)) is not None:
-        return found
-    for frame in caller_frames(2, 8):
-        ti = frame.f_locals.get("ti")
-        if ti is not None and (found := matches(ti)) is not None:
-            return found
-    return None
-
-
-def _refuse_foreign_push(dag_id: str, run_id: str, task_id: str, map_index: int, where: str) -> None:
-    """A task pushes only its own XComs: while a task context is active, another identity is refused."""
-    ti = _running_ti()
-    if ti is None:
-        return
-    own = (ti.dag_id, ti.run_id, ti.task_id, -1 if ti.map_index is None else ti.map_index)
-    if own != (dag_id, run_id, task_id, map_index):
-        raise XComReferenceError(
-            f"{where}: task {own[0]}.{own[2]} (run {own[1]!r}, map index {own[3]}) may push only its own XComs; "
-            f"nothing was written"
-        )
-
-
-def _where(dag_id: Any, run_id: Any, task_id: Any, map_index: Any, key: Any) -> str:
-    index = "" if map_index in (None, -1) else f"[{map_index}]"
-    return f"XCom {key!r} of task {dag_id}.{task_id}{index}, run {run_id!r}"
-
-
-@contextlib.contextmanager
-def _reaching_the_map(message: str, *, note: str = "") -> Iterator[None]:
-    """Failures to reach the map become XComStoreUnavailableError(``message: <error><note>``); the
-    backend's own XCom errors pass as they are."""
-    try:
-        yield
-    except XComError:
-        raise
-    except Exception as exc:
-        raise XComStoreUnavailableError(f"{message}: {type(exc).__name__}: {exc}{note}") from exc
-
-
-@dataclass(frozen=True)
-class _Target:
-    """Where a checked reference points: the run's topic (None: the legacy map), the key and, for
-    a message, its address and writer id."""
-
-    topic: str | None
-    map_key: str
-    identity: tuple[str, str, str, int, str]
-    address: str | None = None
-    writer_id: str | None = None
 
 
 class PulsarXComBackend(BaseXCom):
@@ -361,7 +146,7 @@ class PulsarXComBackend(BaseXCom):
         map_index: int | None = None,
         include_prior_dates: bool = False,
     ) -> Any | None:
-        with _asking(_Row(dag_id, None if include_prior_dates else run_id, task_id, map_index, key)):
+        with _asking(dag_id, run_id, task_id, map_index, key, include_prior_dates=include_prior_dates):
             return super().get_one(
                 key=key,
                 dag_id=dag_id,
@@ -382,7 +167,7 @@ class PulsarXComBackend(BaseXCom):
         map_index: int | None = None,
         include_prior_dates: bool = False,
     ) -> Any | None:
-        with _asking(_Row(dag_id, None if include_prior_dates else run_id, task_id, map_index, key)):
+        with _asking(dag_id, run_id, task_id, map_index, key, include_prior_dates=include_prior_dates):
             return await super().aget_one(
                 key=key,
                 dag_id=dag_id,
@@ -394,7 +179,7 @@ class PulsarXComBackend(BaseXCom):
 
     @classmethod
     def get_all(cls, *, key: str, dag_id: str, task_id: str, run_id: str, include_prior_dates: bool = False) -> Any:
-        with _asking(_Row(dag_id, None if include_prior_dates else run_id, task_id, None, key)):
+        with _asking(dag_id, run_id, task_id, None, key, include_prior_dates=include_prior_dates):
             return super().get_all(
                 key=key, dag_id=dag_id, task_id=task_id, run_id=run_id, include_prior_dates=include_prior_dates
             )
@@ -403,14 +188,14 @@ class PulsarXComBackend(BaseXCom):
     async def aget_all(
         cls, *, key: str, dag_id: str, task_id: str, run_id: str, include_prior_dates: bool = False
     ) -> Any:
-        with _asking(_Row(dag_id, None if include_prior_dates else run_id, task_id, None, key)):
+        with _asking(dag_id, run_id, task_id, None, key, include_prior_dates=include_prior_dates):
             return await super().aget_all(
                 key=key, dag_id=dag_id, task_id=task_id, run_id=run_id, include_prior_dates=include_prior_dates
             )
 
     @classmethod
     def delete(cls, key: str, task_id: str, dag_id: str, run_id: str, map_index: int | None = None) -> None:
-        with _asking(_Row(dag_id, run_id, task_id, map_index, key)):
+        with _asking(dag_id, run_id, task_id, map_index, key, include_prior_dates=False):
             super().delete(key=key, task_id=task_id, dag_id=dag_id, run_id=run_id, map_index=map_index)
 
     # -------------------------------------------------------------- push
@@ -433,124 +218,25 @@ class PulsarXComBackend(BaseXCom):
         """
         from airflow.sdk.serde import serialize
 
-        settings = _settings()
+        settings = checked_settings()
         serialized = serialize(value)
         if key is None or task_id is None or dag_id is None or run_id is None:  # not a task's push
             return serialized
         map_index = -1 if map_index is None else map_index
         row = (dag_id, run_id, task_id, map_index, key)
-        where = _where(*row)
-        _refuse_foreign_push(dag_id, run_id, task_id, map_index, where)
+        at = where(*row)
+        refuse_foreign_push(dag_id, run_id, task_id, map_index, at)
         text = json.dumps(serialized, separators=(",", ":"))
         size = len(text.encode())
         if size > settings.xcom_max_value_bytes:
-            return PulsarXComBackend._keep_in_db(settings, where, row, serialized, size)
-        try_number = _current_try(dag_id, run_id, task_id, map_index)
-        store_value = PulsarXComBackend._append if settings.xcom_layout == "messages" else PulsarXComBackend._put
-        reference = store_value(settings, where, row, text, type_name=_type_name(value), try_number=try_number)
-        preview = _preview(value, size, settings.xcom_preview_chars)
-        if preview is not None:
-            reference["preview"] = preview
+            return keep_in_db(settings, at, row, serialized, size)
+        try_number = current_try(dag_id, run_id, task_id, map_index)  # called from here: it reads our caller's frames
+        store_value = append_message if settings.xcom_layout == "messages" else put_in_map
+        reference = store_value(settings, at, row, text, type_name=type_name(value), try_number=try_number)
+        shown = preview(value, size, settings.xcom_preview_chars)
+        if shown is not None:
+            reference["preview"] = shown
         return reference
-
-    @staticmethod
-    def _keep_in_db(
-        settings: ProviderSettings, where: str, row: tuple[str, str, str, int, str], serialized: Any, size: int
-    ) -> dict[str, Any]:
-        """An oversized value: refused (``xcom_oversize = error``), or the row that keeps it in the
-        metadata DB (with the map layout, the row's earlier value is removed from the map first)."""
-        limit = settings.xcom_max_value_bytes
-        if settings.xcom_oversize == "error":
-            raise XComValueTooLargeError(
-                f"{where} is {size:,} bytes serialized, over the {limit:,}-byte limit "
-                f"([pulsarstate] xcom_max_value_bytes; xcom_oversize = error)",
-                size=size,
-                limit=limit,
-            )
-        log.info("%s is %s bytes, over the %s-byte limit: kept in the metadata DB", where, f"{size:,}", f"{limit:,}")
-        if settings.xcom_layout == "map":  # a message needs no removal: nothing refers to it any more
-            with (
-                _reaching_the_map(f"{where}: cannot remove its earlier value from {settings.xcom_topic!r}"),
-                run_store(settings, row[0], row[1]) as store,
-            ):
-                store.delete(*row)
-        return {DB_VALUE_MARKER: 1, "value": serialized}
-
-    @staticmethod
-    def _put(
-        settings: ProviderSettings,
-        where: str,
-        row: tuple[str, str, str, int, str],
-        text: str,
-        *,
-        type_name: str,
-        try_number: int | None,
-    ) -> dict[str, Any]:
-        """Put the value in its run's map (the map layout); the reference the DB keeps for it."""
-        with (
-            _reaching_the_map(
-                f"{where}: cannot store it in {settings.xcom_topic!r} (connection {settings.conn_id!r})",
-                note=". Nothing was written to the metadata DB.",
-            ),
-            run_store(settings, row[0], row[1]) as store,
-        ):
-            PulsarXComBackend._sweep_older_tries(store, *row[:4], try_number)
-            map_key, record = store.put(*row, text, type_name=type_name, try_number=try_number)
-        return {
-            REFERENCE_MARKER: MAP_REFERENCE_VERSION,
-            "topic": store.topic,
-            "key": map_key,
-            "size": record.size,
-            "type": record.type_name,
-            "written_at": datetime.datetime.fromtimestamp(record.written_at, datetime.timezone.utc).isoformat(),
-        }
-
-    @staticmethod
-    def _append(
-        settings: ProviderSettings,
-        where: str,
-        row: tuple[str, str, str, int, str],
-        text: str,
-        *,
-        type_name: str,
-        try_number: int | None,
-    ) -> dict[str, Any]:
-        """Append the value as one message of its run's topic; the reference the DB keeps for it."""
-        identity = XComIdentity(settings.key_namespace, *row)
-        with (
-            _reaching_the_map(
-                f"{where}: cannot store it in {settings.xcom_topic!r} (connection {settings.conn_id!r})",
-                note=". Nothing was written to the metadata DB.",
-            ),
-            run_messages(settings, row[0], row[1]) as messages,
-        ):
-            address, message = messages.append(identity, text, type_name=type_name, try_number=try_number)
-        record = message.record
-        return {
-            REFERENCE_MARKER: REFERENCE_VERSION,
-            "topic": messages.topic,
-            "key": identity.map_key,
-            "address": address,
-            "writer": message.writer_id,
-            "size": record.size,
-            "type": record.type_name,
-            "written_at": datetime.datetime.fromtimestamp(record.written_at, datetime.timezone.utc).isoformat(),
-        }
-
-    @staticmethod
-    def _sweep_older_tries(
-        store: Any, dag_id: str, run_id: str, task_id: str, map_index: int, try_number: int | None
-    ) -> None:
-        """Once per task try and process: remove entries earlier tries left in the map."""
-        if try_number is None or try_number <= 1:
-            return
-        marker = (store.topic, store.namespace, dag_id, run_id, task_id, map_index, try_number)
-        if marker in _swept:
-            return
-        removed = store.delete_older_tries(dag_id, run_id, task_id, map_index, try_number)
-        _swept.add(marker)
-        if removed:
-            log.info("removed %d XCom entries of earlier tries of %s.%s (run %r)", removed, dag_id, task_id, run_id)
 
     # -------------------------------------------------------------- pull
     @staticmethod
@@ -566,100 +252,13 @@ class PulsarXComBackend(BaseXCom):
         from airflow.sdk.serde import deserialize
 
         value = result.value
-        if isinstance(value, dict) and set(value) == {DB_VALUE_MARKER, "value"} and value[DB_VALUE_MARKER] == 1:
+        if kept_in_db(value):
             return deserialize(value["value"])
-        if not (isinstance(value, dict) and REFERENCE_MARKER in value):
+        if not is_reference(value):
             return BaseXCom.deserialize_value(result)
-        settings = _settings()
-        target = PulsarXComBackend._checked(value, settings, asked=_asked.get(), xcom_key=getattr(result, "key", None))
-        if target.address is not None:
-            identity = XComIdentity(settings.key_namespace, *target.identity)
-            with (
-                _reaching_the_map(f"cannot read XCom {target.map_key!r} from {target.topic}"),
-                run_messages(settings, target.identity[0], target.identity[1]) as messages,
-            ):
-                message = messages.read(target.address, identity=identity, writer_id=target.writer_id or "")
-            return deserialize(message.record.json_value())
-        with _reaching_the_map(f"cannot read XCom {target.map_key!r} from {target.topic or settings.xcom_topic!r}"):
-            if target.topic is None:
-                store = get_store(settings)
-                record = store.map.get(target.map_key, latest=True)
-                topic = store.topic
-            else:
-                with run_store(settings, target.identity[0], target.identity[1]) as store:
-                    record = store.map.get(target.map_key, latest=True)
-                    topic = store.topic
-        if record is None:
-            raise XComEntryNotFoundError(
-                f"XCom entry {target.map_key!r} is not in {topic}: it was purged or cleaned up "
-                f"(xcom-cleanup, retention), or its topic was replaced",
-                key=target.map_key,
-                topic=topic,
-            )
-        return deserialize(record.json_value())
-
-    @staticmethod
-    def _checked(
-        reference: dict[str, Any], settings: ProviderSettings, *, asked: _Row | None, xcom_key: Any = None
-    ) -> _Target:
-        """Where a reference points, after checking that it names this deployment's store, that its
-        topic is the one its own row gives, and that it is the row Airflow was asked for."""
-        version, topic, map_key = reference.get(REFERENCE_MARKER), reference.get("topic"), reference.get("key")
-        address, writer = reference.get("address"), reference.get("writer")
-        if (
-            version not in _VERSIONS
-            or isinstance(version, bool)
-            or not isinstance(topic, str)
-            or not isinstance(map_key, str)
-            or (
-                version == REFERENCE_VERSION
-                and not (isinstance(address, str) and address and isinstance(writer, str) and writer)
-            )
-        ):
-            raise XComReferenceError(
-                f"malformed XCom reference (version {version!r}, topic {topic!r}, key {map_key!r}): expected "
-                f"version {REFERENCE_VERSION} with string topic, key, address and writer, or {MAP_REFERENCE_VERSION} "
-                f"or {LEGACY_REFERENCE_VERSION} with string topic and key"
-            )
-        if version == REFERENCE_VERSION:
-            identity = XComStore.parse_key_of(settings.key_namespace, map_key)
-            expected = message_topic(
-                PulsarStateHook(settings.conn_id).cached_topic_name(settings.xcom_topic),
-                settings.key_namespace,
-                identity[0],
-                identity[1],
-            )
-            target_topic = expected
-        elif version == LEGACY_REFERENCE_VERSION:  # written under this namespace or the earlier default
-            try:
-                identity = XComStore.parse_key_of(settings.key_namespace, map_key)
-            except XComReferenceError:
-                identity = XComStore.parse_key_of(LEGACY_KEY_NAMESPACE, map_key)
-            expected, target_topic = get_store(settings).topic, None
-        else:
-            identity = XComStore.parse_key_of(settings.key_namespace, map_key)
-            expected = run_topic(
-                PulsarStateHook(settings.conn_id).cached_topic_name(settings.xcom_topic),
-                settings.key_namespace,
-                identity[0],
-                identity[1],
-            )
-            target_topic = expected
-        if topic != expected:
-            raise XComReferenceError(
-                f"XCom reference to key {map_key!r} names topic {topic!r}, not the topic of its own run "
-                f"{expected!r}: refusing to follow it"
-            )
-        problem = asked.mismatch(*identity) if asked is not None else None
-        if problem is None and isinstance(xcom_key, str) and xcom_key != identity[4]:
-            problem = f"key {identity[4]!r} (the row is key {xcom_key!r})"
-        if problem is not None:
-            raise XComReferenceError(
-                f"XCom reference to key {map_key!r} is not bound to its row: it names {problem}; refusing to follow it"
-            )
-        if version == REFERENCE_VERSION:
-            return _Target(target_topic, map_key, identity, address=address, writer_id=writer)
-        return _Target(target_topic, map_key, identity)
+        settings = checked_settings()
+        target = checked_target(value, settings, asked=_asked.get(), xcom_key=getattr(result, "key", None))
+        return deserialize(read_serialized(settings, target))
 
     # -------------------------------------------------------------- purge
     @classmethod
@@ -672,19 +271,12 @@ class PulsarXComBackend(BaseXCom):
             later purge or the clean-up can remove the entry).
         """
         value = getattr(xcom, "value", None)
-        if not (isinstance(value, dict) and REFERENCE_MARKER in value):
+        if not is_reference(value):
             return
-        settings = _settings()
+        settings = checked_settings()
         try:
-            target = cls._checked(value, settings, asked=_asked.get(), xcom_key=getattr(xcom, "key", None))
+            target = checked_target(value, settings, asked=_asked.get(), xcom_key=getattr(xcom, "key", None))
         except XComReferenceError as exc:
             log.error("not purging XCom %r: %s", getattr(xcom, "key", None), exc)
             return
-        if target.address is not None:
-            return  # a message is immutable: dropping the row is the deletion; clean-up deletes the run's topic
-        with _reaching_the_map(f"cannot purge XCom {target.map_key!r} from {target.topic or settings.xcom_topic!r}"):
-            if target.topic is None:
-                get_store(settings).delete_key(target.map_key)
-            else:
-                with run_store(settings, target.identity[0], target.identity[1]) as store:
-                    store.delete_key(target.map_key)
+        delete_entry(settings, target)  # a message: nothing (dropping the row is the deletion)

@@ -130,10 +130,7 @@ def run_cleanup(
     """
     from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 
-    if not remove_missing_runs and older_than_days is None:
-        raise ValueError("xcom clean-up needs remove_missing_runs or older_than_days, or both")
-    if older_than_days is not None and older_than_days < 0:
-        raise ValueError(f"older_than_days must be >= 0, not {older_than_days!r}")
+    _check_selection(remove_missing_runs=remove_missing_runs, older_than_days=older_than_days)
     settings = settings or load_settings()
     now = time.time() if now is None else now
     cutoff = None if older_than_days is None else now - older_than_days * 86400.0
@@ -142,29 +139,37 @@ def run_cleanup(
         base = hook.topic_name(settings.xcom_topic)
         found, foreign = _list_run_maps(backend, base, settings.key_namespace, dag_id, log)
         verdicts = _judge(found, run_statuses, cutoff, remove_missing_runs)
+        stale = [(m, r) for m, r in verdicts if r in ("missing", "expired")]
         deleted: list[_RunMap] = []
         changed = 0
-        for run_map, reason in verdicts:
-            if reason not in ("missing", "expired") or dry_run:
-                continue
-            shared_objects.discard_topic(run_map.topic)  # no map or publisher of this process re-creates it
-            timeout = max(30.0, hook.get_config().operation_timeout)
-            if run_map.last is not None:
-                dropped = delete_topic_if_unchanged(backend, run_map.topic, last=run_map.last, timeout=timeout)
-            else:
-                dropped = drop_run_map(
-                    backend, run_map.topic, namespace=settings.key_namespace, expected=run_map.entries, timeout=timeout
-                )
-            if dropped:
-                deleted.append(run_map)
-            else:
-                changed += 1
-    stale = [(m, r) for m, r in verdicts if r in ("missing", "expired")]
-    report = CleanupReport(
+        if not dry_run:
+            for run_map, _ in stale:
+                timeout = max(30.0, hook.get_config().operation_timeout)
+                if _delete_run_topic(backend, run_map, namespace=settings.key_namespace, timeout=timeout):
+                    deleted.append(run_map)
+                else:
+                    changed += 1
+    report = _report(found, verdicts, deleted, changed=changed, foreign=foreign, dry_run=dry_run)
+    if log is not None:
+        log.info("%s", format_table(stale, report, topic=base, namespace=settings.key_namespace))
+    return report
+
+
+def _report(
+    found: list[_RunMap],
+    verdicts: list[tuple[_RunMap, str]],
+    deleted: list[_RunMap],
+    *,
+    changed: int,
+    foreign: int,
+    dry_run: bool,
+) -> CleanupReport:
+    """The report of a clean-up that listed ``found``, judged them and deleted ``deleted``."""
+    return CleanupReport(
         runs_scanned=len(found),
         entries_scanned=sum(len(m.entries) for m in found),
-        runs_missing=sum(1 for _, r in stale if r == "missing"),
-        runs_expired=sum(1 for _, r in stale if r == "expired"),
+        runs_missing=sum(1 for _, r in verdicts if r == "missing"),
+        runs_expired=sum(1 for _, r in verdicts if r == "expired"),
         runs_live=sum(1 for _, r in verdicts if r == "live"),
         runs_changed=changed,
         maps_foreign=foreign,
@@ -172,9 +177,22 @@ def run_cleanup(
         bytes_deleted=sum(m.size for m in deleted),
         dry_run=dry_run,
     )
-    if log is not None:
-        log.info("%s", format_table(stale, report, topic=base, namespace=settings.key_namespace))
-    return report
+
+
+def _check_selection(*, remove_missing_runs: bool, older_than_days: float | None) -> None:
+    """Refuse a clean-up that selects nothing, or a negative retention."""
+    if not remove_missing_runs and older_than_days is None:
+        raise ValueError("xcom clean-up needs remove_missing_runs or older_than_days, or both")
+    if older_than_days is not None and older_than_days < 0:
+        raise ValueError(f"older_than_days must be >= 0, not {older_than_days!r}")
+
+
+def _delete_run_topic(backend: Any, run_map: _RunMap, *, namespace: str, timeout: float) -> bool:
+    """Compare-and-delete a stale run's topic: False (kept) when it changed since it was listed."""
+    shared_objects.discard_topic(run_map.topic)  # no map or publisher of this process re-creates it
+    if run_map.last is not None:
+        return bool(delete_topic_if_unchanged(backend, run_map.topic, last=run_map.last, timeout=timeout))
+    return bool(drop_run_map(backend, run_map.topic, namespace=namespace, expected=run_map.entries, timeout=timeout))
 
 
 def _list_run_maps(backend: Any, base: str, namespace: str, dag_id: str | None, log: Any) -> tuple[list[_RunMap], int]:

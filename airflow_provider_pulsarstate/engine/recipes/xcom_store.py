@@ -7,7 +7,7 @@ name of fixed length). One entry per XCom, under the key
 so a ``/`` inside a run id or key cannot forge another entry). The value is an :class:`XComRecord`:
 the JSON text Airflow's serde made of the value (``airflow.sdk.serde.serialize``), when it was
 written, its size, its type name and the task try that wrote it. The XCom backend
-(``xcom/backend.py``) writes and reads entries through the hook; this module imports nothing from
+(``xcom/backend.py`` and its parts) writes and reads entries through the hook; this module imports nothing from
 Airflow, so any Python process can read a run's XComs::
 
     from airflow_provider_pulsarstate import ConnectionConfig, open_backend
