@@ -27,7 +27,7 @@ from airflow_provider_pulsarstate.sensors.leadership import LeadershipSensor
 from airflow_provider_pulsarstate.triggers.leadership import LeadershipTrigger
 from airflow_provider_pulsarstate.triggers.leadership_conditions import LeadershipConditionError, check_result, evaluate
 from tests.airflow.dagruns import TEST_DAGS, load_dag, run_dag
-from tests.airflow.trigger_driver import LOOP_LAG_LIMIT, cancel_midway, drive
+from tests.airflow.trigger_driver import BLOCKING_CONTROL_SECONDS, LOOP_LAG_LIMIT, cancel_midway, drive
 
 SENSOR_DAGS = TEST_DAGS / "leadership_sensor_dags.py"
 
@@ -423,7 +423,7 @@ def test_the_ticker_detects_a_blocking_leadership_probe(airflow_home: Path, monk
             self.inner = inner
 
         async def leadership(self, topic: str) -> Any:
-            time.sleep(1.0)  # what a blocking client call on the loop does
+            time.sleep(BLOCKING_CONTROL_SECONDS)  # what a blocking client call on the loop does
             return await self.inner.leadership(topic)
 
         async def aclose(self) -> None:
@@ -435,7 +435,7 @@ def test_the_ticker_detects_a_blocking_leadership_probe(airflow_home: Path, monk
     )
     event, worst, _ = asyncio.run(drive(LeadershipTrigger(topic=topic, mode="no_leader", poll_interval=0.05)))
     assert event.payload["status"] == "success"
-    assert worst >= 0.9
+    assert worst >= BLOCKING_CONTROL_SECONDS * 0.9
 
 
 def test_trigger_reports_a_lease_free_when_released_or_expired(airflow_home: Path, state_backend: str) -> None:

@@ -29,7 +29,7 @@ from airflow_provider_pulsarstate.sensors.offsets import (
 from airflow_provider_pulsarstate.triggers.offset_conditions import ProgressError, evaluate, parse_target
 from airflow_provider_pulsarstate.triggers.offsets import OffsetProgressTrigger
 from tests.airflow.dagruns import TEST_DAGS, load_dag, run_dag
-from tests.airflow.trigger_driver import LOOP_LAG_LIMIT, cancel_midway
+from tests.airflow.trigger_driver import BLOCKING_CONTROL_SECONDS, LOOP_LAG_LIMIT, cancel_midway
 from tests.airflow.trigger_driver import drive as _drive
 
 SENSOR_DAGS = TEST_DAGS / "offset_sensor_dags.py"
@@ -346,7 +346,7 @@ def test_the_ticker_detects_a_blocking_probe(airflow_home: Path, monkeypatch: py
             self.inner = inner
 
         async def end_offsets(self, topic: str) -> dict[int, int]:
-            time.sleep(1.0)  # what a slow sync client call on the loop does
+            time.sleep(BLOCKING_CONTROL_SECONDS)  # what a slow sync client call on the loop does
             return await self.inner.end_offsets(topic)
 
         async def aclose(self) -> None:
@@ -357,7 +357,7 @@ def test_the_ticker_detects_a_blocking_probe(airflow_home: Path, monkeypatch: py
     trigger = OffsetProgressTrigger(topic=topic, condition="end_offset", target=1, poll_interval=0.05)
     event, worst, _ = asyncio.run(_drive(trigger))
     assert event.payload["status"] == "success"
-    assert worst >= 0.9
+    assert worst >= BLOCKING_CONTROL_SECONDS * 0.9
 
 
 def test_trigger_committed_and_lag_conditions(airflow_home: Path, state_backend: str) -> None:
