@@ -27,15 +27,12 @@ How the contract is kept:
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
-import hashlib
 import logging
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,14 +48,23 @@ from airflow_provider_pulsarstate.engine.backends.base import (
     partition_topic_name,
 )
 from airflow_provider_pulsarstate.engine.backends.children import C, Children
+from airflow_provider_pulsarstate.engine.backends.embedded_files import (
+    WaitingFlag,
+    close_quietly,
+    create_private,
+    lock_is_held,
+    release_flock,
+    rollback_quietly,
+    topic_digest,
+    try_flock,
+)
+from airflow_provider_pulsarstate.engine.backends.embedded_log import EmbeddedReader, EmbeddedWriter
 from airflow_provider_pulsarstate.engine.backends.embedded_offers import EmbeddedOffers
 from airflow_provider_pulsarstate.engine.errors import (
     BackendUnavailableError,
     ClosedError,
     OperationTimeoutError,
-    UnknownOutcomeError,
     WriterBusyError,
-    WriterFencedError,
 )
 from airflow_provider_pulsarstate.engine.retry import Backoff
 
@@ -106,7 +112,6 @@ CREATE TABLE IF NOT EXISTS subscriptions (
     PRIMARY KEY (topic, subscription)
 ) WITHOUT ROWID;
 """
-_READ_BATCH = 512
 _RECHECK = 0.25
 """Longest a waiting acquirer sleeps before it reads the topic's epoch again (a FENCE takeover
 moves the writer to a new epoch without the old holder letting go of its lock)."""
@@ -168,7 +173,7 @@ class EmbeddedBackend(EmbeddedOffers, Backend):
         while True:
             conn = None
             try:
-                _create_private(self.path)
+                create_private(self.path)
                 conn = sqlite3.connect(
                     self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
                 )
@@ -206,11 +211,11 @@ class EmbeddedBackend(EmbeddedOffers, Backend):
         return f"{topic} (embedded {self.path})"
 
     def lock_path(self, topic: str, epoch: int) -> Path:
-        return self._lock_dir / f"{_digest(topic)}.{epoch}.lock"
+        return self._lock_dir / f"{topic_digest(topic)}.{epoch}.lock"
 
     def waiting_path(self, topic: str) -> Path:
         """The file waiting acquirers of ``topic`` hold a shared lock on (see "Handover" above)."""
-        return self._lock_dir / f"{_digest(topic)}.waiting"
+        return self._lock_dir / f"{topic_digest(topic)}.waiting"
 
     # -- writer -----------------------------------------------------------------------------
     def acquire_writer(self, topic: str, *, mode: AcquireMode, timeout: float, name: str | None = None) -> RawWriter:
@@ -219,7 +224,7 @@ class EmbeddedBackend(EmbeddedOffers, Backend):
         backoff = Backoff(initial=0.002, maximum=0.02)
         name = name or default_writer_name()
         conn = self.connect()
-        waiting = _WaitingFlag(self.waiting_path(topic))
+        waiting = WaitingFlag(self.waiting_path(topic))
         try:
             while True:
                 writer = self._try_acquire(conn, topic, fence=mode is AcquireMode.FENCE, name=name)
@@ -238,7 +243,7 @@ class EmbeddedBackend(EmbeddedOffers, Backend):
                 if mode is AcquireMode.FENCE or not self._await_release(conn, topic, deadline):
                     backoff.sleep(deadline)
         except BaseException:
-            _close_quietly(conn)
+            close_quietly(conn)
             raise
         finally:
             waiting.lower()
@@ -271,7 +276,7 @@ class EmbeddedBackend(EmbeddedOffers, Backend):
             event = self._release_watches.get(path)
             if event is not None:
                 return event
-            if not _lock_is_held(path):
+            if not lock_is_held(path):
                 return None
             try:
                 fd = os.open(path, os.O_RDONLY)
@@ -306,7 +311,7 @@ class EmbeddedBackend(EmbeddedOffers, Backend):
         try:
             return self._current_epoch(conn, topic)
         finally:
-            _close_quietly(conn)
+            close_quietly(conn)
 
     def writer_lock(self, topic: str) -> tuple[int, str | None, str | None, bool]:
         """``(epoch, holder, access_mode, held)`` of ``topic``'s writer lock: the current epoch
@@ -325,9 +330,9 @@ class EmbeddedBackend(EmbeddedOffers, Backend):
             except sqlite3.Error as exc:
                 raise BackendUnavailableError(f"cannot read the writer of {self.topic_url(topic)}: {exc}") from exc
         finally:
-            _close_quietly(conn)
+            close_quietly(conn)
         try:
-            held = epoch > 0 and _lock_is_held(self.lock_path(topic, epoch))
+            held = epoch > 0 and lock_is_held(self.lock_path(topic, epoch))
         except OSError as exc:
             raise BackendUnavailableError(f"cannot check the writer lock of {self.topic_url(topic)}: {exc}") from exc
         return epoch, (row[0] if row else None), (row[1] if row else None), held
@@ -339,9 +344,9 @@ class EmbeddedBackend(EmbeddedOffers, Backend):
         new_epoch = current + 1
         try:
             self._lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            if not fence and current > 0 and _lock_is_held(self.lock_path(topic, current)):
+            if not fence and current > 0 and lock_is_held(self.lock_path(topic, current)):
                 return None
-            fd = _try_flock(self.lock_path(topic, new_epoch))
+            fd = try_flock(self.lock_path(topic, new_epoch))
         except OSError as exc:
             raise BackendUnavailableError(f"cannot lock the writer of {self.topic_url(topic)}: {exc}") from exc
         if fd is None:
@@ -350,7 +355,7 @@ class EmbeddedBackend(EmbeddedOffers, Backend):
             conn.execute("BEGIN IMMEDIATE")
             if self._current_epoch(conn, topic) != current:
                 conn.execute("ROLLBACK")
-                _release_flock(fd, self.lock_path(topic, new_epoch))
+                release_flock(fd, self.lock_path(topic, new_epoch))
                 return None
             conn.execute(
                 "INSERT INTO topics(name, epoch) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET epoch = excluded.epoch",
@@ -364,12 +369,12 @@ class EmbeddedBackend(EmbeddedOffers, Backend):
             )
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            _rollback_quietly(conn)
-            _release_flock(fd, self.lock_path(topic, new_epoch))
+            rollback_quietly(conn)
+            release_flock(fd, self.lock_path(topic, new_epoch))
             raise BackendUnavailableError(f"cannot take the writer of {self.topic_url(topic)}: {exc}") from exc
         try:
             for stale in self._lock_dir.glob(self.lock_path(topic, 0).name.rsplit(".", 2)[0] + ".*.lock"):
-                if stale.name != self.lock_path(topic, new_epoch).name and not _lock_is_held(stale):
+                if stale.name != self.lock_path(topic, new_epoch).name and not lock_is_held(stale):
                     stale.unlink(missing_ok=True)
         except OSError as exc:  # only tidying: the writer is taken
             log.warning("removing stale writer locks of %s: %s", self.topic_url(topic), exc)
@@ -389,10 +394,10 @@ class EmbeddedBackend(EmbeddedOffers, Backend):
                     conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (name,))
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            _rollback_quietly(conn)
+            rollback_quietly(conn)
             raise BackendUnavailableError(f"cannot delete {self.topic_url(topic)}: {exc}") from exc
         finally:
-            _close_quietly(conn)
+            close_quietly(conn)
 
     def list_topics(self, prefix: str) -> list[str]:
         conn = self.connect()
@@ -405,7 +410,7 @@ class EmbeddedBackend(EmbeddedOffers, Backend):
         except sqlite3.Error as exc:
             raise BackendUnavailableError(f"cannot list the topics under {self.topic_url(prefix)}: {exc}") from exc
         finally:
-            _close_quietly(conn)
+            close_quietly(conn)
         return [r[0] for r in rows]
 
     # -- readers ----------------------------------------------------------------------------
@@ -422,7 +427,7 @@ class EmbeddedBackend(EmbeddedOffers, Backend):
         except sqlite3.Error as exc:
             raise BackendUnavailableError(f"cannot read the last entry of {self.topic_url(topic)}: {exc}") from exc
         finally:
-            _close_quietly(conn)
+            close_quietly(conn)
         return RawEntry(row[0], row[1], row[2]) if row else None
 
     def read_at(self, topic: str, position: Any, *, timeout: float) -> RawEntry | None:
@@ -454,267 +459,3 @@ class EmbeddedBackend(EmbeddedOffers, Backend):
             return
         self._children.close_all()
         self._closed = True
-
-
-class EmbeddedWriter(RawWriter):
-    """The exclusive writer of one topic in the embedded log (or, with epoch -1, a shared appender)."""
-
-    def __init__(
-        self, backend: EmbeddedBackend, conn: sqlite3.Connection, topic: str, epoch: int, fd: int | None
-    ) -> None:
-        self.backend = backend
-        self.topic = topic
-        self.epoch = epoch
-        self._conn = conn
-        self._fd: int | None = fd
-        self._shared = epoch < 0
-        self._lock = threading.Lock()
-        self._waiting_fd: int | None = None  # the topic's .waiting file, opened by the first has_waiters
-
-    def append(self, payloads: Sequence[bytes], *, timeout: float) -> list[Any]:
-        with self._lock:
-            if self._fd is None and not self._shared:
-                raise WriterFencedError(
-                    f"writer of {self.topic} at epoch {self.epoch} is closed", topic=self.topic, epoch=self.epoch
-                )
-            conn = self._conn
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                current = self.epoch if self._shared else self.backend._current_epoch(conn, self.topic)
-                if current != self.epoch:
-                    _rollback_quietly(conn)
-                    self._release()
-                    raise WriterFencedError(
-                        f"writer of {self.backend.topic_url(self.topic)} at epoch {self.epoch} was fenced "
-                        f"by epoch {current}",
-                        topic=self.topic,
-                        epoch=self.epoch,
-                    )
-                row = conn.execute("SELECT MAX(pos) FROM entries WHERE topic = ?", (self.topic,)).fetchone()
-                first = (row[0] if row[0] is not None else -1) + 1
-                now = time.time()
-                conn.executemany(
-                    "INSERT INTO entries(topic, pos, payload, publish_time) VALUES (?, ?, ?, ?)",
-                    [(self.topic, first + i, p, now) for i, p in enumerate(payloads)],
-                )
-            except (sqlite3.Error, BackendUnavailableError) as exc:
-                _rollback_quietly(conn)
-                raise BackendUnavailableError(
-                    f"append to {self.backend.topic_url(self.topic)} failed, nothing was written: {exc}"
-                ) from exc
-            try:
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                if conn.in_transaction:  # still open: rolling it back leaves nothing written
-                    _rollback_quietly(conn)
-                    raise BackendUnavailableError(
-                        f"append to {self.backend.topic_url(self.topic)} failed, nothing was written: {exc}"
-                    ) from exc
-                raise UnknownOutcomeError(
-                    f"committing an append to {self.backend.topic_url(self.topic)} failed ({exc}); "
-                    "it may or may not have been written"
-                ) from exc
-            return list(range(first, first + len(payloads)))
-
-    def has_waiters(self) -> bool:
-        """Whether an acquirer holds the topic's waiting flag: our non-blocking exclusive lock on
-        it fails then (and is dropped at once when it succeeds)."""
-        with self._lock:
-            if self._fd is None:
-                return False
-            try:
-                if self._waiting_fd is None:
-                    self._waiting_fd = _open_private(self.backend.waiting_path(self.topic))
-                fcntl.flock(self._waiting_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-            except OSError as exc:
-                log.debug("checking %s for waiting writers: %s", self.backend.topic_url(self.topic), exc)
-                return False
-            fcntl.flock(self._waiting_fd, fcntl.LOCK_UN)
-            return False
-
-    def _release(self) -> None:
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            _release_flock(fd, self.backend.lock_path(self.topic, self.epoch))
-        if self._waiting_fd is not None:
-            fd, self._waiting_fd = self._waiting_fd, None
-            os.close(fd)
-
-    def close(self) -> None:
-        with self._lock:
-            self._release()
-            _close_quietly(self._conn)
-        self.backend._untrack(self)
-
-
-class EmbeddedReader(RawReader):
-    """A polling cursor over one topic of the embedded log."""
-
-    def __init__(self, backend: EmbeddedBackend, conn: sqlite3.Connection, topic: str, after: int) -> None:
-        self.backend = backend
-        self.topic = topic
-        self._conn = conn
-        self._after = after
-        self._buffer: list[tuple[int, bytes, float]] = []
-        self._closed = False
-
-    def _fetch(self) -> None:
-        if self._closed:
-            raise ClosedError(f"reader of {self.topic} is closed")
-        try:
-            rows = self._conn.execute(
-                "SELECT pos, payload, publish_time FROM entries WHERE topic = ? AND pos > ? ORDER BY pos LIMIT ?",
-                (self.topic, self._after, _READ_BATCH),
-            ).fetchall()
-        except sqlite3.Error as exc:
-            raise BackendUnavailableError(
-                f"reading {self.backend.topic_url(self.topic)} after position {self._after} failed: {exc}"
-            ) from exc
-        rows.reverse()
-        self._buffer = rows
-
-    def read_next(self, *, timeout: float) -> RawEntry | None:
-        if not self._buffer:
-            deadline = time.monotonic() + timeout
-            backoff = Backoff(initial=0.001, maximum=self.backend.poll_interval)
-            self._fetch()
-            while not self._buffer and time.monotonic() < deadline:
-                backoff.sleep(deadline)
-                self._fetch()
-            if not self._buffer:
-                return None
-        pos, payload, publish_time = self._buffer.pop()
-        self._after = pos
-        return RawEntry(pos, payload, publish_time)
-
-    def has_next(self) -> bool:
-        if self._buffer:
-            return True
-        self._fetch()
-        return bool(self._buffer)
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            _close_quietly(self._conn)
-        self.backend._untrack(self)
-
-
-def _rollback_quietly(conn: sqlite3.Connection) -> None:
-    """Roll back the open transaction, if any; a failing rollback is logged (SQLite undoes it anyway)."""
-    try:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-    except sqlite3.Error as exc:
-        log.warning("rollback failed: %s", exc)
-
-
-def _close_quietly(conn: sqlite3.Connection) -> None:
-    try:
-        conn.close()
-    except sqlite3.Error as exc:
-        log.warning("closing an embedded state connection failed: %s", exc)
-
-
-def _create_private(path: Path) -> None:
-    """Create the state file 0600 (its folder 0700) before SQLite opens it.
-
-    SQLite gives the ``-wal`` and ``-shm`` files the mode of the database file, so they are
-    private too. An existing file or folder keeps its mode, and is never opened here: closing any
-    descriptor of a database file drops every POSIX lock this process holds on it, including
-    those of open SQLite connections (which corrupts the database under concurrent writers).
-    """
-    if path.exists():
-        return
-    if not path.parent.exists():
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return  # created by another process or thread just now
-    os.close(fd)
-
-
-def _digest(topic: str) -> str:
-    """The topic's part of its lock file names."""
-    return hashlib.sha1(topic.encode()).hexdigest()[:16]
-
-
-def _open_private(path: Path) -> int:
-    # 0600: another local user who could open a lock file could also flock it and block writers.
-    return os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-
-
-class _WaitingFlag:
-    """A shared ``flock`` on a topic's waiting file, held while an acquirer waits for its writer."""
-
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        self._fd: int | None = None
-        self._raised = False
-
-    def raise_flag(self) -> None:
-        """Hold the shared lock (idempotent). Non-blocking: a holder's probe holds the file
-        exclusively for microseconds, so a few quick tries get it; failing that, the next call
-        tries again. Best effort: a failure only costs the holder's prompt release."""
-        if self._raised:
-            return
-        try:
-            if self._fd is None:
-                self._fd = _open_private(self._path)
-            for _ in range(5):
-                try:
-                    fcntl.flock(self._fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    time.sleep(0.0005)
-                    continue
-                self._raised = True
-                return
-        except OSError as exc:
-            log.debug("announcing a waiting writer on %s: %s", self._path, exc)
-
-    def lower(self) -> None:
-        if self._fd is not None:
-            fd, self._fd, self._raised = self._fd, None, False
-            with contextlib.suppress(OSError):
-                os.close(fd)  # drops the lock
-
-
-def _try_flock(path: Path) -> int | None:
-    fd = _open_private(path)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
-
-
-def _release_flock(fd: int, path: Path) -> None:
-    """Unlock and close; an error is logged (closing the descriptor drops the lock anyway)."""
-    try:
-        path.unlink(missing_ok=True)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    except OSError as exc:
-        log.warning("releasing the lock file %s: %s", path, exc)
-    finally:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-
-
-def _lock_is_held(path: Path) -> bool:
-    """Whether a writer holds the lock file. Probed with a SHARED lock: probes (observers polling
-    leadership, acquirers checking the current epoch) never look like a holder to each other."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # also drops the shared lock
-    return False

@@ -23,12 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from airflow_provider_pulsarstate.engine.backends.embedded import (
-    _TOPIC_ROWS,
-    EmbeddedBackend,
-    _close_quietly,
-    _rollback_quietly,
-)
+from airflow_provider_pulsarstate.engine.backends.embedded import _TOPIC_ROWS, EmbeddedBackend
+from airflow_provider_pulsarstate.engine.backends.embedded_files import close_quietly, rollback_quietly
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.engine.errors import (
     BackendUnavailableError,
@@ -228,10 +224,10 @@ def delete_embedded_topic_if_last(backend: EmbeddedBackend, topic: str, last: by
         conn.execute("COMMIT")
         return True
     except sqlite3.Error as exc:
-        _rollback_quietly(conn)
+        rollback_quietly(conn)
         raise BackendUnavailableError(f"cannot delete {backend.topic_url(topic)}: {exc}") from exc
     finally:
-        _close_quietly(conn)
+        close_quietly(conn)
 
 
 def create_embedded_topic(backend: EmbeddedBackend, topic: str, *, partitions: int) -> None:

@@ -12,7 +12,8 @@ import zlib
 from collections.abc import Iterator, Mapping
 
 from airflow_provider_pulsarstate.engine.backends.base import partition_topic_name
-from airflow_provider_pulsarstate.engine.backends.embedded import EmbeddedBackend, _close_quietly, _rollback_quietly
+from airflow_provider_pulsarstate.engine.backends.embedded import EmbeddedBackend
+from airflow_provider_pulsarstate.engine.backends.embedded_files import close_quietly, rollback_quietly
 from airflow_provider_pulsarstate.engine.errors import (
     BackendUnavailableError,
     OperationTimeoutError,
@@ -58,10 +59,10 @@ class EmbeddedTopicPublisher(TopicPublisher):
             if not create:
                 partition_count(self._conn, backend, topic)
         except sqlite3.Error as exc:
-            _close_quietly(self._conn)
+            close_quietly(self._conn)
             raise BackendUnavailableError(f"cannot open a publisher of {backend.topic_url(topic)}: {exc}") from exc
         except BaseException:
-            _close_quietly(self._conn)
+            close_quietly(self._conn)
             raise
         self._closed = False
         self._tracked = _OnBackendClose(self)
@@ -104,7 +105,7 @@ class EmbeddedTopicPublisher(TopicPublisher):
             partitions, next_partition = self._route(count)
             placed = self._insert(conn, count, partitions)
         except sqlite3.Error as exc:
-            _rollback_quietly(conn)
+            rollback_quietly(conn)
             raise self._write_failed(exc, timeout) from exc
         self._commit(conn)
         self._next_partition = next_partition
@@ -183,7 +184,7 @@ class EmbeddedTopicPublisher(TopicPublisher):
         except sqlite3.Error as exc:
             url = self.backend.topic_url(self.topic)
             if conn.in_transaction:
-                _rollback_quietly(conn)
+                rollback_quietly(conn)
                 raise BackendUnavailableError(
                     f"publishing {len(self._queue)} message(s) to {url} failed, nothing was written "
                     f"(they stay queued): {exc}"
@@ -223,7 +224,7 @@ class EmbeddedTopicPublisher(TopicPublisher):
             finally:
                 self._closed = True
                 if self._conn is not None:
-                    _close_quietly(self._conn)
+                    close_quietly(self._conn)
                     self._conn = None
                 self.backend._untrack(self._tracked)
 

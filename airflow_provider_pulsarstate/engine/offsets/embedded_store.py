@@ -10,7 +10,8 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 
-from airflow_provider_pulsarstate.engine.backends.embedded import EmbeddedBackend, _close_quietly, _rollback_quietly
+from airflow_provider_pulsarstate.engine.backends.embedded import EmbeddedBackend
+from airflow_provider_pulsarstate.engine.backends.embedded_files import close_quietly, rollback_quietly
 from airflow_provider_pulsarstate.engine.errors import (
     BackendUnavailableError,
     ClosedError,
@@ -45,18 +46,18 @@ class Store:
                 conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
                 yield conn
             except (sqlite3.Error, OSError) as exc:
-                _rollback_quietly(conn)
+                rollback_quietly(conn)
                 raise BackendUnavailableError(
                     f"{what} failed on embedded state file {self.backend.path}: {exc}"
                 ) from exc
             except BaseException:
-                _rollback_quietly(conn)
+                rollback_quietly(conn)
                 raise
             try:
                 conn.execute("COMMIT")
             except sqlite3.Error as exc:
                 if conn.in_transaction or not write:
-                    _rollback_quietly(conn)
+                    rollback_quietly(conn)
                     raise BackendUnavailableError(
                         f"{what} failed on embedded state file {self.backend.path}, nothing was written: {exc}"
                     ) from exc
@@ -67,7 +68,7 @@ class Store:
             self._closed = True
             if self._conn is not None:
                 conn, self._conn = self._conn, None
-                _close_quietly(conn)
+                close_quietly(conn)
 
 
 # -- queries (inside a transaction) -------------------------------------------------------------
