@@ -69,6 +69,7 @@ def provider_info() -> dict[str, Any]:
                 "python-modules": [
                     "airflow_provider_pulsarstate.sensors.leadership",
                     "airflow_provider_pulsarstate.sensors.offsets",
+                    "airflow_provider_pulsarstate.sensors.trigger_start",
                 ],
             }
         ],
@@ -83,6 +84,7 @@ def provider_info() -> dict[str, Any]:
                     "airflow_provider_pulsarstate.triggers.polling",
                     "airflow_provider_pulsarstate.triggers.offset_conditions",
                     "airflow_provider_pulsarstate.triggers.shared_config",
+                    "airflow_provider_pulsarstate.triggers.shared_log",
                     "airflow_provider_pulsarstate.triggers.start_gate",
                     "airflow_provider_pulsarstate.triggers.state_change",
                 ],
