@@ -13,6 +13,8 @@ provider's metadata never load the engine).
 
 import typing as _typing
 
+from airflow_provider_pulsarstate._lazy import lazy_exports as _lazy_exports
+
 __version__ = "0.1.0"
 
 if _typing.TYPE_CHECKING:
@@ -166,19 +168,6 @@ def get_provider_info() -> dict[str, _typing.Any]:
     return provider_info()
 
 
-def __getattr__(name: str) -> _typing.Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib import import_module
-
-    value = getattr(import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
-
+__getattr__, __dir__ = _lazy_exports(__name__, _LAZY, globals())
 
 __all__ = sorted([*_LAZY, "get_provider_info"])

@@ -18,6 +18,8 @@ does in every Airflow process) does not load the others.
 
 import typing as _typing
 
+from airflow_provider_pulsarstate._lazy import lazy_exports as _lazy_exports
+
 if _typing.TYPE_CHECKING:
     from airflow_provider_pulsarstate.engine.backends import AcquireMode, Backend, open_backend
     from airflow_provider_pulsarstate.engine.config import ConnectionConfig
@@ -70,19 +72,6 @@ _LAZY: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> _typing.Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib import import_module
-
-    value = getattr(import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
-
+__getattr__, __dir__ = _lazy_exports(__name__, _LAZY, globals())
 
 __all__ = sorted(_LAZY)
