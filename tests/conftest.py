@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -146,11 +147,14 @@ def _broker_logs_used(item: pytest.Item) -> dict[str, Path]:
 
 def _cpu_seconds() -> float:
     """CPU time of this process and of the children it has waited for (spark-submit, Airflow
-    processes, pipeline workers): what a test costs on a machine where every CPU is busy."""
+    processes, pipeline workers), and of the scripts a warm parent forked for it: what a test
+    costs on a machine where every CPU is busy."""
     import resource
 
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    forked = sys.modules.get("tests.airflow.warm_python")  # processes forked by a warm parent
+    extra = forked.cpu_seconds() if forked is not None else 0.0
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + extra
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -83,14 +82,12 @@ def run_pipeline_worker(
     conf: dict[str, Any], *, env: Mapping[str, str], kill_after: str = "", timeout: float = 900
 ) -> subprocess.CompletedProcess[str]:
     """``price_events_pipeline`` run once with dag.test() in a child process (``ingest_kill_worker.py``)
-    under ``env`` (its AIRFLOW_HOME, metadata DB and connections); ``kill_after`` as the worker takes it."""
-    return subprocess.run(
-        [sys.executable, str(PIPELINE_WORKER), str(EXAMPLE_DAGS), json.dumps(conf), kill_after],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=dict(env),
-    )
+    under ``env`` (its AIRFLOW_HOME, metadata DB and connections); ``kill_after`` as the worker takes it.
+    The process is forked from a warm parent (``warm_python``): it skips Airflow's import and
+    execution-API start-up, not anything the run does."""
+    from tests.airflow.warm_python import run_warm
+
+    return run_warm(PIPELINE_WORKER, [str(EXAMPLE_DAGS), json.dumps(conf), kill_after], env=env, timeout=timeout)
 
 
 def worker_result(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
