@@ -18,6 +18,50 @@ from airflow_provider_pulsarstate.provider_settings import OPTIONS, SECTION
 PACKAGE_NAME = "airflow-provider-pulsarstate"
 
 
+# Every module of these packages: tests/airflow/test_provider_metadata.py checks the lists are complete.
+_MODULES: dict[str, tuple[str, ...]] = {
+    "hooks": (
+        "airflow_provider_pulsarstate.hooks.airflow_internals",
+        "airflow_provider_pulsarstate.hooks.async_probes",
+        "airflow_provider_pulsarstate.hooks.connection_config",
+        "airflow_provider_pulsarstate.hooks.connection_form",
+        "airflow_provider_pulsarstate.hooks.executor_policy",
+        "airflow_provider_pulsarstate.hooks.process_shared",
+        "airflow_provider_pulsarstate.hooks.pulsarstate",
+        "airflow_provider_pulsarstate.hooks.shared_objects",
+        "airflow_provider_pulsarstate.hooks.state_store_access",
+        "airflow_provider_pulsarstate.hooks.teams",
+        "airflow_provider_pulsarstate.hooks.topic_access",
+    ),
+    "operators": (
+        "airflow_provider_pulsarstate.operators.leases",
+        "airflow_provider_pulsarstate.operators.offsets",
+        "airflow_provider_pulsarstate.operators.spark_submit",
+        "airflow_provider_pulsarstate.operators.view_job",
+        "airflow_provider_pulsarstate.operators.view_texts",
+        "airflow_provider_pulsarstate.operators.views",
+        "airflow_provider_pulsarstate.operators.xcom_cleanup",
+    ),
+    "sensors": (
+        "airflow_provider_pulsarstate.sensors.leadership",
+        "airflow_provider_pulsarstate.sensors.offsets",
+        "airflow_provider_pulsarstate.sensors.trigger_start",
+    ),
+    "triggers": (
+        "airflow_provider_pulsarstate.triggers.leadership",
+        "airflow_provider_pulsarstate.triggers.leadership_conditions",
+        "airflow_provider_pulsarstate.triggers.messages",
+        "airflow_provider_pulsarstate.triggers.offsets",
+        "airflow_provider_pulsarstate.triggers.polling",
+        "airflow_provider_pulsarstate.triggers.offset_conditions",
+        "airflow_provider_pulsarstate.triggers.shared_config",
+        "airflow_provider_pulsarstate.triggers.shared_log",
+        "airflow_provider_pulsarstate.triggers.start_gate",
+        "airflow_provider_pulsarstate.triggers.state_change",
+    ),
+}
+
+
 def provider_info() -> dict[str, Any]:
     """The dict ``get_provider_info()`` returns (connection types, hooks, operators, ...)."""
     return {
@@ -32,64 +76,7 @@ def provider_info() -> dict[str, Any]:
                 "tags": ["software"],
             }
         ],
-        # Every module of these packages: tests/test_packaging.py checks the lists are complete.
-        "hooks": [
-            {
-                "integration-name": "Pulsar State",
-                "python-modules": [
-                    "airflow_provider_pulsarstate.hooks.airflow_internals",
-                    "airflow_provider_pulsarstate.hooks.async_probes",
-                    "airflow_provider_pulsarstate.hooks.connection_config",
-                    "airflow_provider_pulsarstate.hooks.connection_form",
-                    "airflow_provider_pulsarstate.hooks.executor_policy",
-                    "airflow_provider_pulsarstate.hooks.process_shared",
-                    "airflow_provider_pulsarstate.hooks.pulsarstate",
-                    "airflow_provider_pulsarstate.hooks.shared_objects",
-                    "airflow_provider_pulsarstate.hooks.state_store_access",
-                    "airflow_provider_pulsarstate.hooks.teams",
-                    "airflow_provider_pulsarstate.hooks.topic_access",
-                ],
-            }
-        ],
-        "operators": [
-            {
-                "integration-name": "Pulsar State",
-                "python-modules": [
-                    "airflow_provider_pulsarstate.operators.leases",
-                    "airflow_provider_pulsarstate.operators.offsets",
-                    "airflow_provider_pulsarstate.operators.spark_submit",
-                    "airflow_provider_pulsarstate.operators.views",
-                    "airflow_provider_pulsarstate.operators.xcom_cleanup",
-                ],
-            }
-        ],
-        "sensors": [
-            {
-                "integration-name": "Pulsar State",
-                "python-modules": [
-                    "airflow_provider_pulsarstate.sensors.leadership",
-                    "airflow_provider_pulsarstate.sensors.offsets",
-                    "airflow_provider_pulsarstate.sensors.trigger_start",
-                ],
-            }
-        ],
-        "triggers": [
-            {
-                "integration-name": "Pulsar State",
-                "python-modules": [
-                    "airflow_provider_pulsarstate.triggers.leadership",
-                    "airflow_provider_pulsarstate.triggers.leadership_conditions",
-                    "airflow_provider_pulsarstate.triggers.messages",
-                    "airflow_provider_pulsarstate.triggers.offsets",
-                    "airflow_provider_pulsarstate.triggers.polling",
-                    "airflow_provider_pulsarstate.triggers.offset_conditions",
-                    "airflow_provider_pulsarstate.triggers.shared_config",
-                    "airflow_provider_pulsarstate.triggers.shared_log",
-                    "airflow_provider_pulsarstate.triggers.start_gate",
-                    "airflow_provider_pulsarstate.triggers.state_change",
-                ],
-            }
-        ],
+        **_module_lists(),
         "plugins": [
             {
                 "name": "pulsarstate",
@@ -130,4 +117,12 @@ def provider_info() -> dict[str, Any]:
                 "ui-field-behaviour": copy.deepcopy(UI_FIELD_BEHAVIOUR),
             }
         ],
+    }
+
+
+def _module_lists() -> dict[str, list[dict[str, Any]]]:
+    """The ``hooks``, ``operators``, ``sensors`` and ``triggers`` entries (new lists on each call)."""
+    return {
+        kind: [{"integration-name": "Pulsar State", "python-modules": list(modules)}]
+        for kind, modules in _MODULES.items()
     }

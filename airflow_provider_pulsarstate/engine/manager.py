@@ -73,8 +73,9 @@ the state is rebuilt from the log before anything else happens.
 
 The parts, one job each, live in :mod:`airflow_provider_pulsarstate.engine.state`: the replica and
 its state machine, the committer (queue, group commit, retries) with the writer's custody and the
-staging of records, listeners, background workers (follower, checkpoints), op (de)serialization.
-This class wires them together and holds the public API.
+staging of records, listeners, background workers (follower, checkpoints), op (de)serialization;
+:mod:`~airflow_provider_pulsarstate.engine.state.assembly` checks the options and wires the parts
+together. This class holds the public API.
 
 Locks: the state lock may be held while taking the commit queue's condition, never the other way
 round (a listener runs under the state lock and may call :meth:`write_async`).
@@ -83,17 +84,13 @@ round (a listener runs under the state lock and may call :meth:`write_async`).
 from __future__ import annotations
 
 import logging
-import threading
-import uuid
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
 from airflow_provider_pulsarstate.engine.backends.base import AcquireMode, Backend
-from airflow_provider_pulsarstate.engine.checkpoint import CheckpointInfo, CheckpointStore
+from airflow_provider_pulsarstate.engine.checkpoint import CheckpointInfo
 from airflow_provider_pulsarstate.engine.errors import (
-    ConfigurationError,
-    OperationTimeoutError,
     PulsarStateError,
     WriteId,
 )
@@ -104,18 +101,13 @@ from airflow_provider_pulsarstate.engine.fencing import (
     check_lease_log,
     check_lease_name,
 )
-from airflow_provider_pulsarstate.engine.grants import LeaseGrants
-from airflow_provider_pulsarstate.engine.state.committer import Committer
-from airflow_provider_pulsarstate.engine.state.custody import WriterCustody
-from airflow_provider_pulsarstate.engine.state.fence_book import FenceBook
+from airflow_provider_pulsarstate.engine.state.assembly import ManagerOptions, assemble
 from airflow_provider_pulsarstate.engine.state.introspection import ManagerIntrospection
-from airflow_provider_pulsarstate.engine.state.listeners import Change, ListenerErrorHandler, Listeners
-from airflow_provider_pulsarstate.engine.state.ops import OpCodec, json_op_deserializer, json_op_serializer
+from airflow_provider_pulsarstate.engine.state.listeners import Change, ListenerErrorHandler
+from airflow_provider_pulsarstate.engine.state.ops import json_op_deserializer, json_op_serializer
 from airflow_provider_pulsarstate.engine.state.replica import Replica, ReplicaState
-from airflow_provider_pulsarstate.engine.state.staging import Stager
 from airflow_provider_pulsarstate.engine.state.stats import ManagerStats
 from airflow_provider_pulsarstate.engine.state.support import deadline_of, time_left
-from airflow_provider_pulsarstate.engine.state.workers import Checkpointer, Follower
 from airflow_provider_pulsarstate.engine.wal import DEFAULT_MAX_FRAME_BYTES, CorruptPolicy
 from airflow_provider_pulsarstate.engine.writes import PendingWrite, WriteOutcome
 
@@ -218,72 +210,39 @@ class SharedStateManager(ManagerIntrospection, Generic[S, O]):
         use_checkpoints: bool = True,
         writer_name: str | None = None,
     ) -> None:
-        if handover_check_interval is not None and handover_check_interval <= 0:
-            raise ConfigurationError(
-                f"handover_check_interval must be positive or None, got {handover_check_interval!r}"
-            )
-        if checkpoint_after_bytes is not None and (state_serializer is None or checkpoint_after_bytes <= 0):
-            raise ConfigurationError(
-                "checkpoint_after_bytes needs a state_serializer and a positive size, got "
-                f"{checkpoint_after_bytes!r} with state_serializer={state_serializer!r}"
-            )
-        self.backend = backend
-        self.topic = topic
-        self.writer_id = uuid.uuid4().bytes
-        self.acquire_mode = AcquireMode(acquire_mode)
-        self.operation_timeout = operation_timeout
-        self.writer_name = writer_name
-        self.stats = ManagerStats()
-        checkpoints = CheckpointStore(backend, topic, max_frame_bytes=max_frame_bytes, timeout=operation_timeout)
-        lock = threading.RLock()  # the state lock: state, reader, writer, offsets
-        self._custody = WriterCustody(
-            backend,
-            topic,
-            writer_id=self.writer_id,
-            mode=self.acquire_mode,
-            acquire_timeout=acquire_timeout,
-            operation_timeout=operation_timeout,
-            max_frame_bytes=max_frame_bytes,
-            name=writer_name,
-            stats=self.stats,
-        )
-        self._replica: Replica[S, O] = Replica(
-            backend,
-            topic,
-            lock=lock,
-            writer_id=self.writer_id,
+        options: ManagerOptions[S, O] = ManagerOptions(
             initializer=initializer,
             applier=applier,
-            codec=OpCodec(topic, op_serializer, op_deserializer),
-            listeners=Listeners(topic, self.stats, lock),
-            fences=FenceBook(topic, LeaseGrants(backend, topic, operation_timeout=operation_timeout), self.stats),
-            stats=self.stats,
-            checkpoints=checkpoints,
-            state_deserializer=state_deserializer if use_checkpoints else None,
-            on_corrupt=on_corrupt,
+            op_serializer=op_serializer,
+            op_deserializer=op_deserializer,
+            acquire_mode=acquire_mode,
+            acquire_timeout=acquire_timeout,
             operation_timeout=operation_timeout,
-            progress_interval=progress_interval,
-            on_rebuild=self._custody.drop,
-        )
-        self._checkpointing = Checkpointer(
-            self._replica,
-            self._custody,
-            checkpoints,
-            serializer=state_serializer,
-            after_bytes=checkpoint_after_bytes,
-        )
-        self._committer = Committer(
-            self._replica,
-            self._custody,
-            Stager(self._replica, self._custody, self._replica.codec, operation_timeout=operation_timeout),
-            max_group_writes=max_group_writes,
-            max_retries=max_retries,
             writer_idle_timeout=writer_idle_timeout,
             handover_check_interval=handover_check_interval,
-            after_commit=self._checkpointing.maybe_start,
+            max_retries=max_retries,
+            max_group_writes=max_group_writes,
+            max_frame_bytes=max_frame_bytes,
+            on_corrupt=on_corrupt,
+            follow_interval=follow_interval,
+            progress_interval=progress_interval,
+            state_serializer=state_serializer,
+            state_deserializer=state_deserializer,
+            checkpoint_after_bytes=checkpoint_after_bytes,
+            use_checkpoints=use_checkpoints,
+            writer_name=writer_name,
         )
-        self._stop = threading.Event()
-        self._following = Follower(self._replica, interval=follow_interval, stop=self._stop, lock=self._committer.cv)
+        parts = assemble(backend, topic, options)
+        self.backend = backend
+        self.topic = topic
+        self.writer_id = parts.custody.writer_id
+        self.stats = parts.stats
+        self._parts = parts
+        self._custody = parts.custody
+        self._replica: Replica[S, O] = parts.replica
+        self._checkpointing = parts.checkpointing
+        self._committer = parts.committer
+        self._following = parts.following
         self._read_pool: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -297,28 +256,7 @@ class SharedStateManager(ManagerIntrospection, Generic[S, O]):
 
     def close(self) -> None:
         """Stop background threads, fail queued writes with ClosedError, release writer and reader."""
-        with self._committer.cv:
-            if self._replica.closed:
-                return
-            self._replica.transition(ReplicaState.CLOSED)
-            self._committer.cv.notify_all()
-        self._stop.set()
-        threads: list[Callable[[], threading.Thread | None]] = [
-            lambda: self._committer.thread,
-            lambda: self._following.thread,
-            lambda: self._checkpointing.thread,  # read after the committer stopped: it may start one
-        ]
-        for current in threads:
-            thread = current()
-            if thread is not None and thread is not threading.current_thread():
-                thread.join(timeout=self.operation_timeout + self.acquire_timeout)
-        self._committer.fail_queued()
-        with self._replica.lock:
-            self._custody.drop()
-            self._replica.close_reader()
-        if self._read_pool is not None:
-            self._read_pool.shutdown(wait=False)
-        self._replica.fences.grants.close()
+        self._parts.close(join_timeout=self.operation_timeout + self.acquire_timeout, read_pool=lambda: self._read_pool)
 
     def __enter__(self) -> SharedStateManager[S, O]:
         return self.start()
@@ -352,31 +290,6 @@ class SharedStateManager(ManagerIntrospection, Generic[S, O]):
         """
         return self._replica.listeners.remove(listener)
 
-    @property
-    def status(self) -> ReplicaState:
-        """Where the local replica stands (EMPTY before the first replay, LIVE, PAUSED, BROKEN, CLOSED)."""
-        return self._replica.status
-
-    @property
-    def applied_offset(self) -> int:
-        """Offset of the last record applied to the local state (-1 before any)."""
-        return self._replica.applied_offset
-
-    @property
-    def applying_offset(self) -> int:
-        """While the applier runs: the offset of the record its op belongs to (for versioning)."""
-        return self._replica.applying_offset
-
-    @property
-    def log_id(self) -> str | None:
-        """The log's GENESIS id once replayed (None: not replayed yet, empty, or older than GENESIS records)."""
-        return self._replica.log_id
-
-    @property
-    def holds_writer(self) -> bool:
-        """Whether this instance currently holds the exclusive writer."""
-        return self._custody.held
-
     # ------------------------------------------------------------------ reads
     def read(
         self,
@@ -406,26 +319,9 @@ class SharedStateManager(ManagerIntrospection, Generic[S, O]):
         if linearizable:
             result: R = self._submit(None, reader, retry=True, barrier=True, timeout=timeout)
             return result
-        deadline = deadline_of(timeout)
         # writes complete in submission order; their outcome is the writer's business
         last = self._committer.last_submitted if latest else None
-        if last is not None and not last.done() and not wait([last], timeout=time_left(deadline)).done:
-            raise OperationTimeoutError(
-                f"{self.topic}: this instance's earlier writes did not complete within {timeout:.1f}s"
-            )
-        left = time_left(deadline)
-        replica = self._replica
-        if not replica.lock.acquire(timeout=-1 if left is None else left):
-            raise OperationTimeoutError(
-                f"{self.topic}: the local state stayed busy (an append or a catch-up) for {timeout:.1f}s"
-            )
-        try:
-            replica.ensure(deadline=deadline)
-            if latest:
-                replica.catch_up(deadline=deadline)
-            return reader(replica.state)
-        finally:
-            replica.lock.release()
+        return self._replica.read(reader, latest=latest, after=last, timeout=timeout)
 
     def read_async(self, reader: Callable[[S], R], *, latest: bool = False, linearizable: bool = False) -> Future[Any]:
         """:meth:`read` on a helper thread; returns a Future of the result."""

@@ -21,9 +21,7 @@ reached through :class:`~airflow_provider_pulsarstate.hooks.pulsarstate.PulsarSt
 
 from __future__ import annotations
 
-import hashlib
-import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, TaskGroup, TriggerRule
@@ -34,7 +32,6 @@ from airflow_provider_pulsarstate.assets.uri import lineage_namespace
 from airflow_provider_pulsarstate.engine.config import DEFAULT_MAX_DELETE_FRACTION
 from airflow_provider_pulsarstate.engine.errors import (
     LeaseFencedError,
-    MissingExtraError,
     UnknownScopePredicateError,
     ViewConflictError,
     ViewError,
@@ -42,31 +39,24 @@ from airflow_provider_pulsarstate.engine.errors import (
 from airflow_provider_pulsarstate.hooks.pulsarstate import PulsarStateHook
 from airflow_provider_pulsarstate.lineage.operators import TaskLineageMixin, record_apply
 from airflow_provider_pulsarstate.operators.leases import LeaseGuardMixin
+from airflow_provider_pulsarstate.operators.view_job import (
+    CONFIG_XCOM_KEY,
+    commit_offsets_task,
+    job_extra_args,
+    spark_job_task,
+    view_job_args,
+    view_spark_submit_operator,
+    xcom_of,
+)
+from airflow_provider_pulsarstate.operators.view_texts import default_view_id, format_counts
 from airflow_provider_pulsarstate.plugins.links import PulsarStateTableLink, PulsarStateViewLink
 from airflow_provider_pulsarstate.spark.views import dump_config
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-CONFIG_XCOM_KEY = "pulsarstate_config"
-"""XCom key under which :class:`CreateTempViewOperator` pushes the connection config as JSON
-(embedded path absolute, auth token left out) for the Spark job's ``--config-json``."""
-
 DEFAULT_CONN_ID = PulsarStateHook.default_conn_name
 DEFAULT_TTL = 86400.0
-_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
-
-
-def default_view_id(dag_id: str, task_id: str, run_id: str, try_number: int = 1) -> str:
-    """A view id for one attempt of one create task in one dag run (safe in a topic name).
-
-    ``<run id, sanitized, at most 40 chars>-<8 hex digits of dag id, task id and run id>-<try>``:
-    readable in topic listings, unique per task and run, and new for every attempt, so a
-    re-run after a dropped or applied view starts a fresh one.
-    """
-    digest = hashlib.sha256(f"{dag_id}\0{task_id}\0{run_id}".encode()).hexdigest()[:8]
-    readable = _UNSAFE.sub("_", run_id).strip("_-")[:40] or "view"
-    return f"{readable}-{digest}-{try_number}"
 
 
 # ---------------------------------------------------------------------------------- operators
@@ -76,7 +66,7 @@ class CreateTempViewOperator(TaskLineageMixin, LeaseGuardMixin, BaseOperator):
     The baseline is the table's commit offset when the view opened: apply refuses to overwrite
     keys changed after it (see :class:`ApplyTempViewOperator`). Creating an id that is already
     open returns that view (a retried task is safe). The connection config for a Spark job is
-    pushed as JSON under the XCom key :data:`CONFIG_XCOM_KEY`, without the auth token. Guarded
+    pushed as JSON under the XCom key :data:`~airflow_provider_pulsarstate.operators.view_job.CONFIG_XCOM_KEY`, without the auth token. Guarded
     by a lease, it opens the view under the lease's fencing token (refused once a newer holder wrote).
 
     :param table_topic: the table (short name or full ``persistent://...``). Templated.
@@ -87,7 +77,7 @@ class CreateTempViewOperator(TaskLineageMixin, LeaseGuardMixin, BaseOperator):
         by a module the DAG file imports (only the name is logged; nothing is ever imported from it).
         Not templated: the scope is the DAG author's choice, never ``dag_run.conf``'s.
     :param ttl: seconds after which an unapplied view may be dropped by the next create_view.
-    :param view_id: the id to use ([A-Za-z0-9_-]{1,64}); default: :func:`default_view_id` of
+    :param view_id: the id to use ([A-Za-z0-9_-]{1,64}); default: :func:`~airflow_provider_pulsarstate.operators.view_texts.default_view_id` of
         this task instance. Templated.
     :param pulsarstate_conn_id: the ``pulsarstate`` connection (missing default: embedded log).
     :raises AirflowFailException: ``view_id`` names a view that was already applied or dropped.
@@ -328,22 +318,6 @@ class DropTempViewOperator(BaseOperator):
         return {"view_id": self.view_id, "dropped": dropped}
 
 
-def format_counts(counts: Mapping[str, Any], *, title: str) -> str:
-    """A small text table of set/delete/unchanged/conflicts with sample keys (for task logs)."""
-    samples = {"set": counts.get("sample_set") or [], "delete": counts.get("sample_delete") or []}
-    conflicts = counts.get("conflicts") or []
-    rows: list[tuple[str, Any, list[str]]] = []
-    for name in ("set", "delete", "unchanged"):
-        if name in counts:
-            rows.append((name, counts[name], samples.get(name, [])))
-    rows.append(("conflicts", len(conflicts), list(conflicts)))
-    lines = [title, f"  {'kind':<10} {'rows':>10}  sample keys"]
-    for name, value, keys in rows:
-        shown = ", ".join(keys[:5]) + (", ..." if len(keys) > 5 else "")
-        lines.append(f"  {name:<10} {value:>10,}  {shown}".rstrip())
-    return "\n".join(lines)
-
-
 # ---------------------------------------------------------------------------------- Spark task group
 class TempViewTaskGroup(TaskGroup):
     """The task group :func:`temp_view_spark_task_group` returns.
@@ -411,8 +385,7 @@ def temp_view_spark_task_group(
     source_subscription: str | None = None,
     **spark_kwargs: Any,
 ) -> TempViewTaskGroup:
-    """create_view -> spark_job -> apply_view, plus drop_view when the Spark job fails
-    (:class:`TempViewTaskGroup` says what the job is given and when each task runs).
+    """create_view -> spark_job -> apply_view, plus drop_view when the job fails (see :class:`TempViewTaskGroup`).
 
     :param group_id: the task group's id.
     :param table_topic: the table. Templated (e.g. ``"{{ params.table }}"``).
@@ -435,94 +408,66 @@ def temp_view_spark_task_group(
     :return: the group; ``group.create``, ``.spark``, ``.apply``, ``.drop`` are its tasks.
     :raises MissingExtraError: the ``[spark]`` extra (the Spark provider) is not installed.
     """
-    extra = _job_extra_args(application_args_extra, source_topic, source_subscription, spark_kwargs)
-    submit_operator = _view_spark_submit_operator()
+    extra = job_extra_args(application_args_extra, source_topic, source_subscription, spark_kwargs)
+    submit_operator = view_spark_submit_operator()
     group = TempViewTaskGroup(group_id=group_id)
     with group:
-        create = CreateTempViewOperator(
-            task_id="create_view",
-            table_topic=table_topic,
-            scope_prefix=scope_prefix,
-            scope_predicate=scope_predicate,
-            ttl=ttl,
-            view_id=view_id,
-            pulsarstate_conn_id=pulsarstate_conn_id,
-        )
-        job_args = [*_view_job_args(create.task_id), *extra]
-        spark = submit_operator(
-            task_id="spark_job",
-            application=application,
-            application_args=job_args,
-            conn_id=spark_conn_id,
-            pulsarstate_conn_id=pulsarstate_conn_id,
-            **spark_kwargs,
-        )
-        apply = ApplyTempViewOperator(
-            task_id="apply_view",
-            table_topic=table_topic,
-            view_id="{{ %s['view_id'] }}" % _pull(create.task_id),
-            dry_run=dry_run,
-            drop_after_plan=dry_run,
-            overwrite=overwrite,
-            max_deletes=max_deletes,
-            max_delete_fraction=max_delete_fraction,
-            sample=sample,
-            pulsarstate_conn_id=pulsarstate_conn_id,
+        create = _create_task(table_topic, pulsarstate_conn_id, scope_prefix, scope_predicate, ttl, view_id)
+        job_args = [*view_job_args(create.task_id), *extra]
+        spark = spark_job_task(submit_operator, application, job_args, spark_conn_id, pulsarstate_conn_id, spark_kwargs)
+        apply = _apply_task(
+            create, table_topic, pulsarstate_conn_id, dry_run, overwrite, max_deletes, max_delete_fraction, sample
         )
         drop = _drop_task(create.task_id, table_topic, pulsarstate_conn_id)
-        create >> spark >> apply
-        spark >> drop
-        if source_subscription and source_topic:  # _job_extra_args refuses a subscription without a topic
-            group.commit = _commit_offsets_task(
-                apply, table_topic, source_topic, source_subscription, pulsarstate_conn_id
-            )
+        create >> spark >> [apply, drop]
+        group.commit = commit_offsets_task(apply, table_topic, source_topic, source_subscription, pulsarstate_conn_id)
     group.create, group.spark, group.apply, group.drop = create, spark, apply, drop
     return group
 
 
-def _job_extra_args(
-    application_args_extra: Iterable[Any],
-    source_topic: str | None,
-    source_subscription: str | None,
-    spark_kwargs: Mapping[str, Any],
-) -> list[str]:
-    """The job's arguments after the view's: ``--source-topic`` first for ingestion, then the
-    caller's (each as a str); refuses arguments the group sets itself."""
-    for reserved in ("task_id", "application", "application_args", "conn_id"):
-        if reserved in spark_kwargs:
-            raise TypeError(f"temp_view_spark_task_group() sets {reserved!r} itself")
-    extra = [arg if isinstance(arg, str) else str(arg) for arg in application_args_extra]
-    if source_subscription and not source_topic:
-        raise TypeError("temp_view_spark_task_group(): source_subscription needs source_topic")
-    return ["--source-topic", source_topic, *extra] if source_topic else extra
+def _create_task(
+    table_topic: str,
+    pulsarstate_conn_id: str,
+    scope_prefix: str | None,
+    scope_predicate: str | None,
+    ttl: float,
+    view_id: str | None,
+) -> CreateTempViewOperator:
+    """Opens the view."""
+    return CreateTempViewOperator(
+        task_id="create_view",
+        table_topic=table_topic,
+        scope_prefix=scope_prefix,
+        scope_predicate=scope_predicate,
+        ttl=ttl,
+        view_id=view_id,
+        pulsarstate_conn_id=pulsarstate_conn_id,
+    )
 
 
-def _view_spark_submit_operator() -> type[BaseOperator]:
-    """:class:`~airflow_provider_pulsarstate.operators.spark_submit.ViewSparkSubmitOperator`, which
-    needs the ``[spark]`` extra."""
-    try:
-        from airflow_provider_pulsarstate.operators.spark_submit import ViewSparkSubmitOperator
-    except MissingExtraError as exc:
-        raise MissingExtraError(f"temp_view_spark_task_group: {exc}", extra=exc.extra) from exc
-    return ViewSparkSubmitOperator
-
-
-def _pull(create_task_id: str) -> str:
-    """The template expression of the create task's XCom (the view's info)."""
-    return f"ti.xcom_pull(task_ids={create_task_id!r})"
-
-
-def _view_job_args(create_task_id: str) -> list[str]:
-    """The job's first arguments: the view, its table and the connection, rendered from the create task's XComs."""
-    pull = _pull(create_task_id)
-    return [
-        "--view-id",
-        "{{ %s['view_id'] }}" % pull,
-        "--table-topic",
-        "{{ %s['table'] }}" % pull,
-        "--config-json",
-        "{{ ti.xcom_pull(task_ids=%r, key=%r) }}" % (create_task_id, CONFIG_XCOM_KEY),
-    ]
+def _apply_task(
+    create: CreateTempViewOperator,
+    table_topic: str,
+    pulsarstate_conn_id: str,
+    dry_run: bool,
+    overwrite: bool,
+    max_deletes: int | None,
+    max_delete_fraction: float | None,
+    sample: int,
+) -> ApplyTempViewOperator:
+    """Applies the view the create task opened (with ``dry_run``: plans it, then drops it)."""
+    return ApplyTempViewOperator(
+        task_id="apply_view",
+        table_topic=table_topic,
+        view_id="{{ %s['view_id'] }}" % xcom_of(create.task_id),
+        dry_run=dry_run,
+        drop_after_plan=dry_run,
+        overwrite=overwrite,
+        max_deletes=max_deletes,
+        max_delete_fraction=max_delete_fraction,
+        sample=sample,
+        pulsarstate_conn_id=pulsarstate_conn_id,
+    )
 
 
 def _drop_task(create_task_id: str, table_topic: str, pulsarstate_conn_id: str) -> DropTempViewOperator:
@@ -530,24 +475,7 @@ def _drop_task(create_task_id: str, table_topic: str, pulsarstate_conn_id: str) 
     return DropTempViewOperator(
         task_id="drop_view",
         table_topic=table_topic,
-        view_id="{{ (%s or {}).get('view_id') or '' }}" % _pull(create_task_id),
+        view_id="{{ (%s or {}).get('view_id') or '' }}" % xcom_of(create_task_id),
         pulsarstate_conn_id=pulsarstate_conn_id,
         trigger_rule=TriggerRule.ONE_FAILED,
     )
-
-
-def _commit_offsets_task(
-    apply: ApplyTempViewOperator, table_topic: str, source_topic: str, subscription: str, pulsarstate_conn_id: str
-) -> BaseOperator:
-    """Moves the source subscription's cursor to the table's record, after the apply."""
-    from airflow_provider_pulsarstate.operators.offsets import CommitSourceOffsetsOperator
-
-    commit = CommitSourceOffsetsOperator(
-        task_id="commit_offsets",
-        table_topic=table_topic,
-        source_topic=source_topic,
-        subscription=subscription,
-        pulsarstate_conn_id=pulsarstate_conn_id,
-    )
-    apply >> commit
-    return commit

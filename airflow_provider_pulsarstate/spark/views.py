@@ -24,7 +24,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -175,30 +175,39 @@ def write_view(
     if batch_rows < 1:
         raise ConfigurationError(f"batch_rows must be at least 1, got {batch_rows!r}")
     cfg = portable_config(config)
-    topic = cfg.topic_name(table_topic)
     key_index, field_plan = _plan_columns(df.schema, key_column)
-    config_dict = asdict(cfg)
+    plan = _StagePlan(asdict(cfg), cfg.topic_name(table_topic), view_id, batch_rows, key_column, key_index, field_plan)
+    # Arrow hands the executors whole columns (no Row object per row); only the attempts Spark kept.
+    rows = df.mapInArrow(_partition_stager(plan), "stager string, rows long").collect()
+    counts = {r["stager"]: r["rows"] for r in rows}
+    _seal(cfg, plan.topic, view_id, counts, list(source_offsets))
+    return sum(counts.values())
+
+
+@dataclass(frozen=True)
+class _StagePlan:
+    """What every executor needs to stage its partition (pickled to it)."""
+
+    config_dict: dict[str, Any]
+    topic: str
+    view_id: str
+    batch_rows: int
+    key_column: str
+    key_index: int
+    field_plan: list[tuple[str, int, Callable[[Any], Any] | None]]
+
+
+def _partition_stager(plan: _StagePlan) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The function ``mapInArrow`` runs per partition: stages it, yields its stager's id and row count."""
 
     def stage_partition(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        staged = _stage_batches(
-            batches,
-            config_dict=config_dict,
-            topic=topic,
-            view_id=view_id,
-            batch_rows=batch_rows,
-            key_column=key_column,
-            key_index=key_index,
-            field_plan=field_plan,
-        )
+        staged = _stage_batches(batches, plan)
         if staged is not None:  # no back end for an empty partition
             yield pa.RecordBatch.from_pydict({"stager": [staged[0]], "rows": [staged[1]]})
 
-    # Arrow hands the executors whole columns (no Row object per row); only the attempts Spark kept.
-    counts = {r["stager"]: r["rows"] for r in df.mapInArrow(stage_partition, "stager string, rows long").collect()}
-    _seal(cfg, topic, view_id, counts, list(source_offsets))
-    return sum(counts.values())
+    return stage_partition
 
 
 def _seal(cfg: ConnectionConfig, topic: str, view_id: str, counts: dict[str, int], sources: list[SourceRange]) -> None:
@@ -217,17 +226,7 @@ def _seal(cfg: ConnectionConfig, topic: str, view_id: str, counts: dict[str, int
         backend.close()
 
 
-def _stage_batches(
-    batches: Iterable[Any],
-    *,
-    config_dict: dict[str, Any],
-    topic: str,
-    view_id: str,
-    batch_rows: int,
-    key_column: str,
-    key_index: int,
-    field_plan: list[tuple[str, int, Callable[[Any], Any] | None]],
-) -> tuple[str, int] | None:
+def _stage_batches(batches: Iterable[Any], plan: _StagePlan) -> tuple[str, int] | None:
     """Stage one partition's Arrow batches (runs on an executor); its stager's id and row count, None if it had no rows."""
     from airflow_provider_pulsarstate.engine.backends import open_backend
     from airflow_provider_pulsarstate.engine.recipes.view_staging import ViewStager
@@ -236,37 +235,27 @@ def _stage_batches(
     first = next(filled, None)
     if first is None:
         return None
-    backend = open_backend(ConnectionConfig(**config_dict))
+    backend = open_backend(ConnectionConfig(**plan.config_dict))
     try:
-        with ViewStager(backend, topic, view_id, batch_rows=batch_rows) as stager:
+        with ViewStager(backend, plan.topic, plan.view_id, batch_rows=plan.batch_rows) as stager:
             for batch in itertools.chain((first,), filled):
-                _stage_batch(
-                    stager, batch, view_id=view_id, key_column=key_column, key_index=key_index, field_plan=field_plan
-                )
+                _stage_batch(stager, batch, plan)
         return stager.stager_id, stager.rows_staged
     finally:
         backend.close()
 
 
-def _stage_batch(
-    stager: Any,
-    batch: Any,
-    *,
-    view_id: str,
-    key_column: str,
-    key_index: int,
-    field_plan: list[tuple[str, int, Callable[[Any], Any] | None]],
-) -> None:
+def _stage_batch(stager: Any, batch: Any, plan: _StagePlan) -> None:
     """Stage the rows of one Arrow record batch, column by column (the fields converted as in :func:`_converter`)."""
     columns = batch.columns
-    if columns[key_index].null_count:
-        raise SerializationError(f"key column {key_column!r} is null in a row of view {view_id!r}")
-    keys = columns[key_index].to_pylist()
+    if columns[plan.key_index].null_count:
+        raise SerializationError(f"key column {plan.key_column!r} is null in a row of view {plan.view_id!r}")
+    keys = columns[plan.key_index].to_pylist()
     if keys and type(keys[0]) is not str:
         keys = [str(key) for key in keys]
-    names = [name for name, _, _ in field_plan]
+    names = [name for name, _, _ in plan.field_plan]
     values = []
-    for name, index, convert in field_plan:
+    for name, index, convert in plan.field_plan:
         column = columns[index].to_pylist()
         if convert is not None:
             column = _convert_column(column, convert, name, keys)
@@ -400,23 +389,8 @@ def read_table(
     require_pyspark("read_table")
     from pyspark.sql import types as T
 
-    from airflow_provider_pulsarstate.engine.backends import open_backend
-    from airflow_provider_pulsarstate.engine.recipes.table import StateTable
-
-    cfg = _as_config(config)
-    backend = open_backend(cfg)
-    try:
-        with StateTable(backend, cfg.topic_name(table_topic)) as table:
-            data = table.to_dict(latest=True)
-    finally:
-        backend.close()
-
-    kinds: dict[str, set[str]] = {}
-    for key, record in data.items():
-        if not isinstance(record, dict):
-            raise SerializationError(f"table {table_topic!r}, key {key!r}: the value is not a record (dict)")
-        for name, value in record.items():
-            kinds.setdefault(name, set()).add(_value_kind(value))
+    data = _committed_records(_as_config(config), table_topic)
+    kinds = _field_kinds(data, table_topic)
     if key_column in kinds:
         raise ConfigurationError(f"table {table_topic!r} has a field named {key_column!r}; pick another key_column")
     columns = sorted(kinds)
@@ -428,18 +402,44 @@ def read_table(
         [T.StructField(key_column, T.StringType(), nullable=False)]
         + [T.StructField(name, spark_types[name], nullable=True) for name in columns]
     )
+    doubles = {name for name in columns if isinstance(spark_types[name], T.DoubleType)}
 
     def cell(name: str, value: Any) -> Any:
         if value is None:
             return None
         if name in as_text and not isinstance(value, str):
             return json.dumps(value)
-        if isinstance(spark_types[name], T.DoubleType):
+        if name in doubles:
             return float(value)
         return value
 
     rows = [(key, *(cell(name, record.get(name)) for name in columns)) for key, record in data.items()]
     return spark.createDataFrame(rows, schema)
+
+
+def _committed_records(cfg: ConnectionConfig, table_topic: str) -> dict[str, Any]:
+    """The table's records, read up to the log's tail now, on the driver."""
+    from airflow_provider_pulsarstate.engine.backends import open_backend
+    from airflow_provider_pulsarstate.engine.recipes.table import StateTable
+
+    backend = open_backend(cfg)
+    try:
+        with StateTable(backend, cfg.topic_name(table_topic)) as table:
+            data: dict[str, Any] = table.to_dict(latest=True)
+            return data
+    finally:
+        backend.close()
+
+
+def _field_kinds(data: Mapping[str, Any], table_topic: str) -> dict[str, set[str]]:
+    """The kinds of value (:func:`_value_kind`) each field holds across the records."""
+    kinds: dict[str, set[str]] = {}
+    for key, record in data.items():
+        if not isinstance(record, dict):
+            raise SerializationError(f"table {table_topic!r}, key {key!r}: the value is not a record (dict)")
+        for name, value in record.items():
+            kinds.setdefault(name, set()).add(_value_kind(value))
+    return kinds
 
 
 def _value_kind(value: Any) -> str:

@@ -272,6 +272,30 @@ class PulsarStandalone:
             raise PulsarBrokerError(f"Pulsar broker already running (pid {self.pid}) at {self.service_url}")
         lib_dir = ensure_classpath(version=self.version)
         java = java_executable()
+        conf, log4j = self._write_run_files()
+        cmd = self._command(java, lib_dir, conf, log4j)
+        started = time.monotonic()
+        log.info(
+            "Starting Pulsar %s standalone at %s (admin %s, data %s)",
+            self.version,
+            self.service_url,
+            self.admin_url,
+            self.data_dir,
+        )
+        proc = self._spawn(cmd)
+        if not self._atexit_registered:
+            atexit.register(self._atexit)
+            self._atexit_registered = True
+        try:
+            self._wait_ready(timeout=timeout)
+        except BaseException:
+            self._kill_quietly()
+            raise
+        log.info("Pulsar broker ready after %.1f s (pid %d)", time.monotonic() - started, proc.pid)
+        return self
+
+    def _write_run_files(self) -> tuple[Path, Path]:
+        """Write the broker's configuration and logging files under ``<data_dir>/run``."""
         run_dir = self.data_dir / "run"
         run_dir.mkdir(parents=True, exist_ok=True)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -291,17 +315,11 @@ class PulsarStandalone:
         )
         log4j = run_dir / "log4j2.xml"
         log4j.write_text(_LOG4J2_TEMPLATE.format(log_file=_xml_attr(str(self.log_file))))
-        cmd = self._command(java, lib_dir, conf, log4j)
-        env = {k: v for k, v in os.environ.items() if k not in {"PULSAR_STANDALONE_USE_ZOOKEEPER", "JAVA_TOOL_OPTIONS"}}
+        return conf, log4j
 
-        started = time.monotonic()
-        log.info(
-            "Starting Pulsar %s standalone at %s (admin %s, data %s)",
-            self.version,
-            self.service_url,
-            self.admin_url,
-            self.data_dir,
-        )
+    def _spawn(self, cmd: list[str]) -> subprocess.Popen[bytes]:
+        """Start the JVM in a session of its own, its output appended to the log file."""
+        env = {k: v for k, v in os.environ.items() if k not in {"PULSAR_STANDALONE_USE_ZOOKEEPER", "JAVA_TOOL_OPTIONS"}}
         with open(self.log_file, "ab") as log_handle:  # the child keeps its own copy of the descriptor
             log_handle.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}\n".encode())
             log_handle.flush()
@@ -315,16 +333,7 @@ class PulsarStandalone:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        if not self._atexit_registered:
-            atexit.register(self._atexit)
-            self._atexit_registered = True
-        try:
-            self._wait_ready(timeout=timeout)
-        except BaseException:
-            self._kill_quietly()
-            raise
-        log.info("Pulsar broker ready after %.1f s (pid %d)", time.monotonic() - started, self._proc.pid)
-        return self
+        return self._proc
 
     def stop(self, *, grace: float = 20.0) -> None:
         """Stop the broker: SIGTERM to its process group, SIGKILL after *grace* seconds. Idempotent.

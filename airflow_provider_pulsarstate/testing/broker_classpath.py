@@ -160,49 +160,59 @@ def ensure_classpath(*, version: str = PULSAR_VERSION, cache_dir: Path | None = 
     with _file_lock(version_dir / ".lock"):
         if _is_complete(lib_dir):  # another process finished while we waited
             return lib_dir
-        mvn = shutil.which("mvn")
-        if mvn is None:
-            raise PulsarBrokerError(
-                "Apache Maven ('mvn') is not on PATH. It is needed once to download the Pulsar "
-                f"{version} broker jars from Maven Central into {lib_dir}. Install it "
-                "(Debian/Ubuntu: 'apt-get install maven', macOS: 'brew install maven', or "
-                "https://maven.apache.org/download.cgi) and retry; Java 17+ is needed as well."
-            )
+        mvn = _find_maven(version, lib_dir)
         for stale in version_dir.glob(".lib-tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
         if lib_dir.exists():  # left by something else without a marker: never trust it
             shutil.rmtree(lib_dir)
-
         tmp = Path(tempfile.mkdtemp(prefix=".lib-tmp-", dir=version_dir))
         try:
-            work_dir = tmp / "project"
-            jars_dir = tmp / "lib"
-            work_dir.mkdir()
-            shutil.copy2(_POM, work_dir / "pom.xml")  # keep target/ & co. out of the package
-            rc, tail = _run_maven(mvn, work_dir, jars_dir, version, settings=None)
-            if rc != 0:
-                foreign = _foreign_repositories(tail)
-                if foreign:
-                    log.warning(
-                        "Maven tried repositories other than Central (%s); retrying with a mirror of * to Central",
-                        ", ".join(sorted(foreign)),
-                    )
-                    settings = work_dir / "settings.xml"
-                    settings.write_text(_SETTINGS_XML)
-                    rc, tail = _run_maven(mvn, work_dir, jars_dir, version, settings=settings)
-            if rc != 0:
-                raise PulsarBrokerError(
-                    f"Maven could not resolve the Pulsar {version} broker jars (exit code {rc}). "
-                    "Last lines of its output:\n" + "\n".join(tail[-40:])
-                )
-            jars = sorted(p.name for p in jars_dir.glob("*.jar"))
-            if f"pulsar-broker-{version}.jar" not in jars:
-                raise PulsarBrokerError(f"Maven succeeded but pulsar-broker-{version}.jar is missing from {jars_dir}")
-            (jars_dir / _COMPLETE_MARKER).write_text(
-                json.dumps({"version": version, "jars": len(jars), "created": time.time()}) + "\n"
-            )
-            os.replace(jars_dir, lib_dir)
-            log.info("Pulsar %s classpath ready: %s (%d jars)", version, lib_dir, len(jars))
+            jars = _resolve_jars(mvn, tmp, version)
+            os.replace(tmp / "lib", lib_dir)
+            log.info("Pulsar %s classpath ready: %s (%d jars)", version, lib_dir, jars)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return lib_dir
+
+
+def _find_maven(version: str, lib_dir: Path) -> str:
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise PulsarBrokerError(
+            "Apache Maven ('mvn') is not on PATH. It is needed once to download the Pulsar "
+            f"{version} broker jars from Maven Central into {lib_dir}. Install it "
+            "(Debian/Ubuntu: 'apt-get install maven', macOS: 'brew install maven', or "
+            "https://maven.apache.org/download.cgi) and retry; Java 17+ is needed as well."
+        )
+    return mvn
+
+
+def _resolve_jars(mvn: str, tmp: Path, version: str) -> int:
+    """Resolve the jars into ``tmp/lib`` and mark it complete; returns how many there are."""
+    work_dir = tmp / "project"
+    jars_dir = tmp / "lib"
+    work_dir.mkdir()
+    shutil.copy2(_POM, work_dir / "pom.xml")  # keep target/ & co. out of the package
+    rc, tail = _run_maven(mvn, work_dir, jars_dir, version, settings=None)
+    if rc != 0:
+        foreign = _foreign_repositories(tail)
+        if foreign:
+            log.warning(
+                "Maven tried repositories other than Central (%s); retrying with a mirror of * to Central",
+                ", ".join(sorted(foreign)),
+            )
+            settings = work_dir / "settings.xml"
+            settings.write_text(_SETTINGS_XML)
+            rc, tail = _run_maven(mvn, work_dir, jars_dir, version, settings=settings)
+    if rc != 0:
+        raise PulsarBrokerError(
+            f"Maven could not resolve the Pulsar {version} broker jars (exit code {rc}). "
+            "Last lines of its output:\n" + "\n".join(tail[-40:])
+        )
+    jars = sorted(p.name for p in jars_dir.glob("*.jar"))
+    if f"pulsar-broker-{version}.jar" not in jars:
+        raise PulsarBrokerError(f"Maven succeeded but pulsar-broker-{version}.jar is missing from {jars_dir}")
+    (jars_dir / _COMPLETE_MARKER).write_text(
+        json.dumps({"version": version, "jars": len(jars), "created": time.time()}) + "\n"
+    )
+    return len(jars)

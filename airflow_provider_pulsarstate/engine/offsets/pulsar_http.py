@@ -215,20 +215,11 @@ class PulsarHttpMessages:
             )
         if status != 200 or headers.get("X-Pulsar-Message-ID") != f"{ledger}:{entry}":
             return None
-        if (
-            any(h in headers for h in _NOT_PLAIN_HEADERS)
-            or headers.get("X-Pulsar-Is-Encrypted", "false") != "false"
-            or headers.get("X-Pulsar-compression", "NONE") != "NONE"
-        ):
+        meta = _plain_metadata(headers)
+        if meta is None:
             return None
-        try:
-            properties = json.loads(headers.get("X-Pulsar-PROPERTY") or "{}")
-            published = datetime.fromisoformat(headers["X-Pulsar-publish-time"]).timestamp()
-        except (KeyError, ValueError):
-            return None
-        if not isinstance(properties, dict):
-            return None
-        return StoredMessage(address, data, {str(k): str(v) for k, v in properties.items()}, published)
+        properties, published = meta
+        return StoredMessage(address, data, properties, published)
 
     # -- transport ---------------------------------------------------------------------------
     def _call(self, method: str, path: str, body: bytes | None) -> tuple[int, Mapping[str, str], bytes] | None:
@@ -312,3 +303,22 @@ def _published_address(data: bytes) -> str | None:
     except (ValueError, KeyError, TypeError):
         return None
     return address_of(ledger, entry, partition)
+
+
+def _plain_metadata(headers: Mapping[str, str]) -> tuple[dict[str, str], float] | None:
+    """The properties and publish time of an entry's answer; None unless it is one plain message
+    (not batched, chunked, encrypted or compressed) with readable metadata."""
+    if (
+        any(h in headers for h in _NOT_PLAIN_HEADERS)
+        or headers.get("X-Pulsar-Is-Encrypted", "false") != "false"
+        or headers.get("X-Pulsar-compression", "NONE") != "NONE"
+    ):
+        return None
+    try:
+        properties = json.loads(headers.get("X-Pulsar-PROPERTY") or "{}")
+        published = datetime.fromisoformat(headers["X-Pulsar-publish-time"]).timestamp()
+    except (KeyError, ValueError):
+        return None
+    if not isinstance(properties, dict):
+        return None
+    return {str(k): str(v) for k, v in properties.items()}, published

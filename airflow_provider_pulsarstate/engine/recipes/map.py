@@ -7,32 +7,29 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar, overload
 
-import msgspec
-
 from airflow_provider_pulsarstate.engine.backends.base import Backend
 from airflow_provider_pulsarstate.engine.checkpoint import CheckpointInfo
-from airflow_provider_pulsarstate.engine.envelope import KEY_DELETE, KEY_SET, decode_key_op, encode_key_op
 from airflow_provider_pulsarstate.engine.errors import SerializationError, ValueTooLargeError, WriteId
 from airflow_provider_pulsarstate.engine.fencing import Fence
 from airflow_provider_pulsarstate.engine.manager import Change, ListenerErrorHandler, SharedStateManager
 from airflow_provider_pulsarstate.engine.recipes.base import Recipe
+from airflow_provider_pulsarstate.engine.recipes.map_codec import (
+    CHANGE_TYPES,
+    CLEAR,
+    DELETE,
+    PUT,
+    MapCodec,
+    apply_op,
+)
 from airflow_provider_pulsarstate.engine.serde import JSON, STR, Serde
 from airflow_provider_pulsarstate.engine.writes import WriteOutcome
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
-_PUT, _DELETE, _CLEAR = KEY_SET, KEY_DELETE, 3
-_CHANGE_TYPES: dict[int, Literal["set", "delete", "clear"]] = {_PUT: "set", _DELETE: "delete", _CLEAR: "clear"}
+_PUT = PUT  # the op kind's earlier name here (tests build raw map ops with it)
 DEFAULT_MAX_VALUE_BYTES = 4 * 1024 * 1024
 DEFAULT_CHECKPOINT_AFTER_BYTES = 8 * 1024 * 1024
-
-# Checkpoint images: a tag byte, then MessagePack. String keys (the default key serde) are stored
-# as a map, which decodes straight into the replica's dict; other keys as [key bytes, value] pairs.
-_IMAGE_STR_KEYS, _IMAGE_PAIRS = b"s", b"p"
-_STR_IMAGE = msgspec.msgpack.Decoder(dict[str, bytes])
-_PAIRS_IMAGE = msgspec.msgpack.Decoder(list[tuple[bytes, bytes]])
-_IMAGE_ENCODER = msgspec.msgpack.Encoder()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,15 +111,17 @@ class PulsarMap(Recipe, Generic[K, V]):
         self.value_serde = value_serde
         self.max_value_bytes = max_value_bytes
         self._listeners: list[tuple[Callable[..., None], Callable[..., None]]] = []
+        codec = MapCodec(key_serde, self._key_bytes)
+        self._serialize_op, self._deserialize_op = codec.serialize_op, codec.deserialize_op
         self.manager: SharedStateManager[dict[K, bytes], tuple[int, Any, Any]] = SharedStateManager(
             backend,
             topic,
             initializer=dict,
-            applier=_apply,
+            applier=apply_op,
             op_serializer=self._serialize_op,
             op_deserializer=self._deserialize_op,
-            state_serializer=self._serialize_image,
-            state_deserializer=self._deserialize_image,
+            state_serializer=codec.serialize_image,
+            state_deserializer=codec.deserialize_image,
             checkpoint_after_bytes=checkpoint_after_bytes,
             **manager_options,
         )
@@ -160,34 +159,6 @@ class PulsarMap(Recipe, Generic[K, V]):
             return self.key_serde.serialize(key)
         except Exception as exc:
             raise SerializationError(f"{self.topic}: cannot serialize key {key!r}: {exc}") from exc
-
-    def _serialize_op(self, op: tuple[int, Any, Any]) -> bytes:
-        kind, key, value_bytes = op
-        if kind == _CLEAR:
-            return bytes([_CLEAR])
-        return encode_key_op(kind, self._key_bytes(key), value_bytes or b"")
-
-    def _deserialize_op(self, data: bytes) -> tuple[int, Any, Any]:
-        """(kind, key, serialized value): values stay bytes until read."""
-        kind, key, value = decode_key_op(data)
-        if kind in (_PUT, _DELETE):
-            return (kind, self.key_serde.deserialize(key), value)
-        if kind == _CLEAR:
-            return (_CLEAR, None, None)
-        raise ValueError(f"unknown map op type {kind}")
-
-    def _serialize_image(self, state: dict[K, bytes]) -> bytes:
-        if _is_default_str(self.key_serde):
-            return _IMAGE_STR_KEYS + _IMAGE_ENCODER.encode(state)
-        return _IMAGE_PAIRS + _IMAGE_ENCODER.encode([(self.key_serde.serialize(k), v) for k, v in state.items()])
-
-    def _deserialize_image(self, data: bytes) -> dict[K, bytes]:
-        tag, body = data[:1], memoryview(data)[1:]
-        if tag == _IMAGE_STR_KEYS and _is_default_str(self.key_serde):
-            return _STR_IMAGE.decode(body)  # type: ignore[return-value]
-        if tag == _IMAGE_PAIRS:
-            return {self.key_serde.deserialize(k): v for k, v in _PAIRS_IMAGE.decode(body)}
-        raise ValueError(f"image tag {tag!r} does not match this map's key serde")
 
     # ------------------------------------------------------------------ reads
     def get(
@@ -280,9 +251,9 @@ class PulsarMap(Recipe, Generic[K, V]):
             stored = m.get(key)
             new = operation(key, self._decode(key, stored))
             if new is None:
-                return [(_DELETE, key, None)] if stored is not None else []
+                return [(DELETE, key, None)] if stored is not None else []
             data = self._encode(key, new)
-            return [] if data == stored else [(_PUT, key, data)]
+            return [] if data == stored else [(PUT, key, data)]
 
         return ops, lambda m: self._decode(key, m.get(key))
 
@@ -297,7 +268,7 @@ class PulsarMap(Recipe, Generic[K, V]):
             stored = m.get(key)
             if stored == data or (when is not _always and not when(self._decode(key, stored))):
                 return []
-            return [(_DELETE, key, None)] if data is None else [(_PUT, key, data)]
+            return [(DELETE, key, None)] if data is None else [(PUT, key, data)]
 
         return ops, lambda m: self._decode(key, m.get(key))
 
@@ -323,9 +294,9 @@ class PulsarMap(Recipe, Generic[K, V]):
                     continue
                 new = operation(k, self._decode(k, stored))
                 if new is None:
-                    out.append((_DELETE, k, None))
+                    out.append((DELETE, k, None))
                 elif (data := self._encode(k, new)) != stored:
-                    out.append((_PUT, k, data))
+                    out.append((PUT, k, data))
             changed[0] = len(out)
             return out
 
@@ -376,7 +347,7 @@ class PulsarMap(Recipe, Generic[K, V]):
         def ops(m: dict[K, bytes]) -> list[tuple[int, Any, Any]]:
             nonlocal before
             before = self._decode(key, m.get(key))
-            return [(_DELETE, key, None)] if key in m else []
+            return [(DELETE, key, None)] if key in m else []
 
         self.manager.write(ops, retry=retry, timeout=timeout, lease=lease)
         return before
@@ -387,7 +358,7 @@ class PulsarMap(Recipe, Generic[K, V]):
 
         def ops(m: dict[K, bytes]) -> list[tuple[int, Any, Any]]:
             count[0] = len(m)
-            return [(_CLEAR, None, None)] if m else []
+            return [(CLEAR, None, None)] if m else []
 
         self.manager.write(ops, retry=retry, timeout=timeout, lease=lease)
         return count[0]
@@ -446,13 +417,8 @@ class PulsarMap(Recipe, Generic[K, V]):
 
     def _map_change(self, change: Change[tuple[int, Any, Any]]) -> MapChange[K, V]:
         kind, key, data = change.op
-        value = self._decode(key, data) if kind == _PUT else None
-        return MapChange(_CHANGE_TYPES[kind], key, value, change.offset, change.publish_time)
-
-
-def _is_default_str(serde: object) -> bool:
-    """Whether ``serde`` is the default key serde (UTF-8 strings), whose images store keys as a map."""
-    return serde is STR
+        value = self._decode(key, data) if kind == PUT else None
+        return MapChange(CHANGE_TYPES[kind], key, value, change.offset, change.publish_time)
 
 
 def _always(current: Any) -> bool:
@@ -461,13 +427,3 @@ def _always(current: Any) -> bool:
 
 def _is_none(current: Any) -> bool:
     return current is None
-
-
-def _apply(state: dict[Any, Any], op: tuple[int, Any, Any]) -> None:
-    kind, key, value = op
-    if kind == _PUT:
-        state[key] = value
-    elif kind == _DELETE:
-        state.pop(key, None)
-    else:
-        state.clear()

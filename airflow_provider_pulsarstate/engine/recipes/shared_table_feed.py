@@ -5,10 +5,10 @@ prefix and watermark. Each with its own :class:`~.table_feed.TableFeed` would me
 readers (a SQLite connection, or a Pulsar reader, each), a thousand replays at start and a
 thousand reads per poll interval. Here, per (connection, table, event loop):
 
-* **one reader** (a :class:`_LogTap` on the process-wide worker pool) reads the log forward and
-  keeps each new record in counts: over every key, and under each key prefix some feed watches
-  (never rows). It is opened by the first :class:`AsyncTableFeed` that starts and closed with the
-  last one (:func:`open_table_readers` counts them);
+* **one reader** (a :class:`~.table_feed_taps.LogTap` on the process-wide worker pool) reads the
+  log forward and keeps each new record in counts: over every key, and under each key prefix some
+  feed watches (never rows). It is opened by the first :class:`AsyncTableFeed` that starts and
+  closed with the last one (:func:`open_table_readers` counts them);
 * each feed keeps only its **own watermark** (a cursor over the shared records) and gets exactly
   the commits :class:`~.table_feed.TableFeed` would give it: every committed record after its
   watermark, with its own prefix counts;
@@ -28,23 +28,21 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import threading
 import weakref
 from collections import Counter
-from collections.abc import Collection
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from airflow_provider_pulsarstate.engine.backends.base import Backend
 from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.engine.errors import ClosedError, CommitNotFoundError, ConfigurationError
-from airflow_provider_pulsarstate.engine.manager import Change, SharedStateManager
 from airflow_provider_pulsarstate.engine.recipes.table_feed import (
     TableCommit,
-    _check_exists,
     _check_offset,
-    _nothing_read,
-    _open_manager,
+)
+from airflow_provider_pulsarstate.engine.recipes.table_feed_taps import (
+    CountedRecord,
+    LogTap,
+    TableTaps,
+    open_table_readers,
 )
 from airflow_provider_pulsarstate.engine.worker_thread import (
     WorkerThread,
@@ -53,6 +51,8 @@ from airflow_provider_pulsarstate.engine.worker_thread import (
 )
 
 __all__ = ["AsyncTableFeed", "FeedPoll", "open_table_readers"]
+
+_LogTap = LogTap  # the reader's class under its earlier name (tests count its reads)
 
 
 class FeedPoll(NamedTuple):
@@ -68,148 +68,6 @@ class FeedPoll(NamedTuple):
     more: bool
 
 
-# ================================================================================ counting (pool thread)
-class _Prefixes:
-    """Which watched prefixes a key lies under, by the prefixes' lengths (few distinct lengths)."""
-
-    def __init__(self, prefixes: Collection[str]) -> None:
-        self.all = frozenset(prefixes)
-        by_len: dict[int, set[str]] = {}
-        for prefix in self.all:
-            by_len.setdefault(len(prefix), set()).add(prefix)
-        self._by_len = sorted(by_len.items())
-
-    def of(self, key: str) -> list[str]:
-        return [key[:n] for n, group in self._by_len if n <= len(key) and key[:n] in group]
-
-
-@dataclass(slots=True)
-class _Record:
-    """One committed record in counts: over every key, and under each watched prefix (absent: 0)."""
-
-    offset: int
-    publish_time: float
-    sets: int = 0
-    deletes: int = 0
-    applied: list[str] = field(default_factory=list)
-    under: dict[str, list[int]] = field(default_factory=dict)  # prefix -> [sets, deletes]
-
-    def add(self, op: dict[str, Any], prefixes: _Prefixes) -> None:
-        kind = op["o"]
-        if kind == "set" or kind == "del":
-            i = 0 if kind == "set" else 1
-            if i == 0:
-                self.sets += 1
-            else:
-                self.deletes += 1
-            for prefix in prefixes.of(op["k"]):
-                self.under.setdefault(prefix, [0, 0])[i] += 1
-        elif kind == "view_end" and op.get("status") == "applied" and op.get("id") not in self.applied:
-            self.applied.append(op["id"])
-
-    def commit(self, prefix: str | None) -> TableCommit:
-        if prefix is None:
-            return TableCommit(self.offset, self.publish_time, self.sets, self.deletes, tuple(self.applied))
-        sets, deletes = self.under.get(prefix, (0, 0))
-        return TableCommit(
-            self.offset, self.publish_time, self.sets, self.deletes, tuple(self.applied), prefix, sets, deletes
-        )
-
-
-class _LogTap:
-    """The table's log read forward from ``start`` (None: its tail at the first read), each new
-    record in counts under the prefixes given to the read. Blocking: runs on a pool thread."""
-
-    def __init__(self, backend: Backend, topic: str, *, start: int | None, operation_timeout: float) -> None:
-        self.backend, self.topic, self.operation_timeout = backend, topic, operation_timeout
-        self._after = start
-        self._manager: SharedStateManager[None, dict[str, Any]] | None = None
-        self._prefixes = _Prefixes(())
-        self._records: list[_Record] = []
-
-    def _on_change(self, change: Change[dict[str, Any]]) -> None:
-        if self._after is None or change.offset <= self._after:
-            return
-        if not self._records or self._records[-1].offset != change.offset:
-            self._records.append(_Record(change.offset, change.publish_time))
-        self._records[-1].add(change.op, self._prefixes)
-
-    def read(self, prefixes: frozenset[str]) -> tuple[list[_Record], int]:
-        """The records after the previous read (after ``start`` for the first), and the offset read to."""
-        if self._manager is None:
-            _check_exists(self.backend, self.topic, self.operation_timeout)
-            self._manager = _open_manager(
-                self.backend,
-                self.topic,
-                limit=self._after,
-                operation_timeout=self.operation_timeout,
-                on_corrupt="raise",
-            )
-            self._manager.add_listener(self._on_change)
-        if prefixes != self._prefixes.all:
-            self._prefixes = _Prefixes(prefixes)
-        self._manager.read(_nothing_read, latest=True)
-        records, self._records = self._records, []
-        self._after = self._manager.applied_offset
-        return records, self._after
-
-    def close(self) -> None:
-        manager, self._manager = self._manager, None
-        if manager is not None:
-            manager.close()
-
-
-_live: Counter[tuple[ConnectionConfig, str]] = Counter()  # open taps by (connection, topic), for diagnostics
-_live_lock = threading.Lock()
-
-
-class _Taps:
-    """What the shared reader holds on the pool: the connection's back end and the open tap."""
-
-    def __init__(self, backend: Backend, config: ConnectionConfig, topic: str) -> None:
-        self.backend, self.config, self.topic = backend, config, topic
-        self.tap: _LogTap | None = None
-
-    def read(self, start: int | None, prefixes: frozenset[str]) -> tuple[list[_Record], int]:
-        if self.tap is None:
-            self.tap = _LogTap(self.backend, self.topic, start=start, operation_timeout=self.config.operation_timeout)
-            with _live_lock:
-                _live[(self.config, self.topic)] += 1
-        try:
-            return self.tap.read(prefixes)
-        except BaseException:
-            self.drop()  # reopened from the last position handed out: a half-read tap never counts twice
-            raise
-
-    def catch_up(self, after: int, prefixes: frozenset[str]) -> tuple[list[_Record], int]:
-        """The records after ``after`` counted under ``prefixes``, by a replay of its own."""
-        tap = _LogTap(self.backend, self.topic, start=after, operation_timeout=self.config.operation_timeout)
-        try:
-            return tap.read(prefixes)
-        finally:
-            tap.close()
-
-    def drop(self) -> None:
-        tap, self.tap = self.tap, None
-        if tap is not None:
-            with _live_lock:
-                _live[(self.config, self.topic)] -= 1
-            tap.close()
-
-    def close(self) -> None:
-        self.drop()
-
-
-def open_table_readers() -> dict[str, int]:
-    """Log readers the shared table feeds of this process hold open now, by table topic."""
-    out: Counter[str] = Counter()
-    with _live_lock:
-        counts = list(_live.items())
-    for (_, topic), n in counts:
-        out[topic] += n
-    return {topic: n for topic, n in out.items() if n}
-
-
 # ================================================================================ sharing (event loop)
 class _Hub:
     """The shared reader of one (connection, table) on one event loop, and the feeds' cursors.
@@ -221,8 +79,8 @@ class _Hub:
     def __init__(self, config: ConnectionConfig, topic: str, registry: dict[Any, _Hub]) -> None:
         self.config, self.topic = config, topic
         self._registry = registry
-        self._worker: WorkerThread[tuple[_Taps, ConnectionConfig]] = WorkerThread(
-            lambda: open_on_shared_backend(config, lambda backend: _Taps(backend, config, topic)),
+        self._worker: WorkerThread[tuple[TableTaps, ConnectionConfig]] = WorkerThread(
+            lambda: open_on_shared_backend(config, lambda backend: TableTaps(backend, config, topic)),
             close_on_shared_backend,
             name="pulsarstate-table-feed",
             what=f"the shared table feed of {topic}",
@@ -231,7 +89,7 @@ class _Hub:
         self.feeds: set[AsyncTableFeed] = set()  # started: each has its watermark
         self.joining: set[AsyncTableFeed] = set()
         self._prefix_users: Counter[str] = Counter()
-        self._records: list[_Record] = []  # (base, position], in offset order
+        self._records: list[CountedRecord] = []  # (base, position], in offset order
         self._position: int | None = None
         self._base: int | None = None
         self._since: dict[str, int] = {}  # prefix -> records after this offset carry its counts
@@ -380,10 +238,22 @@ class _Hub:
                     self.joining.discard(feed)
                     feed._join_done, feed._join_error = True, exc
             return
+        self._merge_older(records, prefixes)
+        assert self._base is not None
+        self._base = min(self._base, after)
+        for prefix in prefixes:
+            self._since[prefix] = min(self._since.get(prefix, after), after)
+        for feed in feeds:
+            if feed in self.joining:
+                self._admit(feed)
+
+    def _merge_older(self, records: list[CountedRecord], prefixes: frozenset[str]) -> None:
+        """Put the records a catch-up read before the shared ones in front of them, and its counts
+        under ``prefixes`` into the shared records it read again."""
         assert self._position is not None and self._base is not None
         for prefix in self._since:  # what the shared records already covered, before the base moves down
             self._since[prefix] = max(self._since[prefix], self._base)
-        older: list[_Record] = []
+        older: list[CountedRecord] = []
         for record in records:
             if record.offset > self._position:
                 break
@@ -399,12 +269,6 @@ class _Hub:
                     else:
                         under.pop(prefix, None)
         self._records[0:0] = older
-        self._base = min(self._base, after)
-        for prefix in prefixes:
-            self._since[prefix] = min(self._since.get(prefix, after), after)
-        for feed in feeds:
-            if feed in self.joining:
-                self._admit(feed)
 
     def _trim(self) -> None:
         """Drop the records every feed's watermark passed."""

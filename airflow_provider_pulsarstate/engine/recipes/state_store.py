@@ -42,20 +42,16 @@ they see every write acknowledged before the call, from any process.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
-from urllib.parse import quote, unquote
+from typing import Any
+from urllib.parse import unquote
 
-from airflow_provider_pulsarstate.engine.backends.base import Backend
-from airflow_provider_pulsarstate.engine.errors import PulsarStateError
 from airflow_provider_pulsarstate.engine.recipes.map import PulsarMap
 from airflow_provider_pulsarstate.engine.recipes.scope_topics import (
     ASSET_KIND,
@@ -65,187 +61,40 @@ from airflow_provider_pulsarstate.engine.recipes.scope_topics import (
     scope_topic,
     scope_topic_prefix,
 )
+from airflow_provider_pulsarstate.engine.recipes.state_keys import (
+    KEEP,
+    AssetStateScope,
+    StateEntry,
+    StateScope,
+    StateScopeError,
+    StateStoreDataError,
+    TaskStateScope,
+    expiry_epoch,
+    parse_state_key,
+    state_key_prefix,
+    state_map_key,
+)
+from airflow_provider_pulsarstate.engine.recipes.state_maps import MapSource, OwnedMaps
 
 log = logging.getLogger(__name__)
 
 DEFAULT_STATE_TOPIC = "airflow-state-store"
 
-
-class StateStoreDataError(PulsarStateError, ValueError):
-    """A stored entry is not a state record (``{"json": str, "expires_at": number|null}``) or its
-    JSON text does not parse; the message names the key."""
-
-
-class StateScopeError(PulsarStateError, PermissionError):
-    """A call or a reference names another scope or key than the one it may reach (another task
-    instance's state, a reference not bound to the entry being read); the message names the key
-    and the scope. Nothing was read or written."""
-
-
-@dataclass(frozen=True)
-class TaskStateScope:
-    """One task instance's state: ``map_index`` -1 for an unmapped task."""
-
-    dag_id: str
-    run_id: str
-    task_id: str
-    map_index: int = -1
-
-
-@dataclass(frozen=True)
-class AssetStateScope:
-    """One asset's state, keyed by the asset's name (unique among active assets)."""
-
-    name: str
-
-
-StateScope = TaskStateScope | AssetStateScope
-
-
-@dataclass(frozen=True)
-class StateEntry:
-    """One stored entry: its map key, the scope's key, the JSON text and when it expires (epoch s)."""
-
-    map_key: str
-    key: str
-    json: str
-    expires_at: float | None
-
-    @property
-    def value(self) -> Any:
-        return json.loads(self.json)
-
-
-def _q(segment: str) -> str:
-    return quote(str(segment), safe="")
-
-
-def _epoch(expires_at: datetime | float | None) -> float | None:
-    if expires_at is None:
-        return None
-    if isinstance(expires_at, datetime):
-        if expires_at.tzinfo is None:
-            raise ValueError(f"expires_at must be timezone-aware (UTC), not naive {expires_at!r}")
-        return expires_at.timestamp()
-    return float(expires_at)
-
-
-class _Keep:
-    def __repr__(self) -> str:
-        return "KEEP"
-
-
-KEEP: Any = _Keep()
-"""``expires_at=KEEP`` (the default of :meth:`StateStore.update`): keep the entry's expiry."""
-
-
-class MapSource(Protocol):
-    """Where a :class:`StateStore` gets the map of a topic: opened on demand, never closed while borrowed."""
-
-    def borrow(self, topic: str) -> AbstractContextManager[PulsarMap[str, Any]]: ...
-
-    def list_topics(self, prefix: str) -> list[str]: ...
-
-    @property
-    def backend(self) -> Backend: ...
-
-
-class OwnedMaps:
-    """A :class:`MapSource` for plain scripts and tests: each topic's map is opened on first use
-    and kept until :meth:`close` (not bounded: a long-lived process uses the hook's pool).
-
-    :param backend: where the logs live (not closed here).
-    :param map_options: PulsarMap / manager options of every map.
-    """
-
-    def __init__(self, backend: Backend, **map_options: Any) -> None:
-        self._backend = backend
-        self._options = map_options
-        self._maps: dict[str, PulsarMap[str, Any]] = {}
-        self._lock = threading.Lock()
-
-    @property
-    def backend(self) -> Backend:
-        return self._backend
-
-    @contextlib.contextmanager
-    def borrow(self, topic: str) -> Iterator[PulsarMap[str, Any]]:
-        with self._lock:
-            table = self._maps.get(topic)
-            if table is None:
-                table = self._maps[topic] = PulsarMap(self._backend, topic, **self._options)
-        yield table
-
-    def opened(self) -> list[str]:
-        """The topics whose maps are open."""
-        with self._lock:
-            return sorted(self._maps)
-
-    def list_topics(self, prefix: str) -> list[str]:
-        return self._backend.list_topics(prefix)
-
-    def close(self) -> None:
-        with self._lock:
-            maps, self._maps = list(self._maps.values()), {}
-        for table in maps:
-            table.close()
-
-    def __enter__(self) -> OwnedMaps:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def parse_state_key(namespace: str, map_key: Any) -> tuple[StateScope, str]:
-    """``(scope, key)`` of a map key of namespace ``namespace``.
-
-    :raises StateStoreDataError: not a state key of this namespace, malformed or not in canonical
-        form (one spelling per entry); the message names the key.
-    """
-
-    def bad(why: str) -> StateStoreDataError:
-        return StateStoreDataError(f"{map_key!r} does not name a state entry of namespace {namespace!r}: {why}")
-
-    if not isinstance(map_key, str) or not map_key.startswith(f"{namespace}/"):
-        raise bad("another namespace, or not a key")
-    kind, _, rest = map_key[len(namespace) + 1 :].partition("/")
-    parts = rest.split("/")
-    scope: StateScope
-    if kind == "task" and len(parts) == 5:
-        dag_id, run_id, task_id, index, key = (unquote(p) for p in parts)
-        try:
-            scope = TaskStateScope(dag_id, run_id, task_id, int(index))
-        except ValueError:
-            raise bad(f"map index {index!r} is not an integer") from None
-    elif kind == "asset" and len(parts) == 2:
-        scope, key = AssetStateScope(unquote(parts[0])), unquote(parts[1])
-    else:
-        raise bad("expected <namespace>/task/<dag>/<run>/<task>/<map_index>/<key> or <namespace>/asset/<name>/<key>")
-    try:
-        canonical = _map_key(namespace, scope, key)
-    except (ValueError, TypeError) as exc:
-        raise bad(str(exc)) from None
-    if canonical != map_key:
-        raise bad("not in canonical form")
-    return scope, key
-
-
-def _scope_prefix(namespace: str, scope: StateScope, *, all_map_indices: bool = False) -> str:
-    if isinstance(scope, TaskStateScope):
-        base = f"{namespace}/task/{_q(scope.dag_id)}/{_q(scope.run_id)}/{_q(scope.task_id)}/"
-        return base if all_map_indices else f"{base}{int(scope.map_index)}/"
-    if isinstance(scope, AssetStateScope):
-        if not scope.name:
-            raise ValueError("AssetStateScope needs the asset's name")
-        return f"{namespace}/asset/{_q(scope.name)}/"
-    raise TypeError(f"expected TaskStateScope or AssetStateScope, not {type(scope).__name__}")
-
-
-def _map_key(namespace: str, scope: StateScope, key: str) -> str:
-    if not isinstance(key, str) or not key:
-        raise ValueError(f"a state key must be a non-empty string, not {key!r}")
-    return _scope_prefix(namespace, scope) + _q(key)
+__all__ = [
+    "DEFAULT_STATE_TOPIC",
+    "KEEP",
+    "AssetStateScope",
+    "MapSource",
+    "OwnedMaps",
+    "ScopeMap",
+    "StateEntry",
+    "StateScope",
+    "StateScopeError",
+    "StateStore",
+    "StateStoreDataError",
+    "TaskStateScope",
+    "parse_state_key",
+]
 
 
 @dataclass(frozen=True)
@@ -287,11 +136,11 @@ class StateStore:
     # ------------------------------------------------------------------ keys and topics
     def scope_prefix(self, scope: StateScope, *, all_map_indices: bool = False) -> str:
         """The key prefix of every entry of ``scope`` (of every map index with ``all_map_indices``)."""
-        return _scope_prefix(self.namespace, scope, all_map_indices=all_map_indices)
+        return state_key_prefix(self.namespace, scope, all_map_indices=all_map_indices)
 
     def map_key(self, scope: StateScope, key: str) -> str:
         """The map key of ``key`` in ``scope``."""
-        return _map_key(self.namespace, scope, key)
+        return state_map_key(self.namespace, scope, key)
 
     def parse_key(self, map_key: Any) -> tuple[StateScope, str]:
         """``(scope, key)`` of a map key of this namespace (:func:`parse_state_key`)."""
@@ -310,7 +159,7 @@ class StateStore:
         if isinstance(scope, TaskStateScope):
             return scope_topic(self.base_topic, self.namespace, RUN_KIND, scope.dag_id, scope.run_id)
         if isinstance(scope, AssetStateScope):
-            _scope_prefix(self.namespace, scope)  # checks the name
+            state_key_prefix(self.namespace, scope)  # checks the name
             return scope_topic(self.base_topic, self.namespace, ASSET_KIND, scope.name)
         raise TypeError(f"expected TaskStateScope or AssetStateScope, not {type(scope).__name__}")
 
@@ -427,7 +276,7 @@ class StateStore:
         except ValueError as exc:
             raise StateStoreDataError(f"the value for state entry {map_key!r} is not JSON text: {exc}") from None
         with self.table(scope) as table:
-            table.put(map_key, self._raw(json_text, _epoch(expires_at)))
+            table.put(map_key, self._raw(json_text, expiry_epoch(expires_at)))
 
     def set(self, scope: StateScope, key: str, value: Any, *, expires_at: datetime | float | None = None) -> None:
         """Store ``value`` (JSON-serializable) until ``expires_at`` (None: never expires)."""
@@ -435,7 +284,7 @@ class StateStore:
 
     def set_expiry(self, scope: StateScope, key: str, expires_at: datetime | float | None) -> bool:
         """Change a live entry's expiry, atomically; False when there is none."""
-        map_key, when = self.map_key(scope, key), _epoch(expires_at)
+        map_key, when = self.map_key(scope, key), expiry_epoch(expires_at)
         found = False
 
         def op(_: str, raw: Any) -> Any:
@@ -477,7 +326,7 @@ class StateStore:
             result = fn(None if entry is None else entry.value)
             if result is None:
                 return None
-            when = (entry.expires_at if entry is not None else None) if expires_at is KEEP else _epoch(expires_at)
+            when = (entry.expires_at if entry is not None else None) if expires_at is KEEP else expiry_epoch(expires_at)
             return self._raw(self._dumps(result, map_key), when)
 
         with self.table(scope) as table:
@@ -500,7 +349,7 @@ class StateStore:
             applied = current == expected and (entry is not None or expected is None)
             if not applied:
                 return raw if entry is not None else None
-            return None if new_text is None else self._raw(new_text, _epoch(expires_at))
+            return None if new_text is None else self._raw(new_text, expiry_epoch(expires_at))
 
         with self.table(scope) as table:
             table.update(map_key, op)

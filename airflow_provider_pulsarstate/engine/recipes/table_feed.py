@@ -420,6 +420,13 @@ def read_commit(
         which nothing was applied (its writes were refused by a lease fence, or it was skipped as
         corrupt).
     """
+    _check_commit_offset(topic, offset)
+    _check_exists(backend, topic, operation_timeout)
+    ops = _ops_of_commit(backend, topic, offset, operation_timeout=operation_timeout, timeout=timeout)
+    return _commit_changes(ops, offset, key_prefix)
+
+
+def _check_commit_offset(topic: str, offset: int) -> None:
     if isinstance(offset, bool) or not isinstance(offset, int):
         raise ConfigurationError(f"offset must be an int (a commit offset of {topic!r}), got {offset!r}")
     if offset < 0:
@@ -429,7 +436,12 @@ def read_commit(
             offset=offset,
             last_offset=-1,
         )
-    _check_exists(backend, topic, operation_timeout)
+
+
+def _ops_of_commit(
+    backend: Backend, topic: str, offset: int, *, operation_timeout: float, timeout: float | None
+) -> list[Change[dict[str, Any]]]:
+    """The ops applied at ``offset``, by a replay from the newest checkpoint before it to the tail."""
     ops: list[Change[dict[str, Any]]] = []
 
     def keep(change: Change[dict[str, Any]]) -> None:
@@ -458,6 +470,11 @@ def read_commit(
             offset=offset,
             last_offset=last,
         )
+    return ops
+
+
+def _commit_changes(ops: list[Change[dict[str, Any]]], offset: int, key_prefix: str | None) -> CommitChanges:
+    """The counts and the row changes (under ``key_prefix``, if given) of one commit's ops."""
     tally = _Tally(ops[0].publish_time, key_prefix)
     changes: list[TableChange] = []
     for change in ops:

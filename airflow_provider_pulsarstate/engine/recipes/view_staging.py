@@ -230,6 +230,24 @@ def read_staged(
     :raises ViewSealMismatchError: a sealed stager's row count differs from what the topic holds.
     :raises ViewScopeError: a staged key is outside the view's scope.
     """
+    found, target = _read_batches(backend, view_id=view_id, topic=topic, sealed=sealed, timeout=timeout)
+    _check_seal(view_id, topic, sealed, found)
+    if in_scope is not None:
+        outside = [key for key in target if not in_scope(key)]
+        if outside:
+            raise ViewScopeError(
+                f"view {view_id!r} staged {len(outside)} key(s) outside its scope "
+                f"({describe_scope}): {', '.join(sorted(outside)[:10])}"
+            )
+    if "" in target:
+        raise _bad(view_id, "?", "", "empty key")
+    return target
+
+
+def _read_batches(
+    backend: Backend, *, view_id: str, topic: str, sealed: Mapping[str, int], timeout: float
+) -> tuple[dict[str, int], dict[str, bytes | None]]:
+    """Rows found per stager, and the rows of the sealed stagers (later batches win), in the staging topic."""
     found: dict[str, int] = {}
     target: dict[str, bytes | None] = {}
     reader = backend.create_reader(topic)
@@ -256,6 +274,10 @@ def read_staged(
     finally:
         reader.close()
     progress.done(keys=len(target))
+    return found, target
+
+
+def _check_seal(view_id: str, topic: str, sealed: Mapping[str, int], found: Mapping[str, int]) -> None:
     wrong = {sid: (n, found.get(sid, 0)) for sid, n in sealed.items() if found.get(sid, 0) != n}
     if wrong:
         raise ViewSealMismatchError(
@@ -264,16 +286,6 @@ def read_staged(
             + ", ".join(f"{sid}: {n} vs {got}" for sid, (n, got) in sorted(wrong.items())[:10])
             + " -- rows were staged elsewhere (a private embedded file on another host?) or lost; nothing was published"
         )
-    if in_scope is not None:
-        outside = [key for key in target if not in_scope(key)]
-        if outside:
-            raise ViewScopeError(
-                f"view {view_id!r} staged {len(outside)} key(s) outside its scope "
-                f"({describe_scope}): {', '.join(sorted(outside)[:10])}"
-            )
-    if "" in target:
-        raise _bad(view_id, "?", "", "empty key")
-    return target
 
 
 def check_staged_value(view_id: str, key: str, value: bytes) -> None:

@@ -6,7 +6,8 @@
   exclusive writer; :mod:`.staging` turns a group of writes into one record;
 * :mod:`.listeners`: change listeners; :mod:`.workers`: the follow thread and checkpoints;
 * :mod:`.ops`: op generation and (de)serialization (pure); :mod:`.fence_book`: lease fences;
-* :mod:`.stats`: the counters.
+* :mod:`.stats`: the counters; :mod:`.assembly`: the manager's options and their wiring into parts;
+* :mod:`.introspection`: read-only views of the parts.
 
 Nothing here is public API: the manager is the one entry point.
 """

@@ -6,18 +6,20 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from airflow_provider_pulsarstate.engine.backends.base import AcquireMode
 from airflow_provider_pulsarstate.engine.checkpoint import CheckpointStore
 from airflow_provider_pulsarstate.engine.state.committer import Committer
 from airflow_provider_pulsarstate.engine.state.custody import WriterCustody
-from airflow_provider_pulsarstate.engine.state.replica import Replica
+from airflow_provider_pulsarstate.engine.state.replica import Replica, ReplicaState
 from airflow_provider_pulsarstate.engine.state.workers import Checkpointer, Follower
 from airflow_provider_pulsarstate.engine.wal import CorruptPolicy
 
 
 class ManagerIntrospection:
     """Mixed into :class:`~airflow_provider_pulsarstate.engine.manager.SharedStateManager`: the
-    constructor's options (read-only: they are the parts' settings), and what its background parts
-    are doing (listeners, follow thread), for tests and tools."""
+    constructor's options (read-only: they are the parts' settings), where the replica and the
+    writer stand, and what its background parts are doing (listeners, follow thread), for tests
+    and tools."""
 
     _replica: Replica[Any, Any]
     _custody: WriterCustody
@@ -35,6 +37,19 @@ class ManagerIntrospection:
     def checkpoints(self, store: CheckpointStore) -> None:
         self._replica.checkpoints = store
         self._checkpointing.store = store
+
+    @property
+    def acquire_mode(self) -> AcquireMode:
+        return self._custody.mode
+
+    @property
+    def writer_name(self) -> str | None:
+        """The name this instance's writer shows as leader of the topic (None: a generated one)."""
+        return self._custody.name
+
+    @property
+    def operation_timeout(self) -> float:
+        return self._replica.operation_timeout
 
     @property
     def acquire_timeout(self) -> float:
@@ -77,6 +92,32 @@ class ManagerIntrospection:
         """The ``state_serializer`` checkpoint images are made with (None: no checkpoints);
         ``manager.read(manager.state_serializer)`` is the image a checkpoint taken now would hold."""
         return self._checkpointing.serializer
+
+    # ------------------------------------------------------------------ where the replica and the writer stand
+    @property
+    def status(self) -> ReplicaState:
+        """Where the local replica stands (EMPTY before the first replay, LIVE, PAUSED, BROKEN, CLOSED)."""
+        return self._replica.status
+
+    @property
+    def applied_offset(self) -> int:
+        """Offset of the last record applied to the local state (-1 before any)."""
+        return self._replica.applied_offset
+
+    @property
+    def applying_offset(self) -> int:
+        """While the applier runs: the offset of the record its op belongs to (for versioning)."""
+        return self._replica.applying_offset
+
+    @property
+    def log_id(self) -> str | None:
+        """The log's GENESIS id once replayed (None: not replayed yet, empty, or older than GENESIS records)."""
+        return self._replica.log_id
+
+    @property
+    def holds_writer(self) -> bool:
+        """Whether this instance currently holds the exclusive writer."""
+        return self._custody.held
 
     # ------------------------------------------------------------------ what the background parts are doing
     @property

@@ -20,12 +20,18 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, wait
 from typing import Any, Generic, TypeVar
 
 from airflow_provider_pulsarstate.engine.backends.base import EARLIEST, Backend
 from airflow_provider_pulsarstate.engine.checkpoint import CheckpointStore
 from airflow_provider_pulsarstate.engine.envelope import FenceTag, RecordKind
-from airflow_provider_pulsarstate.engine.errors import ClosedError, CorruptEntryError, PulsarStateError
+from airflow_provider_pulsarstate.engine.errors import (
+    ClosedError,
+    CorruptEntryError,
+    OperationTimeoutError,
+    PulsarStateError,
+)
 from airflow_provider_pulsarstate.engine.genesis import parse_genesis, read_beginning
 from airflow_provider_pulsarstate.engine.progress_report import Progress
 from airflow_provider_pulsarstate.engine.state import bootstrap
@@ -33,7 +39,7 @@ from airflow_provider_pulsarstate.engine.state.fence_book import FenceBook
 from airflow_provider_pulsarstate.engine.state.listeners import Listeners
 from airflow_provider_pulsarstate.engine.state.ops import OpCodec
 from airflow_provider_pulsarstate.engine.state.stats import ManagerStats
-from airflow_provider_pulsarstate.engine.state.support import ReplayPaused, describe
+from airflow_provider_pulsarstate.engine.state.support import ReplayPaused, deadline_of, describe, time_left
 from airflow_provider_pulsarstate.engine.wal import CorruptPolicy, LogReader, LogRecord
 from airflow_provider_pulsarstate.engine.writes import OutcomeBook, PendingWrite
 
@@ -41,6 +47,7 @@ log = logging.getLogger(__name__)
 
 S = TypeVar("S")
 O = TypeVar("O")
+R = TypeVar("R")
 
 
 class ReplicaState(enum.Enum):
@@ -242,6 +249,28 @@ class Replica(Generic[S, O]):
         if self.reader is not None:
             self.reader.close()
             self.reader = None
+
+    def read(self, reader: Callable[[S], R], *, latest: bool, after: Future[Any] | None, timeout: float | None) -> R:
+        """Run ``reader`` on the state once ``after`` (this instance's last write, if any) completed,
+        built first if needed and, when ``latest``, caught up to the tail as of the call; the whole
+        call within ``timeout`` (OperationTimeoutError, nothing changed). Call without the lock."""
+        deadline = deadline_of(timeout)
+        if after is not None and not after.done() and not wait([after], timeout=time_left(deadline)).done:
+            raise OperationTimeoutError(
+                f"{self.topic}: this instance's earlier writes did not complete within {timeout:.1f}s"
+            )
+        left = time_left(deadline)
+        if not self.lock.acquire(timeout=-1 if left is None else left):
+            raise OperationTimeoutError(
+                f"{self.topic}: the local state stayed busy (an append or a catch-up) for {timeout:.1f}s"
+            )
+        try:
+            self.ensure(deadline=deadline)
+            if latest:
+                self.catch_up(deadline=deadline)
+            return reader(self.state)
+        finally:
+            self.lock.release()
 
     # ------------------------------------------------------------------ reading the log
     def catch_up(self, *, bootstrap: bool = False, deadline: float | None = None) -> None:
