@@ -233,3 +233,41 @@ def test_a_read_that_times_out_with_entries_waiting_is_not_taken_for_the_tail(ma
         except OperationTimeoutError:
             answers.append("timeout")
     assert answers[-1] == 5 and answers[:-1] == ["timeout"] * (len(answers) - 1) and len(answers) > 1
+
+
+def test_a_read_that_gives_up_before_the_deadline_with_entries_waiting_is_not_taken_for_the_tail(
+    maps: Any, backend: Backend
+) -> None:
+    """A back end's wait may end before the caller's deadline (the Pulsar client counts whole
+    milliseconds) while entries wait: the replay reads on, and never answers with a prefix."""
+    from airflow_provider_pulsarstate.engine.backends.base import RawReader
+    from airflow_provider_pulsarstate.testing.harness import ForwardingBackend
+
+    w = maps(checkpoint_after_bytes=None)
+    for i in range(5):
+        w.put(f"k{i}", i)
+    early = [3]
+
+    class Early(RawReader):
+        def __init__(self, inner: RawReader) -> None:
+            self.inner = inner
+
+        def read_next(self, *, timeout: float) -> Any:
+            if early[0] > 0:  # gives up at once, long before the deadline
+                early[0] -= 1
+                return None
+            return self.inner.read_next(timeout=timeout)
+
+        def has_next(self) -> bool:
+            return self.inner.has_next()
+
+        def close(self) -> None:
+            self.inner.close()
+
+    class EarlyBackend(ForwardingBackend):
+        def create_reader(self, topic: str, *, start: Any = None) -> RawReader:
+            return Early(self.inner.create_reader(topic, **({} if start is None else {"start": start})))
+
+    fresh = maps(on=EarlyBackend(backend), checkpoint_after_bytes=None)
+    assert fresh.size(timeout=60.0) == 5
+    assert early == [0]

@@ -77,6 +77,8 @@ class WriterCustody:
         deadline = time.monotonic() + self.operation_timeout
         while True:
             record = reader.read_next(timeout=max(0.001, deadline - time.monotonic()))
+            if record is None and time.monotonic() < deadline:
+                continue  # the back end's wait ended early (whole milliseconds): wait out the rest
             if record is None:
                 self.drop()
                 raise OperationTimeoutError(

@@ -292,10 +292,11 @@ class Replica(Generic[S, O]):
                     raise self._paused()
             record = reader.read_next(timeout=wait_s, drain=True)
             if record is None:
-                if deadline is not None and time.monotonic() >= deadline and reader.has_next():
-                    # the deadline cut the wait short, the tail was not reached: never serve the
-                    # prefix read so far as the whole log
-                    raise self._paused()
+                if deadline is not None and reader.has_next():
+                    # the tail was not reached: the wait ended at the deadline (the top of the loop
+                    # pauses) or before it (a back end rounds its wait down): never serve the prefix
+                    # read so far as the whole log
+                    continue
                 break
             self.take_record(record)
             progress.tick(offset=self.applied_offset)
