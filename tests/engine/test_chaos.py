@@ -17,11 +17,21 @@ import pytest
 from airflow_provider_pulsarstate import ConnectionConfig, PulsarMap, open_backend
 from airflow_provider_pulsarstate.engine.envelope import RecordKind, decode_writes
 from airflow_provider_pulsarstate.engine.wal import LogReader
+from airflow_provider_pulsarstate.testing.harness import wait_until
 
 WORKER = Path(__file__).with_name("chaos_worker.py")
 DURATION = float(os.environ.get("PULSARSTATE_CHAOS_SECONDS", "20"))
 WORKERS = 4
 KEYS = 3
+
+
+MIN_KILLS = 5
+PROGRESS_TIMEOUT = 120.0  # seconds for a new worker's first ack, however busy the CPUs
+
+
+def _acks(path: Path) -> int:
+    """How many writes the worker behind ``path`` saw acknowledged so far."""
+    return path.read_text().count("\n") if path.exists() else 0
 
 
 def spawn(config: ConnectionConfig, topic: str, ack: Path, mode: str) -> subprocess.Popen:
@@ -39,13 +49,23 @@ def test_sigkilled_writers_lose_nothing_and_apply_nothing_twice(
     procs = [spawn(backend_config, topic, acks[i], modes[i]) for i in range(WORKERS)]
     kills = 0
     deadline = time.monotonic() + DURATION
+    acked_at_spawn = [0] * WORKERS
     try:
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline or kills < MIN_KILLS:
             time.sleep(rng.uniform(0.2, 1.2))
             i = rng.randrange(WORKERS)
+            # kill a worker only once it has acked since it started: on a busy machine a start-up
+            # (imports, connect, the writer) can outlast the random pause, and killing it then
+            # would test nothing
+            wait_until(
+                lambda i=i: _acks(acks[i]) > acked_at_spawn[i],
+                timeout=PROGRESS_TIMEOUT,
+                what=f"a write of worker {i} ({modes[i]}) acknowledged since it started",
+            )
             procs[i].send_signal(signal.SIGKILL)
             procs[i].wait()
             kills += 1
+            acked_at_spawn[i] = _acks(acks[i])
             procs[i] = spawn(backend_config, topic, acks[i], modes[i])
     finally:
         for p in procs:
@@ -58,7 +78,7 @@ def test_sigkilled_writers_lose_nothing_and_apply_nothing_twice(
             for line in path.read_text().splitlines():
                 token, key, n = line.split()
                 acked[token] = (key, int(n))
-    assert kills >= 5 and len(acked) >= 20, (kills, len(acked))
+    assert kills >= MIN_KILLS and len(acked) >= 20, (kills, len(acked))
 
     backend = open_backend(backend_config)
     try:
