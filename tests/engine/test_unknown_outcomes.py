@@ -191,26 +191,22 @@ def test_a_first_replay_cut_short_by_a_timeout_is_resumed_not_restarted(
     assert stats["rebuilds"] == 0
 
 
-def test_a_read_that_times_out_with_entries_waiting_is_not_taken_for_the_tail(maps: Any, backend: Backend) -> None:
-    """Deterministic form of the test above: the back end has entries (has_next) but delivers none
-    before the caller's deadline. The replay must pause (OperationTimeoutError), never serve the
-    prefix read so far as the whole log (a fresh replica once answered size() == 0 of 400)."""
+def _withholding(backend: Backend, misses: list[int], *, pause: bool) -> Backend:
+    """``backend`` whose readers answer None to their first ``misses[0]`` reads although entries
+    wait (``has_next``): after the whole wait when ``pause`` (a broker slow to deliver), at once
+    otherwise (a wait cut short). ``misses[0]`` counts down as they happen."""
     from airflow_provider_pulsarstate.engine.backends.base import RawReader
     from airflow_provider_pulsarstate.testing.harness import ForwardingBackend
 
-    w = maps(checkpoint_after_bytes=None)
-    for i in range(5):
-        w.put(f"k{i}", i)
-    stalls = [3]
-
-    class Slow(RawReader):
+    class Withholding(RawReader):
         def __init__(self, inner: RawReader) -> None:
             self.inner = inner
 
         def read_next(self, *, timeout: float) -> Any:
-            if stalls[0] > 0:  # a broker that is slow to deliver what it has
-                stalls[0] -= 1
-                time.sleep(timeout)
+            if misses[0] > 0:
+                misses[0] -= 1
+                if pause:
+                    time.sleep(timeout)
                 return None
             return self.inner.read_next(timeout=timeout)
 
@@ -220,11 +216,21 @@ def test_a_read_that_times_out_with_entries_waiting_is_not_taken_for_the_tail(ma
         def close(self) -> None:
             self.inner.close()
 
-    class SlowBackend(ForwardingBackend):
+    class WithholdingBackend(ForwardingBackend):
         def create_reader(self, topic: str, *, start: Any = None) -> RawReader:
-            return Slow(self.inner.create_reader(topic, **({} if start is None else {"start": start})))
+            return Withholding(self.inner.create_reader(topic, **({} if start is None else {"start": start})))
 
-    fresh = maps(on=SlowBackend(backend), checkpoint_after_bytes=None)
+    return WithholdingBackend(backend)
+
+
+def test_a_read_that_times_out_with_entries_waiting_is_not_taken_for_the_tail(maps: Any, backend: Backend) -> None:
+    """Deterministic form of the test above: the back end has entries (has_next) but delivers none
+    before the caller's deadline. The replay must pause (OperationTimeoutError), never serve the
+    prefix read so far as the whole log (a fresh replica once answered size() == 0 of 400)."""
+    w = maps(checkpoint_after_bytes=None)
+    for i in range(5):
+        w.put(f"k{i}", i)
+    fresh = maps(on=_withholding(backend, [3], pause=True), checkpoint_after_bytes=None)
     answers = []
     while True:
         try:
@@ -240,34 +246,10 @@ def test_a_read_that_gives_up_before_the_deadline_with_entries_waiting_is_not_ta
 ) -> None:
     """A back end's wait may end before the caller's deadline (the Pulsar client counts whole
     milliseconds) while entries wait: the replay reads on, and never answers with a prefix."""
-    from airflow_provider_pulsarstate.engine.backends.base import RawReader
-    from airflow_provider_pulsarstate.testing.harness import ForwardingBackend
-
     w = maps(checkpoint_after_bytes=None)
     for i in range(5):
         w.put(f"k{i}", i)
     early = [3]
-
-    class Early(RawReader):
-        def __init__(self, inner: RawReader) -> None:
-            self.inner = inner
-
-        def read_next(self, *, timeout: float) -> Any:
-            if early[0] > 0:  # gives up at once, long before the deadline
-                early[0] -= 1
-                return None
-            return self.inner.read_next(timeout=timeout)
-
-        def has_next(self) -> bool:
-            return self.inner.has_next()
-
-        def close(self) -> None:
-            self.inner.close()
-
-    class EarlyBackend(ForwardingBackend):
-        def create_reader(self, topic: str, *, start: Any = None) -> RawReader:
-            return Early(self.inner.create_reader(topic, **({} if start is None else {"start": start})))
-
-    fresh = maps(on=EarlyBackend(backend), checkpoint_after_bytes=None)
+    fresh = maps(on=_withholding(backend, early, pause=False), checkpoint_after_bytes=None)
     assert fresh.size(timeout=60.0) == 5
     assert early == [0]
