@@ -31,6 +31,7 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -252,6 +253,23 @@ def _open_manager(
     return manager
 
 
+def _open_listening(
+    backend: Backend,
+    topic: str,
+    *,
+    after: int | None,
+    operation_timeout: float,
+    on_corrupt: CorruptPolicy,
+    listener: Callable[[Change[dict[str, Any]]], None],
+) -> SharedStateManager[None, dict[str, Any]]:
+    """:func:`_open_manager` of an existing table's log (else :class:`TableNotFoundError`), with
+    ``listener`` told every change it replays."""
+    _check_exists(backend, topic, operation_timeout)
+    manager = _open_manager(backend, topic, limit=after, operation_timeout=operation_timeout, on_corrupt=on_corrupt)
+    manager.add_listener(listener)
+    return manager
+
+
 def _check_exists(backend: Backend, topic: str, timeout: float) -> None:
     if read_beginning(backend, topic, timeout=timeout).empty:
         raise TableNotFoundError(topic=topic)
@@ -332,15 +350,14 @@ class TableFeed:
         :raises OperationTimeoutError: ``timeout`` ran out; the next call goes on from there.
         """
         if self._manager is None:
-            _check_exists(self.backend, self.topic, self.operation_timeout)
-            self._manager = _open_manager(
+            self._manager = _open_listening(
                 self.backend,
                 self.topic,
-                limit=self._after,
+                after=self._after,
                 operation_timeout=self.operation_timeout,
                 on_corrupt=self.on_corrupt,
+                listener=self._on_change,
             )
-            self._manager.add_listener(self._on_change)
         if not self._started:
             self._manager.read(_nothing_read, latest=True, timeout=timeout)
             last = self._manager.applied_offset

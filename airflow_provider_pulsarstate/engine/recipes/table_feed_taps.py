@@ -18,9 +18,8 @@ from airflow_provider_pulsarstate.engine.config import ConnectionConfig
 from airflow_provider_pulsarstate.engine.manager import Change, SharedStateManager
 from airflow_provider_pulsarstate.engine.recipes.table_feed import (
     TableCommit,
-    _check_exists,
     _nothing_read,
-    _open_manager,
+    _open_listening,
 )
 
 __all__ = ["CountedRecord", "KeyPrefixes", "LogTap", "TableTaps", "open_table_readers"]
@@ -94,15 +93,14 @@ class LogTap:
     def read(self, prefixes: frozenset[str]) -> tuple[list[CountedRecord], int]:
         """The records after the previous read (after ``start`` for the first), and the offset read to."""
         if self._manager is None:
-            _check_exists(self.backend, self.topic, self.operation_timeout)
-            self._manager = _open_manager(
+            self._manager = _open_listening(
                 self.backend,
                 self.topic,
-                limit=self._after,
+                after=self._after,
                 operation_timeout=self.operation_timeout,
                 on_corrupt="raise",
+                listener=self._on_change,
             )
-            self._manager.add_listener(self._on_change)
         if prefixes != self._prefixes.all:
             self._prefixes = KeyPrefixes(prefixes)
         self._manager.read(_nothing_read, latest=True)
