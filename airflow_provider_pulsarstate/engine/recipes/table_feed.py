@@ -1,8 +1,7 @@
 """A feed of a :class:`~airflow_provider_pulsarstate.engine.recipes.table.StateTable`'s commits.
 
-Change-driven scheduling (``StateChangeTrigger``) needs to know *which* commits a table made
-after a watermark, and a downstream task needs the row changes of exactly one of them. Neither
-needs the table's rows:
+Change-driven scheduling (``StateChangeTrigger``) needs to know *which* commits a table made after a
+watermark, and a downstream task needs the row changes of exactly one of them; neither needs its rows:
 
 * :class:`TableFeed` reports each committed record after a commit offset: its offset, publish
   time, the views it applied, and how many rows it set and deleted (in all, and under a key
@@ -235,9 +234,14 @@ def _open_manager(
     limit: int | None,
     operation_timeout: float,
     on_corrupt: CorruptPolicy,
+    listener: Callable[[Change[dict[str, Any]]], None],
+    check_exists: bool = False,
 ) -> SharedStateManager[None, dict[str, Any]]:
-    """A manager of the table's log with no state: the table's op decoder, its acceptance rules,
-    started from the newest manifest at or before ``limit`` (None: the newest)."""
+    """A stateless manager of the table's log (its op decoder and acceptance rules) from the newest
+    manifest at or before ``limit`` (None: the newest), telling ``listener`` every change it replays.
+    ``check_exists``: raise :class:`TableNotFoundError` on an empty log."""
+    if check_exists:
+        _check_exists(backend, topic, operation_timeout)
     manager: SharedStateManager[None, dict[str, Any]] = SharedStateManager(
         backend,
         topic,
@@ -250,22 +254,6 @@ def _open_manager(
         on_corrupt=on_corrupt,
     )
     manager.checkpoints = _ManifestsOnly(manager.checkpoints, limit)
-    return manager
-
-
-def _open_listening(
-    backend: Backend,
-    topic: str,
-    *,
-    after: int | None,
-    operation_timeout: float,
-    on_corrupt: CorruptPolicy,
-    listener: Callable[[Change[dict[str, Any]]], None],
-) -> SharedStateManager[None, dict[str, Any]]:
-    """:func:`_open_manager` of an existing table's log (else :class:`TableNotFoundError`), with
-    ``listener`` told every change it replays."""
-    _check_exists(backend, topic, operation_timeout)
-    manager = _open_manager(backend, topic, limit=after, operation_timeout=operation_timeout, on_corrupt=on_corrupt)
     manager.add_listener(listener)
     return manager
 
@@ -350,13 +338,14 @@ class TableFeed:
         :raises OperationTimeoutError: ``timeout`` ran out; the next call goes on from there.
         """
         if self._manager is None:
-            self._manager = _open_listening(
+            self._manager = _open_manager(
                 self.backend,
                 self.topic,
-                after=self._after,
+                limit=self._after,
                 operation_timeout=self.operation_timeout,
                 on_corrupt=self.on_corrupt,
                 listener=self._on_change,
+                check_exists=True,
             )
         if not self._started:
             self._manager.read(_nothing_read, latest=True, timeout=timeout)
@@ -465,8 +454,9 @@ def _ops_of_commit(
         if change.offset == offset:
             ops.append(change)
 
-    manager = _open_manager(backend, topic, limit=offset - 1, operation_timeout=operation_timeout, on_corrupt="raise")
-    manager.add_listener(keep)
+    manager = _open_manager(
+        backend, topic, limit=offset - 1, operation_timeout=operation_timeout, on_corrupt="raise", listener=keep
+    )
     try:
         manager.read(_nothing_read, latest=True, timeout=timeout)
         last = manager.applied_offset

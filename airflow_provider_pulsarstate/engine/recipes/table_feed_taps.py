@@ -19,7 +19,7 @@ from airflow_provider_pulsarstate.engine.manager import Change, SharedStateManag
 from airflow_provider_pulsarstate.engine.recipes.table_feed import (
     TableCommit,
     _nothing_read,
-    _open_listening,
+    _open_manager,
 )
 
 __all__ = ["CountedRecord", "KeyPrefixes", "LogTap", "TableTaps", "open_table_readers"]
@@ -93,13 +93,14 @@ class LogTap:
     def read(self, prefixes: frozenset[str]) -> tuple[list[CountedRecord], int]:
         """The records after the previous read (after ``start`` for the first), and the offset read to."""
         if self._manager is None:
-            self._manager = _open_listening(
+            self._manager = _open_manager(
                 self.backend,
                 self.topic,
-                after=self._after,
+                limit=self._after,
                 operation_timeout=self.operation_timeout,
                 on_corrupt="raise",
                 listener=self._on_change,
+                check_exists=True,
             )
         if prefixes != self._prefixes.all:
             self._prefixes = KeyPrefixes(prefixes)
