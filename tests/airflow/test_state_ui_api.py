@@ -11,7 +11,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -493,13 +493,14 @@ def test_maps_are_reached_only_from_their_own_ids(
     assert not topics & _probe_topics(probes, assets=["no-such-asset"])
 
 
-def _probe_topics(runs: Any, *, assets: list[str]) -> set[str]:
+def _probe_topics(runs: Iterable[tuple[str, str]], *, assets: list[str]) -> set[str]:
     """Every map topic a read of these runs or assets would create, of every kind and base topic."""
-    from airflow_provider_pulsarstate.engine.recipes.scope_topics import scope_topic
+    from airflow_provider_pulsarstate.engine.recipes.scope_topics import ASSET_KIND, RUN_KIND, scope_topic
+    from airflow_provider_pulsarstate.engine.recipes.xcom_messages import MESSAGE_KIND
 
     names = set()
     for base in ("airflow-xcom", "airflow-state-store"):
-        for kind in "rma":
+        for kind in (RUN_KIND, MESSAGE_KIND, ASSET_KIND):
             names |= {scope_topic(base, KEY_NAMESPACE, kind, dag_id, run_id) for dag_id, run_id in runs}
             names |= {scope_topic(base, KEY_NAMESPACE, kind, asset) for asset in assets}
     return names
