@@ -80,6 +80,13 @@ def _job() -> Any:
         "table_topic": Param(TABLE_TOPIC, type="string", description="the shared state table"),
         "subscription": Param(SUBSCRIPTION, type="string", description="the cursor that follows the table"),
         "lease_timeout": Param(900, type="number", minimum=0, description="seconds to wait for the table's lease"),
+        "lease_ttl": Param(
+            LEASE_TTL,
+            type="number",
+            exclusiveMinimum=0,
+            description="seconds the table's lease outlives its last renewal (a run that dies holding it "
+            "holds off the next run this long)",
+        ),
     },
 )
 def price_events_pipeline() -> None:
@@ -130,7 +137,7 @@ def price_events_pipeline() -> None:
         "lease",
         lease_name="price-events-ingest/{{ params.table_topic }}",
         holder=HOLDER,
-        ttl=LEASE_TTL,
+        ttl="{{ params.lease_ttl }}",
         timeout="{{ params.lease_timeout }}",
         guard=[prices],  # lease.acquire >> prices >> lease.release; create, Spark, apply, commit hold the lease
     )

@@ -80,7 +80,7 @@ class AcquireLeaseOperator(BaseOperator):
     :param holder: who holds it: names the deployment and the run. Templated; default
         ``"{{ dag.dag_id }}/{{ run_id }}"``.
     :param ttl: seconds the lease stays valid after each acquire or renew (guarded tasks renew it
-        every ``ttl / 3``).
+        every ``ttl / 3``). Templated (e.g. ``"{{ params.lease_ttl }}"``).
     :param timeout: seconds to wait for the lease (0: one attempt; None: as long as it takes).
         Templated (e.g. ``"{{ params.lease_timeout }}"``).
     :param lease_topic: the lease log (short or full name; default ``pulsarstate-leases``). Templated.
@@ -91,7 +91,7 @@ class AcquireLeaseOperator(BaseOperator):
     :raises AirflowFailException: a bad lease name, holder or ttl.
     """
 
-    template_fields: Sequence[str] = ("lease_name", "holder", "lease_topic", "timeout")
+    template_fields: Sequence[str] = ("lease_name", "holder", "lease_topic", "ttl", "timeout")
     operator_extra_links = (PulsarStateLeaseLink(),)
     ui_color = "#f3e6c4"
 
@@ -99,7 +99,7 @@ class AcquireLeaseOperator(BaseOperator):
         self,
         *,
         lease_name: str,
-        ttl: float,
+        ttl: float | str,
         timeout: float | str | None = None,
         holder: str = DEFAULT_HOLDER,
         lease_topic: str | None = None,
@@ -116,37 +116,37 @@ class AcquireLeaseOperator(BaseOperator):
         self.steal = steal
         self.pulsarstate_conn_id = pulsarstate_conn_id
 
-    def _timeout(self) -> float | None:
-        if self.timeout is None or (isinstance(self.timeout, str) and self.timeout.strip() in ("", "None")):
+    def _seconds(self, field: str, value: float | str | None) -> float | None:
+        """A rendered ``ttl`` or ``timeout`` as seconds (None or an empty template: None)."""
+        if value is None or (isinstance(value, str) and value.strip() in ("", "None")):
             return None
         try:
-            return float(self.timeout)
+            return float(value)
         except (TypeError, ValueError):
-            raise AirflowFailException(
-                f"lease {self.lease_name!r}: timeout must be seconds, got {self.timeout!r}"
-            ) from None
+            raise AirflowFailException(f"lease {self.lease_name!r}: {field} must be seconds, got {value!r}") from None
 
     def execute(self, context: Context) -> dict[str, Any]:
-        self.timeout = self._timeout()
+        ttl = self._seconds("ttl", self.ttl)
+        if ttl is None:
+            raise AirflowFailException(f"lease {self.lease_name!r}: ttl must be seconds, got {self.ttl!r}")
+        timeout = self._seconds("timeout", self.timeout)
         with PulsarStateHook(self.pulsarstate_conn_id) as hook:
             leases = hook.get_leases(self.lease_topic or None)
             self.log.info(
                 "acquiring lease %r for %r (ttl %ss, timeout %s, steal=%s)",
                 self.lease_name,
                 self.holder,
-                self.ttl,
-                self.timeout,
+                ttl,
+                timeout,
                 self.steal,
             )
             try:
-                lease = leases.acquire(
-                    self.lease_name, self.holder, ttl=self.ttl, timeout=self.timeout, steal=self.steal
-                )
+                lease = leases.acquire(self.lease_name, self.holder, ttl=ttl, timeout=timeout, steal=self.steal)
             except LeaseTimeoutError as exc:
                 current = exc.current
                 raise AirflowException(
                     f"lease {self.lease_name!r} is still held by {getattr(current, 'holder', None)!r} "
-                    f"(token {getattr(current, 'token', '?')}) after waiting {self.timeout}s: {exc}"
+                    f"(token {getattr(current, 'token', '?')}) after waiting {timeout}s: {exc}"
                 ) from exc
             except ConfigurationError as exc:
                 raise AirflowFailException(f"cannot acquire lease {self.lease_name!r}: {exc}") from exc
@@ -409,7 +409,7 @@ def lease_task_group(
     group_id: str,
     *,
     lease_name: str,
-    ttl: float,
+    ttl: float | str,
     timeout: float | str | None = None,
     holder: str = DEFAULT_HOLDER,
     lease_topic: str | None = None,

@@ -23,13 +23,16 @@ from tests.airflow.test_views_operators import _table
 
 EVENTS, SKUS = 400, 1500
 DAG_ID = "price_events_pipeline"
+# A worker killed while holding the table's lease holds off the next run until the lease expires:
+# a short ttl keeps that wait short (the guarded tasks renew it every ttl / 3 while they run).
+LEASE_TTL = 10
 
 
 job = load_job("price_events_job")
 
 
 def _conf(batch: int, names: dict[str, str]) -> dict[str, Any]:
-    return {"batch": batch, "events": EVENTS, "skus": SKUS, **names}
+    return {"batch": batch, "events": EVENTS, "skus": SKUS, "lease_ttl": LEASE_TTL, **names}
 
 
 def _names() -> dict[str, str]:

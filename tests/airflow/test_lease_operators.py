@@ -44,7 +44,7 @@ def test_acquire_guarded_task_release_in_one_run(dag_bundles: None, state_backen
     run = run_dag(dag, {"lease_name": lease, "marker": str(marker), "seconds": 3.0})
     assert run.state == "success", run.states
     handle = run.xcoms["lease.acquire"]
-    assert handle["name"] == lease and handle["token"] >= 1 and handle["ttl"] == 1.5
+    assert handle["name"] == lease and handle["token"] >= 1 and handle["ttl"] == 1.5  # the templated ttl, as seconds
     assert handle["holder"].startswith("deployment-a/leases_guarded_work/")  # deployment/dag/run
     # the work checked the lease every 50 ms for 3 s = 2 ttl: held throughout, so renewed at least
     # twice (once per ttl); how many more depends on how busy the CPUs were, not on the operators
@@ -281,6 +281,19 @@ def test_lease_group_wiring_and_refusals() -> None:
     assert guarded == {"prices.create_view", "prices.spark_job", "prices.apply_view"}  # not drop_view
     assert prices.create.upstream_task_ids == {"lease.acquire"}
     assert guarded <= lease.release.upstream_task_ids
+
+
+def test_acquire_refuses_a_ttl_or_timeout_that_is_not_seconds_naming_the_field() -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_provider_pulsarstate.operators.leases import AcquireLeaseOperator
+
+    for fields, field in (({"ttl": "soon"}, "ttl"), ({"ttl": ""}, "ttl"), ({"ttl": 10, "timeout": "later"}, "timeout")):
+        operator = AcquireLeaseOperator(task_id="acquire", lease_name="ingest", **fields)  # type: ignore[arg-type]
+        refused = pytest.raises(AirflowFailException, match=f"lease 'ingest': {field} must be seconds, got ")
+        with mock.patch("airflow_provider_pulsarstate.operators.leases.PulsarStateHook") as hook, refused:
+            operator.execute({})  # type: ignore[arg-type]
+        hook.assert_not_called()  # refused before any connection
 
 
 def test_describe_loss_names_lease_token_and_new_holder() -> None:

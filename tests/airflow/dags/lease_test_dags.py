@@ -59,7 +59,12 @@ with DAG(
     "leases_guarded_work",
     schedule=None,
     start_date=START,
-    params={**COMMON, "seconds": Param(0, type="number"), "fail": Param(False, type="boolean")},
+    params={
+        **COMMON,
+        "seconds": Param(0, type="number"),
+        "fail": Param(False, type="boolean"),
+        "ttl": Param(TTL, type="number"),
+    },
 ) as guarded_work:
     work = RecordUnderLease(
         task_id="work", marker="{{ params.marker }}", seconds="{{ params.seconds }}", fail="{{ params.fail }}"
@@ -67,7 +72,7 @@ with DAG(
     lease_task_group(
         "lease",
         lease_name="{{ params.lease_name }}",
-        ttl=TTL,
+        ttl="{{ params.ttl }}",  # templated: rendered to seconds at execute
         timeout="{{ params.timeout }}",
         holder=HOLDER,
         guard=[work],
