@@ -5,7 +5,8 @@ slowest test modules first. Usage: ``python dev/test_durations.py [.artifacts/ju
 ``time``); the file keeps the tests that took at least a second, rounded to a tenth. With
 ``--cpu N`` it also prints the N test modules that used the most CPU (each test's ``cpu_seconds``
 property: its process and the children it waited for), the measure that counts on a machine whose
-CPUs the suite keeps busy.
+CPUs the suite keeps busy. With ``--timeline N`` it prints each xdist worker's span and the last N
+test modules it ran (the ``started`` and ``worker`` properties): what kept the run going at its end.
 """
 
 from __future__ import annotations
@@ -38,14 +39,47 @@ def durations(report: Path) -> dict[str, float]:
     return {nodeid: round(float(case.get("time", "0") or 0), 1) for nodeid, case in _cases(report)}
 
 
-def cpu_seconds(report: Path) -> dict[str, float]:
-    """Test node id -> CPU seconds, for the test cases that carry the ``cpu_seconds`` property."""
-    out: dict[str, float] = {}
+def _properties(report: Path, name: str) -> dict[str, str]:
+    """Test node id -> the value of its JUnit property ``name``, for the test cases that carry it."""
+    out: dict[str, str] = {}
     for nodeid, case in _cases(report):
         for prop in case.iter("property"):
-            if prop.get("name") == "cpu_seconds":
-                out[nodeid] = float(prop.get("value", "0"))
+            if prop.get("name") == name:
+                out[nodeid] = prop.get("value", "")
     return out
+
+
+def cpu_seconds(report: Path) -> dict[str, float]:
+    """Test node id -> CPU seconds, for the test cases that carry the ``cpu_seconds`` property."""
+    return {nodeid: float(value or 0) for nodeid, value in _properties(report, "cpu_seconds").items()}
+
+
+def print_timeline(report: Path, wall: dict[str, float], last: int) -> None:
+    """Per worker: when it started and ended (seconds after the first test started), how long it ran
+    tests, and the last ``last`` modules it ran, each with its start and its worker seconds."""
+    started = {nodeid: float(value) for nodeid, value in _properties(report, "started").items()}
+    workers = _properties(report, "worker")
+    if not started:
+        print("no timeline: the report's tests carry no `started` property")
+        return
+    origin = min(started.values())
+    runs: dict[str, list[tuple[float, float, str]]] = {}
+    for nodeid, at in started.items():
+        runs.setdefault(workers.get(nodeid, "?"), []).append((at - origin, wall.get(nodeid, 0.0), nodeid))
+    for worker, tests in sorted(runs.items()):
+        tests.sort()
+        end = max(at + seconds for at, seconds, _ in tests)
+        busy = sum(seconds for _, seconds, _ in tests)
+        print(f"{worker}: {len(tests)} tests, {tests[0][0]:.0f}-{end:.0f} s, busy {busy:.0f} s")
+        modules: list[tuple[str, float, float]] = []  # (module, first start, worker seconds), in the order run
+        for at, seconds, nodeid in tests:
+            module = nodeid.split("::", 1)[0]
+            if modules and modules[-1][0] == module:
+                modules[-1] = (module, modules[-1][1], modules[-1][2] + seconds)
+            else:
+                modules.append((module, at, seconds))
+        for module, at, seconds in modules[-last:]:
+            print(f"   at {at:6.0f} s  {seconds:6.0f} s  {module}")
 
 
 def print_cpu_table(cpu: dict[str, float], wall: dict[str, float], top: int) -> None:
@@ -65,10 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("report", nargs="?", type=Path, default=ROOT / ".artifacts" / "junit.xml")
     parser.add_argument("--cpu", type=int, default=0, metavar="N", help="print the N modules using most CPU")
+    parser.add_argument("--timeline", type=int, default=0, metavar="N", help="print each worker's last N modules")
     args = parser.parse_args(argv)
     wall = durations(args.report)
     if args.cpu:
         print_cpu_table(cpu_seconds(args.report), wall, args.cpu)
+    if args.timeline:
+        print_timeline(args.report, wall, args.timeline)
     measured = {k: v for k, v in sorted(wall.items()) if v >= MIN_SECONDS}
     DURATIONS.write_text(json.dumps(measured, indent=1) + "\n")
     total = sum(measured.values())

@@ -40,6 +40,7 @@ LOG_ENV = "PULSARSTATE_TEST_BROKER_LOG"  # the shared broker's log, for the fail
 BROKER_LOG_TAIL_LINES = 50
 _SHARED_BROKER_KEY = pytest.StashKey[Any]()
 _CPU_AT_SETUP = pytest.StashKey[float]()
+_STARTED_AT = pytest.StashKey[float]()
 _SPARK_ARCHIVE_JOB = pytest.StashKey[Any]()
 
 
@@ -63,10 +64,13 @@ def pytest_configure(config: pytest.Config) -> None:
     import tempfile
 
     from airflow_provider_pulsarstate.testing.broker import PulsarStandalone
+    from tests.jvm_options import SHORT_LIVED_JVM
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     broker = PulsarStandalone(
-        data_dir=Path(tempfile.mkdtemp(prefix="pulsarstate-test-broker-")), log_file=ARTIFACTS / "pulsar-broker.log"
+        data_dir=Path(tempfile.mkdtemp(prefix="pulsarstate-test-broker-")),
+        log_file=ARTIFACTS / "pulsar-broker.log",
+        jvm_options=SHORT_LIVED_JVM,
     )
     broker.start()
     config.stash[_SHARED_BROKER_KEY] = broker
@@ -159,16 +163,23 @@ def _cpu_seconds() -> float:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    import time
+
     item.stash[_CPU_AT_SETUP] = _cpu_seconds()
+    item.stash[_STARTED_AT] = time.time()
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     """A failed Pulsar test's report ends with the tail of the broker log(s) it used. Each test's
-    CPU seconds (setup to teardown) go into the JUnit report as its ``cpu_seconds`` property."""
+    CPU seconds (setup to teardown) go into the JUnit report as its ``cpu_seconds`` property, with
+    when it started (``started``, Unix time) and on which xdist worker (``worker``): the run's
+    timeline (``dev/test_durations.py --timeline``)."""
     report = yield
     if call.when == "teardown" and _CPU_AT_SETUP in item.stash:
         report.user_properties.append(("cpu_seconds", round(_cpu_seconds() - item.stash[_CPU_AT_SETUP], 1)))
+        report.user_properties.append(("started", round(item.stash[_STARTED_AT], 1)))
+        report.user_properties.append(("worker", os.environ.get("PYTEST_XDIST_WORKER", "main")))
     if report.failed:
         for name, path in _broker_logs_used(item).items():
             report.sections.append((f"last {BROKER_LOG_TAIL_LINES} lines of {path} ({name})", _log_tail(path)))
@@ -176,14 +187,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def _standalone(tmp_path_factory: pytest.TempPathFactory, name: str, **conf_overrides: str) -> Iterator[object]:
-    """Start a PulsarStandalone (data under a session temp dir, log in ARTIFACTS), yield it, stop it."""
+    """Start a PulsarStandalone (data under a session temp dir, log in ARTIFACTS, the suite's
+    short-lived JVM settings), yield it, stop it."""
     from airflow_provider_pulsarstate.testing.broker import PulsarStandalone
+    from tests.jvm_options import SHORT_LIVED_JVM
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     broker = PulsarStandalone(
         data_dir=tmp_path_factory.mktemp(f"{name}-data"),
         log_file=ARTIFACTS / f"{name}-broker.log",
         conf_overrides=conf_overrides or None,
+        jvm_options=SHORT_LIVED_JVM,
     )
     broker.start()
     logging.getLogger(__name__).info("test broker %s up at %s / %s", name, broker.service_url, broker.admin_url)
@@ -253,21 +267,17 @@ def restartable_broker(_restartable: Any) -> Any:
 
 
 @pytest.fixture(scope="session")
-def pulsar_defaults_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """A second broker with Pulsar's own retention and inactive-topic defaults (retention 0,
-    inactive topics deleted), checked every 5 s: started only by the tests that ask for it."""
+def pulsar_stock_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A second broker left at Pulsar's own defaults where they matter here: no retention,
+    inactive topics deleted (checked every 5 s instead of 60), and no entry-index interceptor
+    (no offsets to give). Started only by the tests that ask for it, which ``xdist_group("stock-broker")``
+    pins to one worker."""
     from airflow_provider_pulsarstate.testing.broker import PULSAR_DEFAULT_POLICIES
 
-    yield from _standalone(tmp_path_factory, "pulsar-defaults", **PULSAR_DEFAULT_POLICIES)
-
-
-@pytest.fixture(scope="session")
-def pulsar_noindex_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """A broker WITHOUT the entry-index interceptor (Pulsar's default): no offsets to give.
-    Started only by the tests that ask for it."""
     yield from _standalone(
         tmp_path_factory,
-        "pulsar-noindex",
+        "pulsar-stock",
+        **PULSAR_DEFAULT_POLICIES,
         brokerEntryMetadataInterceptors="",
         exposingBrokerEntryMetadataToClientEnabled="false",
     )

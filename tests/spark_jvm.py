@@ -3,8 +3,9 @@
 Every Spark job of the suite is a short local-mode JVM that lives about a minute, on a machine whose
 CPUs the suite keeps busy. Three settings cut what each one costs:
 
-- the C1 JIT compiler only and the serial GC: C2 would spend more CPU compiling than it saves, and
-  parallel GC threads compete with the other test workers (about -40% CPU per job);
+- the C1 JIT compiler only and the serial GC (``tests/jvm_options.py``, as for the suite's brokers):
+  C2 would spend more CPU compiling than it saves, and parallel GC threads compete with the other
+  test workers (about -40% CPU per job);
 - an application class-data-sharing archive (AppCDS) of the classes a Spark job loads, written once
   by a warm-up job and then mapped by every job instead of loading and verifying ~10,000 classes
   again (about -5 CPU-s of ~17 per job).
@@ -24,7 +25,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-JVM_OPTIONS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-XX:CICompilerCount=1")
+from tests.jvm_options import SHORT_LIVED_JVM
+
 SPARK_PROPERTIES = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"}
 WARMUP_JOB = Path(__file__).with_name("spark_warmup_job.py")
 
@@ -34,7 +36,7 @@ def _archive(artifacts: Path) -> Path:
     import pyspark
 
     jars = Path(pyspark.__file__).parent / "jars"
-    key = hashlib.sha256(f"{pyspark.__version__}|{jars}|{JVM_OPTIONS}|{sys.executable}".encode()).hexdigest()[:12]
+    key = hashlib.sha256(f"{pyspark.__version__}|{jars}|{SHORT_LIVED_JVM}|{sys.executable}".encode()).hexdigest()[:12]
     return artifacts / "spark-cds" / f"spark-{pyspark.__version__}-{key}.jsa"
 
 
@@ -42,7 +44,7 @@ def spark_environment(artifacts: Path) -> dict[str, str]:
     """``SPARK_CONF_DIR`` and ``SPARK_SUBMIT_OPTS`` for every spark-submit of the run."""
     conf_dir = artifacts / "spark-conf"  # empty on purpose: see the module docstring
     conf_dir.mkdir(parents=True, exist_ok=True)
-    options = [*JVM_OPTIONS, f"-XX:SharedArchiveFile={_archive(artifacts)}"]
+    options = [*SHORT_LIVED_JVM, f"-XX:SharedArchiveFile={_archive(artifacts)}"]
     options += [f"-D{key}={value}" for key, value in SPARK_PROPERTIES.items()]
     return {"SPARK_CONF_DIR": str(conf_dir), "SPARK_SUBMIT_OPTS": " ".join(options)}
 

@@ -206,6 +206,9 @@ class PulsarStandalone:
         conf_overrides: ``standalone.conf`` keys to set on top of the project's file, e.g.
             :data:`PULSAR_DEFAULT_POLICIES` to run with Pulsar's own retention and inactive-topic
             defaults (which delete unused topics) instead of the safe ones the project ships.
+        jvm_options: extra JVM options, after the heap settings (a ``-XX:+Use...GC`` here replaces
+            the default G1), e.g. ``("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")`` for a
+            short-lived broker that should start on as little CPU as it can.
     """
 
     def __init__(
@@ -218,8 +221,10 @@ class PulsarStandalone:
         heap: str = "1g",
         log_file: Path | None = None,
         conf_overrides: dict[str, str] | None = None,
+        jvm_options: Sequence[str] = (),
     ) -> None:
         self.conf_overrides = dict(conf_overrides or {})
+        self.jvm_options = tuple(jvm_options)
         self._owns_data_dir = data_dir is None
         self.data_dir: Path = (
             Path(tempfile.mkdtemp(prefix="pulsarstate-broker-"))
@@ -377,7 +382,11 @@ class PulsarStandalone:
     # ----- internals --------------------------------------------------------------------------
 
     def _command(self, java: str, lib_dir: Path, conf: Path, log4j: Path) -> list[str]:
-        cmd = [java, f"-Xmx{self.heap}", f"-XX:MaxDirectMemorySize={self.heap}", "-XX:+UseG1GC"]
+        picks_gc = any(o.startswith("-XX:+Use") and o.endswith("GC") for o in self.jvm_options)
+        cmd = [java, f"-Xmx{self.heap}", f"-XX:MaxDirectMemorySize={self.heap}"] + (
+            [] if picks_gc else ["-XX:+UseG1GC"]
+        )
+        cmd += self.jvm_options
         cmd += [f"--add-opens={module}=ALL-UNNAMED" for module in _ADD_OPENS]
         cmd += [f"-D{key}={value}" for key, value in _SYSTEM_PROPERTIES.items()]
         cmd += [

@@ -1,6 +1,6 @@
 """A second real broker with Pulsar's own defaults (no retention, inactive topics deleted, checked
-every 5 s): a state log left to them is deleted; the engine sets topic policies at first use, or
-fails naming the setting and the command when it may not."""
+every 5 s; no entry-index interceptor): a state log left to them is deleted; the engine sets topic
+policies at first use, or fails naming the setting and the command when it may not."""
 
 from __future__ import annotations
 
@@ -19,14 +19,14 @@ from airflow_provider_pulsarstate.engine.errors import RetentionPolicyError
 from airflow_provider_pulsarstate.testing import wait_until
 from tests.conftest import pulsar_config
 
-pytestmark = [pytest.mark.pulsar, pytest.mark.xdist_group("pulsar-defaults-broker")]  # one such broker per run
+pytestmark = [pytest.mark.pulsar, pytest.mark.xdist_group("stock-broker")]  # one such broker per run
 
 INACTIVE_WINDOW = 5 + 5  # brokerDeleteInactiveTopicsMaxInactiveDurationSeconds + ...FrequencySeconds
 
 
 @pytest.fixture
-def backend(pulsar_defaults_broker: Any) -> Iterator[Backend]:
-    b = open_backend(pulsar_config(pulsar_defaults_broker))
+def backend(pulsar_stock_broker: Any) -> Iterator[Backend]:
+    b = open_backend(pulsar_config(pulsar_stock_broker))
     yield b
     b.close()
 

@@ -286,8 +286,9 @@ def test_everything_trimmed_keeps_the_offsets(backend: PulsarBackend, topic: str
     assert [(m.offset, m.value) for m in consumer.pull(6).messages] == [(6, b"b0"), (7, b"b1")]
 
 
-def test_a_broker_without_the_index_interceptor_is_named(pulsar_noindex_broker: Any) -> None:
-    backend = open_backend(pulsar_config(pulsar_noindex_broker))
+@pytest.mark.xdist_group("stock-broker")  # the broker of tests/engine/test_default_policies.py
+def test_a_broker_without_the_index_interceptor_is_named(pulsar_stock_broker: Any) -> None:
+    backend = open_backend(pulsar_config(pulsar_stock_broker))
     try:
         topic = f"persistent://public/default/noindex-{uuid.uuid4().hex[:8]}"
         create_topic(backend, topic)
