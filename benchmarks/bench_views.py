@@ -8,7 +8,7 @@
 Every measurement runs in a child process of its own, so each peak RSS is that side's alone:
 
 * baseline: build the old and the new table as two dicts and diff them with ``==`` (only the
-  diff is timed);
+  diff is timed: the median of five timings);
 * load: version 0 of the table (all rows) through a view;
 * apply (versions 1, 5 and 20, the targets of BENCHMARKS.md): a fresh process bootstraps the table (from
   its newest checkpoint and the records after it), stages the next full version into a view and
@@ -25,6 +25,7 @@ import argparse
 import json
 import logging
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,16 +53,22 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_baseline(rows: int) -> dict:
+def run_baseline(rows: int, repeats: int = 5) -> dict:
+    """The diff of two built tables, timed ``repeats`` times: its median is the baseline (one
+    timing of it varies by a third between runs on a busy host)."""
     start = time.perf_counter()
     old, new = table(rows, 0), table(rows, 1)
     built = time.perf_counter()
-    sets = [k for k, v in new.items() if old.get(k) != v]
-    deletes = [k for k in old if k not in new]
-    done = time.perf_counter()
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        sets = [k for k, v in new.items() if old.get(k) != v]
+        deletes = [k for k in old if k not in new]
+        times.append(time.perf_counter() - began)
     return {
-        "diff_s": done - built,
-        "total_s": done - start,
+        "diff_s": statistics.median(times),
+        "diff_runs_s": [round(t, 3) for t in times],
+        "total_s": built - start + times[0],
         "ops": len(sets) + len(deletes),
         "peak_rss_mb": peak_rss_mb(),
     }
@@ -189,7 +196,10 @@ def run_all(args: argparse.Namespace) -> int:
     )
 
     print(f"\nview switch of {args.rows:,} keys, 1% changed per version, {backend_name} back end")
-    print(f"dict diff: {base['diff_s']:.2f}s, peak RSS {base['peak_rss_mb']:.0f} MB, {base['ops']:,} ops")
+    runs_s = ", ".join(f"{t:.2f}" for t in base["diff_runs_s"])
+    print(
+        f"dict diff: {base['diff_s']:.2f}s (median of {runs_s}), peak RSS {base['peak_rss_mb']:.0f} MB, {base['ops']:,} ops"
+    )
     print(
         f"{'version':>7} {'bootstrap (s)':>13} {'replayed':>9} {'apply (s)':>9} {'x dict':>7} {'RSS (MB)':>9} {'x dict':>7} {'ops = diff':>10}"
     )
