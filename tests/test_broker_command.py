@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from airflow_provider_pulsarstate.testing.broker import PulsarStandalone
 from tests.jvm_options import SHORT_LIVED_JVM
 
 
-def _command(tmp_path: Path, **options: object) -> list[str]:
-    broker = PulsarStandalone(data_dir=tmp_path, heap="512m", **options)  # type: ignore[arg-type]
+def _command(tmp_path: Path, jvm_options: Sequence[str] = ()) -> list[str]:
+    broker = PulsarStandalone(data_dir=tmp_path, heap="512m", jvm_options=jvm_options)
     return broker._command("java", tmp_path / "lib", tmp_path / "standalone.conf", tmp_path / "log4j2.yaml")
 
 

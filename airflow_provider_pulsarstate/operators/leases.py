@@ -116,10 +116,8 @@ class AcquireLeaseOperator(BaseOperator):
         self.steal = steal
         self.pulsarstate_conn_id = pulsarstate_conn_id
 
-    def _seconds(self, field: str, value: float | str | None) -> float | None:
-        """A rendered ``ttl`` or ``timeout`` as seconds (None or an empty template: None)."""
-        if value is None or (isinstance(value, str) and value.strip() in ("", "None")):
-            return None
+    def _seconds(self, field: str, value: float | str) -> float:
+        """A rendered ``ttl`` or ``timeout`` as seconds."""
         try:
             return float(value)
         except (TypeError, ValueError):
@@ -127,9 +125,11 @@ class AcquireLeaseOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         ttl = self._seconds("ttl", self.ttl)
-        if ttl is None:
-            raise AirflowFailException(f"lease {self.lease_name!r}: ttl must be seconds, got {self.ttl!r}")
-        timeout = self._seconds("timeout", self.timeout)
+        raw = self.timeout
+        if raw is None or (isinstance(raw, str) and raw.strip() in ("", "None")):
+            timeout = None  # wait as long as it takes
+        else:
+            timeout = self._seconds("timeout", raw)
         with PulsarStateHook(self.pulsarstate_conn_id) as hook:
             leases = hook.get_leases(self.lease_topic or None)
             self.log.info(
