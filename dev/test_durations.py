@@ -28,6 +28,9 @@ def _cases(report: Path) -> Iterator[tuple[str, ET.Element]]:
     for case in ET.parse(report).getroot().iter("testcase"):
         module = case.get("classname", "").split(".")
         name = case.get("name", "")
+        at = name.rfind("@")
+        if at > name.rfind("]"):  # the xdist_group suffix pytest-xdist adds: not part of the test's id
+            name = name[:at]
         # pytest's JUnit classname is the dotted path, with a test class as its last part when there is one
         path_parts = [p for p in module if p]
         cls = [path_parts.pop()] if path_parts and path_parts[-1][:1].isupper() else []

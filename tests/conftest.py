@@ -19,7 +19,7 @@ import logging
 import os
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -42,6 +42,7 @@ _SHARED_BROKER_KEY = pytest.StashKey[Any]()
 _CPU_AT_SETUP = pytest.StashKey[float]()
 _STARTED_AT = pytest.StashKey[float]()
 _SPARK_ARCHIVE_JOB = pytest.StashKey[Any]()
+_GROUPS_LOST = pytest.StashKey[set[str]]()
 
 
 def _is_xdist_controller(config: pytest.Config) -> bool:
@@ -108,8 +109,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     slowest: dict[str, float] = {}
     for item in items:
         module = item.nodeid.split("::", 1)[0]
-        slowest[module] = max(slowest.get(module, 0.0), known.get(item.nodeid, 0.0))
+        slowest[module] = max(slowest.get(module, 0.0), known.get(without_group(item.nodeid), 0.0))
     items.sort(key=lambda item: -slowest[item.nodeid.split("::", 1)[0]])  # stable: order within a module kept
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """On an xdist worker under ``--dist loadgroup``: note the tests of an ``xdist_group`` that
+    pytest-xdist could not mark (it adds ``@group`` to their node ids; a pytest it does not support
+    ignores that silently). Every group would then run on every worker: each shared broker,
+    deployment and venv set up once per worker, the run slower by minutes and never told. Each such
+    test fails at setup saying so (an error raised here would only crash the worker, unexplained)."""
+    if hasattr(session.config, "workerinput") and getattr(session.config.option, "loadgroup", False):
+        session.config.stash[_GROUPS_LOST] = set(groups_lost(session.items))
+
+
+def groups_lost(items: Iterable[Any]) -> list[str]:
+    """The node ids of ``items`` marked ``xdist_group`` that do not end with ``@`` and their groups'
+    names, as pytest-xdist's ``--dist loadgroup`` writes them."""
+    lost = []
+    for item in items:
+        names = sorted(
+            {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
+        )
+        if names and not item.nodeid.endswith("@" + "_".join(names)):
+            lost.append(item.nodeid)
+    return lost
+
+
+def without_group(nodeid: str) -> str:
+    """``nodeid`` without the ``@group`` suffix pytest-xdist adds under ``--dist loadgroup`` (an
+    ``@`` inside the parameters' brackets is a parameter's)."""
+    at = nodeid.rfind("@")
+    return nodeid[:at] if at > nodeid.rfind("]") else nodeid
 
 
 def _known_durations() -> dict[str, float]:
@@ -165,6 +197,12 @@ def _cpu_seconds() -> float:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     import time
 
+    if item.nodeid in item.config.stash.get(_GROUPS_LOST, ()):
+        pytest.fail(
+            f"pytest-xdist did not put {item.nodeid} in its xdist_group: this pytest and pytest-xdist do "
+            "not work together (use the versions of requirements/test.lock)",
+            pytrace=False,
+        )
     item.stash[_CPU_AT_SETUP] = _cpu_seconds()
     item.stash[_STARTED_AT] = time.time()
 
