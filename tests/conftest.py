@@ -125,8 +125,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def groups_lost(items: Iterable[Any]) -> list[str]:
-    """The node ids of ``items`` marked ``xdist_group`` that do not end with ``@`` and their groups'
-    names, as pytest-xdist's ``--dist loadgroup`` writes them."""
+    """The node ids of ``items`` marked ``xdist_group`` that lack the suffix pytest-xdist's
+    ``--dist loadgroup`` writes: ``@`` and their groups' names, sorted and joined by ``_``."""
     lost = []
     for item in items:
         names = sorted(
